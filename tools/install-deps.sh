@@ -1,0 +1,27 @@
+#!/bin/sh
+# install-deps.sh - installs the Debian 12 packages kvrail needs (apt-get, as root).
+#   tools/install-deps.sh          build + run
+#   tools/install-deps.sh --test   also what the test suite needs
+# Every package is named here; nothing is assumed to be on the machine.
+set -e
+PKGS="build-essential meson ninja-build pkg-config
+      libucx-dev ucx-utils libibverbs-dev rdma-core ibverbs-providers
+      libzmq3-dev protobuf-c-compiler libprotobuf-c-dev
+      libopenblas-dev libxxhash-dev libyaml-dev python3"
+TEST_PKGS="python3-numpy iproute2 procps psmisc clang-format
+      qemu-system-x86 linux-image-amd64 busybox-static kmod cpio ibverbs-utils perftest
+      nodejs npm"
+case "$1" in
+--test) PKGS="$PKGS $TEST_PKGS" ;;
+esac
+SUDO=
+[ "$(id -u)" = 0 ] || SUDO=sudo
+missing=
+for p in $PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    echo "install-deps: apt-get install$missing" >&2
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi

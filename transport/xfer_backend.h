@@ -1,0 +1,140 @@
+/*
+ * xfer_backend.h - what a transfer backend implements.  Only backends and
+ * the core (xfer.c) include this file.
+ *
+ * The core owns validation, blob framing (magic, version, backend id,
+ * checksum), descriptor coalescing, telemetry and timeouts.  A backend sees
+ * only well-formed objects: it allocates nothing for the base objects
+ * itself; the core callocs `*_size` bytes for each object, fills the base
+ * struct (always the first member of the backend's struct, reached back with
+ * container_of) and calls the backend's init op.
+ *
+ * Optional ops are marked; the core fills the missing ones with stubs that
+ * return KVR_ERR_UNSUPPORTED.
+ */
+#ifndef KVR_XFER_BACKEND_H
+#define KVR_XFER_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvr_xfer.h"
+
+#ifndef container_of
+#define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
+#endif
+
+struct kvr_xfer_ops;
+
+struct kvr_xfer_engine {
+    const struct kvr_xfer_ops *ops;
+    struct kvr_xfer_config cfg;   /* copied; strings below are owned copies */
+    char name[64];
+    char devices[256];
+    char tls[256];
+    struct kvr_xfer_engine_stats stats;
+};
+
+struct kvr_xfer_mem {
+    kvr_xfer_engine_t *engine;
+    void *addr;
+    size_t len;
+    enum kvr_mem_kind kind;
+    int device;
+};
+
+struct kvr_xfer_peer {
+    kvr_xfer_engine_t *engine;
+    kvr_status_t status;          /* KVR_OK or the sticky failure */
+    char transports[256];         /* filled by connect: what the link really uses */
+    uint32_t inflight;            /* posts + notifications not yet complete (backend keeps it) */
+};
+
+struct kvr_xfer_rmem {
+    kvr_xfer_peer_t *peer;
+    uint64_t addr;                /* remote virtual address of offset 0 */
+    uint64_t len;
+    enum kvr_mem_kind kind;
+};
+
+/* A coalesced descriptor as the backend posts it. */
+struct kvr_xfer_seg {
+    kvr_xfer_mem_t *lmem;
+    kvr_xfer_rmem_t *rmem;
+    void *laddr;                  /* lmem->addr + loff */
+    uint64_t raddr;               /* rmem->addr + roff */
+    uint64_t len;
+};
+
+struct kvr_xfer_dlist {
+    kvr_xfer_peer_t *peer;
+    enum kvr_xfer_op op;
+    size_t ndesc;                 /* as given */
+    size_t nseg;                  /* after coalescing */
+    struct kvr_xfer_seg *segs;
+    uint64_t bytes;
+    /* state of the last post: the backend sets status to KVR_OK or an error
+     * when it completes and calls kvr_xfer_dlist_complete(). */
+    kvr_status_t status;          /* KVR_OK initially (nothing in flight) */
+    bool inflight;
+    uint64_t t_post_ns;
+    struct kvr_xfer_stats stats;
+};
+
+struct kvr_xfer_ops {
+    const char *name;
+    uint16_t id;                  /* in blobs: refuse another backend's blob */
+    size_t engine_size, mem_size, peer_size, rmem_size, dlist_size;
+
+    kvr_status_t (*engine_init)(kvr_xfer_engine_t *e);
+    void (*engine_fini)(kvr_xfer_engine_t *e);
+    /* payload of the address blob; *buf_p malloc'd */
+    kvr_status_t (*address)(kvr_xfer_engine_t *e, void **buf_p, size_t *len_p);
+
+    kvr_status_t (*mem_reg)(kvr_xfer_mem_t *m);
+    void (*mem_dereg)(kvr_xfer_mem_t *m);
+    /* backend part of the rkey blob (the core adds addr/len/kind); malloc'd */
+    kvr_status_t (*mem_pack)(kvr_xfer_mem_t *m, void **buf_p, size_t *len_p);
+
+    kvr_status_t (*connect)(kvr_xfer_peer_t *p, const void *addr, size_t len);
+    void (*disconnect)(kvr_xfer_peer_t *p);
+
+    kvr_status_t (*rmem_unpack)(kvr_xfer_rmem_t *r, const void *buf, size_t len);
+    void (*rmem_release)(kvr_xfer_rmem_t *r);
+
+    kvr_status_t (*dlist_prepare)(kvr_xfer_dlist_t *d);  /* optional: default none */
+    void (*dlist_release)(kvr_xfer_dlist_t *d);          /* optional: default none */
+    /* posts d->segs; returns KVR_INPROGRESS or KVR_OK (done) or an error.
+     * Completion later: set d->status, call kvr_xfer_dlist_complete(d). */
+    kvr_status_t (*post)(kvr_xfer_dlist_t *d);
+
+    kvr_status_t (*notify)(kvr_xfer_peer_t *p, const void *msg, size_t len);
+    /* true when every operation on p has completed (or p failed) */
+    bool (*peer_idle)(kvr_xfer_peer_t *p);
+    int (*progress)(kvr_xfer_engine_t *e);
+    kvr_status_t (*event_fd)(kvr_xfer_engine_t *e, int *fd_p); /* optional: default unsupported */
+};
+
+/* --- services of the core, for backends --- */
+
+/** Marks the list's post complete with status s (KVR_OK or an error) and
+ *  records telemetry.  Safe to call from inside progress or post. */
+void kvr_xfer_dlist_complete(kvr_xfer_dlist_t *d, kvr_status_t s);
+
+/** Marks a peer failed (sticky) and logs it once. */
+void kvr_xfer_peer_fail(kvr_xfer_peer_t *p, kvr_status_t s, const char *why);
+
+/** Delivers a received notification to the engine's callback. */
+void kvr_xfer_deliver_notif(kvr_xfer_engine_t *e, const void *msg, size_t len);
+
+/** Backends registered in this build (xfer.c, one #ifdef per backend). */
+extern const struct kvr_xfer_ops kvr_xfer_loop_ops;
+#ifdef KVR_HAVE_UCX
+extern const struct kvr_xfer_ops kvr_xfer_ucx_ops;
+#endif
+#ifdef KVR_HAVE_VERBS
+extern const struct kvr_xfer_ops kvr_xfer_verbs_ops;
+#endif
+
+#endif
