@@ -1,0 +1,14 @@
+/*
+ * kvr_cmd.h - subcommands of the `kvrail` command-line tool.  Each takes the
+ * arguments after the subcommand name (argv[0] is the subcommand) and returns
+ * the process exit status.
+ */
+#ifndef KVR_CMD_H
+#define KVR_CMD_H
+
+int kvr_cmd_run(int argc, char **argv);      /* run.c: single-process reference generation */
+int kvr_cmd_generate(int argc, char **argv); /* generate.c: stream from the router */
+int kvr_cmd_status(int argc, char **argv);   /* status.c: cluster status */
+int kvr_cmd_up(int argc, char **argv);       /* up.c: start this host's nodes */
+
+#endif

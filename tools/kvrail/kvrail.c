@@ -1,0 +1,57 @@
+/*
+ * kvrail.c - the `kvrail` operator tool: dispatches to its subcommands.
+ * Subcommands whose source is not in this build say so instead of running.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "kvr_cmd.h"
+
+struct subcmd {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+};
+
+static const struct subcmd cmds[] = {
+#ifdef KVR_CMD_HAVE_RUN
+    {"run", kvr_cmd_run, "single-process reference generation (no cluster)"},
+#endif
+#ifdef KVR_CMD_HAVE_GENERATE
+    {"generate", kvr_cmd_generate, "generate text through the router, streaming"},
+#endif
+#ifdef KVR_CMD_HAVE_STATUS
+    {"status", kvr_cmd_status, "nodes, load, cached blocks, KV bytes moved"},
+#endif
+#ifdef KVR_CMD_HAVE_UP
+    {"up", kvr_cmd_up, "start every node a cluster file places on this host"},
+#endif
+    {NULL, NULL, NULL},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvrail <command> [options]\n\ncommands:\n");
+    for (const struct subcmd *c = cmds; c->name; c++)
+        fprintf(f, "  %-10s %s\n", c->name, c->help);
+    fprintf(f, "\n'kvrail <command> --help' describes a command's options.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    for (const struct subcmd *c = cmds; c->name; c++)
+        if (strcmp(argv[1], c->name) == 0)
+            return c->fn(argc - 1, argv + 1);
+    fprintf(stderr, "kvrail: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
