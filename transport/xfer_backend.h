@@ -27,6 +27,12 @@
 
 struct kvr_xfer_ops;
 
+/* Core-private intrusive list link: the core tracks every object so that
+ * destroy/disconnect can release what is still open.  Backends leave it alone. */
+struct kvr_xfer_link {
+    struct kvr_xfer_link *prev, *next;
+};
+
 struct kvr_xfer_engine {
     const struct kvr_xfer_ops *ops;
     struct kvr_xfer_config cfg;   /* copied; strings below are owned copies */
@@ -34,6 +40,7 @@ struct kvr_xfer_engine {
     char devices[256];
     char tls[256];
     struct kvr_xfer_engine_stats stats;
+    struct kvr_xfer_link mems, peers; /* core-private */
 };
 
 struct kvr_xfer_mem {
@@ -42,6 +49,7 @@ struct kvr_xfer_mem {
     size_t len;
     enum kvr_mem_kind kind;
     int device;
+    struct kvr_xfer_link link; /* core-private */
 };
 
 struct kvr_xfer_peer {
@@ -49,6 +57,7 @@ struct kvr_xfer_peer {
     kvr_status_t status;          /* KVR_OK or the sticky failure */
     char transports[256];         /* filled by connect: what the link really uses */
     uint32_t inflight;            /* posts + notifications not yet complete (backend keeps it) */
+    struct kvr_xfer_link link, rmems, dlists; /* core-private */
 };
 
 struct kvr_xfer_rmem {
@@ -56,6 +65,7 @@ struct kvr_xfer_rmem {
     uint64_t addr;                /* remote virtual address of offset 0 */
     uint64_t len;
     enum kvr_mem_kind kind;
+    struct kvr_xfer_link link; /* core-private */
 };
 
 /* A coalesced descriptor as the backend posts it. */
@@ -80,6 +90,7 @@ struct kvr_xfer_dlist {
     bool inflight;
     uint64_t t_post_ns;
     struct kvr_xfer_stats stats;
+    struct kvr_xfer_link link; /* core-private */
 };
 
 struct kvr_xfer_ops {
