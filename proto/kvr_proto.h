@@ -1,0 +1,127 @@
+/*
+ * kvr_proto.h - framing of kvrail's control plane over ZeroMQ.
+ *
+ * Every message is two frames (plus the routing-id frame a ROUTER socket adds):
+ *
+ *   [envelope: 16 bytes][payload: one protobuf message, possibly empty]
+ *
+ * envelope, little-endian:
+ *   0..1  magic 'K' 'R'
+ *   2     protocol version (KVR_PROTO_VERSION)
+ *   3     flags (KVR_PROTO_F_*)
+ *   4..5  method (enum Kvrail__Method from kvrail_common.proto)
+ *   6..7  reserved, 0
+ *   8..15 call id (chosen by the caller; replies and stream frames echo it)
+ *
+ * A frame with KVR_PROTO_F_ERROR carries a kvrail.Status payload whatever the
+ * method.  A server-streaming call ends with a frame flagged KVR_PROTO_F_END
+ * (for Generate its payload is kvrail.StreamEnd).  Sends and receives never
+ * block (ZMQ_DONTWAIT); the caller polls.  Decoding reports garbage,
+ * truncation, a wrong version and unknown methods as distinct statuses with a
+ * message saying what was wrong.
+ */
+#ifndef KVR_PROTO_H
+#define KVR_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <protobuf-c/protobuf-c.h>
+
+#include "kvr_status.h"
+#include "kvrail_common.pb-c.h"
+#include "kvrail_client.pb-c.h"
+#include "kvrail_node.pb-c.h"
+
+#define KVR_PROTO_VERSION 1
+#define KVR_PROTO_HDR_LEN 16
+#define KVR_PROTO_MAGIC0  'K'
+#define KVR_PROTO_MAGIC1  'R'
+/** Largest payload accepted (a 1M-token prompt is ~5 MB of varints). */
+#define KVR_PROTO_MAX_PAYLOAD (16u << 20)
+/** Largest routing id kept from a ROUTER socket. */
+#define KVR_PROTO_MAX_ROUTE 256
+
+enum kvr_proto_flag {
+    KVR_PROTO_F_END = 1u << 0,   /* last frame of a call (stream end or unary reply) */
+    KVR_PROTO_F_ERROR = 1u << 1, /* payload is kvrail.Status describing an error */
+};
+
+typedef struct kvr_proto_hdr {
+    uint8_t version;
+    uint8_t flags;
+    uint16_t method;
+    uint64_t call_id;
+} kvr_proto_hdr_t;
+
+/** One received message: routing id (ROUTER sockets), envelope, payload. */
+typedef struct kvr_proto_frame {
+    uint8_t route[KVR_PROTO_MAX_ROUTE];
+    size_t route_len;
+    bool have_hdr; /* the envelope parsed (call id and method are meaningful) */
+    kvr_proto_hdr_t hdr;
+    uint8_t *payload; /* malloc'd, owned by the frame; NULL when empty */
+    size_t payload_len;
+    size_t nparts; /* frames after the routing id */
+} kvr_proto_frame_t;
+
+/** Writes the 16-byte envelope. */
+void kvr_proto_hdr_pack(const kvr_proto_hdr_t *hdr, uint8_t out[KVR_PROTO_HDR_LEN]);
+
+/** Parses an envelope.
+ *  @return KVR_OK; KVR_ERR_CORRUPT (not 16 bytes or bad magic);
+ *          KVR_ERR_VERSION (another protocol version; call id still set in
+ *          *hdr_p so the caller can answer); KVR_ERR_UNSUPPORTED (unknown
+ *          method; *hdr_p set). err (if non-NULL) says what was wrong. */
+kvr_status_t kvr_proto_hdr_unpack(const void *buf, size_t len, kvr_proto_hdr_t *hdr_p, char *err,
+                                  size_t err_len);
+
+/** Name of a method ("GENERATE"), or NULL when the number is unknown. */
+const char *kvr_proto_method_name(unsigned method);
+
+/** The payload message type of a request/notification of this method
+ *  (replies of GENERATE/CANCEL/STATUS/REGISTER/HEARTBEAT/RESYNC have their own
+ *  types: kvr_proto_method_reply_desc). NULL when unknown. */
+const ProtobufCMessageDescriptor *kvr_proto_method_desc(unsigned method);
+const ProtobufCMessageDescriptor *kvr_proto_method_reply_desc(unsigned method);
+
+/** Sends [route][envelope][payload] without blocking.  route may be NULL
+ *  (DEALER sockets).  msg may be NULL (empty payload).
+ *  @return KVR_OK; KVR_ERR_NO_RESOURCE (EAGAIN: high-water mark reached, or
+ *          ROUTER with no such peer when ZMQ_ROUTER_MANDATORY is set);
+ *          KVR_ERR_NOT_FOUND (EHOSTUNREACH: peer unknown); KVR_ERR_IO. */
+kvr_status_t kvr_proto_send(void *sock, const void *route, size_t route_len,
+                            const kvr_proto_hdr_t *hdr, const ProtobufCMessage *msg);
+
+/** Convenience: sends an error (flags END|ERROR, kvrail.Status payload). */
+kvr_status_t kvr_proto_send_error(void *sock, const void *route, size_t route_len, unsigned method,
+                                  uint64_t call_id, kvr_status_t code, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+
+/** Receives one whole message without blocking; all its parts are always
+ *  consumed.  routed: the socket is a ROUTER (first part is the routing id).
+ *  frame_p is filled as far as parsing got (route always, hdr when have_hdr);
+ *  release it with kvr_proto_frame_clear().
+ *  @return KVR_OK; KVR_ERR_NO_RESOURCE (nothing waiting);
+ *          KVR_ERR_CORRUPT (wrong number of parts, bad envelope, oversized);
+ *          KVR_ERR_VERSION; KVR_ERR_UNSUPPORTED (unknown method); KVR_ERR_IO.
+ *          err says what was wrong. */
+kvr_status_t kvr_proto_recv(void *sock, bool routed, kvr_proto_frame_t *frame_p, char *err,
+                            size_t err_len);
+
+void kvr_proto_frame_clear(kvr_proto_frame_t *frame);
+
+/** Unpacks the payload as `desc` (NULL: the method's request type, or
+ *  kvrail.Status when the frame has the ERROR flag).  Free with
+ *  protobuf_c_message_free_unpacked(msg, NULL).
+ *  @return KVR_OK; KVR_ERR_INVALID (payload is not a valid message of that
+ *          type: garbage or truncated; err says which type). */
+kvr_status_t kvr_proto_decode(const kvr_proto_frame_t *frame,
+                              const ProtobufCMessageDescriptor *desc, ProtobufCMessage **msg_p,
+                              char *err, size_t err_len);
+
+/** Packs a message into a malloc'd buffer (for tests and raw senders). */
+kvr_status_t kvr_proto_pack(const ProtobufCMessage *msg, uint8_t **buf_p, size_t *len_p);
+
+#endif
