@@ -1,0 +1,201 @@
+/*
+ * kvr_engine.h - the model engine: Llama-family decoder models over a paged
+ * KV pool that the caller owns.
+ *
+ * Three objects:
+ *  - kvr_model_t: weights and config of one model directory in Hugging Face
+ *    layout (config.json, model.safetensors or model-*-of-*.safetensors with
+ *    model.safetensors.index.json, generation_config.json /
+ *    tokenizer_config.json for bos/eos).  Architectures LlamaForCausalLM
+ *    (Llama 2/3, rope_scaling "llama3"), Qwen2ForCausalLM (q/k/v biases),
+ *    MistralForCausalLM.  Weights f32/f16/bf16, memory-mapped; read-only
+ *    after load, shared by any number of contexts and threads.
+ *  - struct kvr_kv_pool: the paged KV cache, memory the CALLER owns, one slab
+ *    per layer, layout (DESIGN.md "KV blocks"), f32:
+ *        slab[layer][block][k|v][kv_head][token][head_dim]
+ *    A (layer, block) slice is contiguous (kvr_kv_block_bytes()), and so is a
+ *    run of adjacent blocks within one layer.  A decode node allocates one
+ *    slab per layer and registers each with the transfer engine; a prefill
+ *    node has its own pool for staging.
+ *  - kvr_ctx_t: a compute context: backend, threads and scratch buffers
+ *    sized once at creation; prefill and decode never allocate.  One thread
+ *    uses a context at a time; use one context per thread.
+ *
+ * A sequence's KV lives in the blocks of its block table: token at position
+ * p is in block block_table[p / block_size], slot p % block_size.
+ */
+#ifndef KVR_ENGINE_H
+#define KVR_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvr_status.h"
+
+typedef struct kvr_model kvr_model_t;
+typedef struct kvr_ctx kvr_ctx_t;
+
+/* ------------------------------------------------------------------ model */
+
+/** Loads the model in directory dir.  err (may be NULL) receives a message
+ *  naming the file and the key or tensor that was wrong.
+ *  @return KVR_OK;
+ *          KVR_ERR_NOT_FOUND (no config.json, no safetensors file, a tensor
+ *            the architecture needs is missing);
+ *          KVR_ERR_INVALID (malformed JSON, a missing/invalid config key, bad
+ *            safetensors header, truncated file, shape mismatch);
+ *          KVR_ERR_UNSUPPORTED (architecture, dtype, rope_scaling type or
+ *            hidden_act not supported);
+ *          KVR_ERR_IO; KVR_ERR_NO_MEMORY. */
+kvr_status_t kvr_model_load(const char *dir, kvr_model_t **model_p, char *err, size_t err_len);
+void kvr_model_destroy(kvr_model_t *model);
+
+/** Accessors (config.json values). */
+int32_t kvr_model_n_layers(const kvr_model_t *m);   /* num_hidden_layers */
+int32_t kvr_model_n_heads(const kvr_model_t *m);    /* num_attention_heads */
+int32_t kvr_model_n_kv_heads(const kvr_model_t *m); /* num_key_value_heads */
+int32_t kvr_model_head_dim(const kvr_model_t *m);   /* head_dim or hidden/heads */
+int32_t kvr_model_hidden(const kvr_model_t *m);     /* hidden_size */
+int32_t kvr_model_intermediate(const kvr_model_t *m);
+int32_t kvr_model_vocab(const kvr_model_t *m);   /* vocab_size = logits per token */
+int32_t kvr_model_max_pos(const kvr_model_t *m); /* max_position_embeddings */
+/** bos id, or -1 when the model directory names none. */
+int32_t kvr_model_bos_id(const kvr_model_t *m);
+/** The ids that end generation (generation_config.json eos_token_id, int or
+ *  list, else config.json's); returns their count and points *ids_p at them
+ *  (valid while the model lives).  kvr_model_eos_id() is the first, or -1. */
+size_t kvr_model_eos_ids(const kvr_model_t *m, const int32_t **ids_p);
+int32_t kvr_model_eos_id(const kvr_model_t *m);
+/** "LlamaForCausalLM", "Qwen2ForCausalLM" or "MistralForCausalLM". */
+const char *kvr_model_arch(const kvr_model_t *m);
+/** "f32", "f16" or "bf16": the dtype of the weights in the files. */
+const char *kvr_model_dtype(const kvr_model_t *m);
+/** Number of parameters (distinct tensors; tied embeddings counted once). */
+uint64_t kvr_model_n_params(const kvr_model_t *m);
+/** 64-bit fingerprint over the config values the forward pass uses and
+ *  every tensor's name, dtype, shape and a hash of its bytes' first and last
+ *  4 KiB.  Two nodes whose fingerprints differ do not run the same model;
+ *  exchanged in the P/D layout descriptor. */
+uint64_t kvr_model_fingerprint(const kvr_model_t *m);
+
+/* --------------------------------------------------------------- KV pool */
+
+enum kvr_kv_dtype {
+    KVR_KV_F32 = 0, /* the only dtype for now */
+};
+
+struct kvr_kv_layout {
+    int32_t n_layers;
+    int32_t n_kv_heads;
+    int32_t head_dim;
+    int32_t block_size; /* tokens per block, default 16 */
+    int32_t dtype;      /* enum kvr_kv_dtype */
+};
+
+/** Fills *layout_p for model with block_size tokens a block.
+ *  @return KVR_OK; KVR_ERR_INVALID (block_size < 1 or > 1024). */
+kvr_status_t kvr_kv_layout_init(const kvr_model_t *m, int32_t block_size,
+                                struct kvr_kv_layout *layout_p);
+
+/** Bytes of one (layer, block) slice: 2 * n_kv_heads * block_size * head_dim * 4. */
+static inline size_t kvr_kv_block_bytes(const struct kvr_kv_layout *l)
+{
+    return 2u * (size_t)l->n_kv_heads * (size_t)l->block_size * (size_t)l->head_dim * sizeof(float);
+}
+
+/** Bytes of one layer's slab of n_blocks blocks. */
+static inline size_t kvr_kv_layer_bytes(const struct kvr_kv_layout *l, int32_t n_blocks)
+{
+    return kvr_kv_block_bytes(l) * (size_t)n_blocks;
+}
+
+/** Float offset, within a layer slab, of (block, kv: 0 = K / 1 = V, head, token slot). */
+static inline size_t kvr_kv_offset(const struct kvr_kv_layout *l, int32_t block, int kv,
+                                   int32_t head, int32_t slot)
+{
+    return ((((size_t)block * 2 + (size_t)kv) * (size_t)l->n_kv_heads + (size_t)head) *
+                (size_t)l->block_size +
+            (size_t)slot) *
+           (size_t)l->head_dim;
+}
+
+/** The pool: caller-owned slabs, layer_base[l] points at n_blocks *
+ *  kvr_kv_block_bytes() bytes (64-byte aligned recommended). */
+struct kvr_kv_pool {
+    struct kvr_kv_layout layout;
+    int32_t n_blocks;
+    float **layer_base; /* [n_layers] */
+};
+
+/* --------------------------------------------------------------- context */
+
+struct kvr_ctx_opts {
+    const char *backend; /* "cpu" (default, NULL)                          */
+    int32_t n_threads;   /* 0 = number of online cores                     */
+    int32_t max_batch;   /* most sequences in one decode step; 0 = 64      */
+    int32_t max_tokens;  /* most tokens one forward chunk computes; longer
+                            prefills are split internally; 0 = 512         */
+    int32_t max_seq_len; /* longest sequence; 0 = max_position_embeddings  */
+};
+
+/** Creates a compute context for model (which must outlive it).  opts may be
+ *  NULL (all defaults).
+ *  @return KVR_OK; KVR_ERR_INVALID (negative values); KVR_ERR_NOT_FOUND
+ *          (no such backend); KVR_ERR_NO_MEMORY. */
+kvr_status_t kvr_ctx_create(const kvr_model_t *m, const struct kvr_ctx_opts *opts,
+                            kvr_ctx_t **ctx_p, char *err, size_t err_len);
+void kvr_ctx_destroy(kvr_ctx_t *ctx);
+
+/* --------------------------------------------------------------- prefill */
+
+/** Called when layer `layer`'s K/V of every token of the request have been
+ *  written into the pool (layers complete in order 0..n_layers-1); a
+ *  prefill node posts that layer's writes from here.  Return KVR_OK to go
+ *  on; any error aborts the prefill, which returns that status. */
+typedef kvr_status_t (*kvr_layer_done_fn)(void *arg, int32_t layer);
+
+struct kvr_prefill_req {
+    const int32_t *tokens;        /* [n_tokens] the whole sequence so far          */
+    int32_t n_tokens;             /* > n_cached                                    */
+    int32_t n_cached;             /* tokens[0..n_cached) already have K/V in the
+                                     blocks (prefix reuse); only the rest is
+                                     computed.  0 for a fresh sequence.            */
+    const int32_t *block_table;   /* [n_blocks] pool block ids, position order     */
+    int32_t n_blocks;             /* >= ceil(n_tokens / block_size)                */
+    kvr_layer_done_fn layer_done; /* optional: NULL                              */
+    void *layer_done_arg;
+    float *all_logits; /* optional: [n_tokens - n_cached][vocab] logits
+                          of every computed position (tests); NULL      */
+};
+
+/** Runs tokens[n_cached..n_tokens) of one sequence through the model, writes
+ *  their K/V into the blocks of its block table, calls layer_done as each
+ *  layer completes, and writes the logits of the last position into
+ *  logits_p[vocab].
+ *  @return KVR_OK; KVR_ERR_INVALID (token id outside the vocabulary, n_cached
+ *          outside [0, n_tokens), n_tokens > max_seq_len, a block id outside
+ *          the pool, too few blocks, pool layout not the model's);
+ *          an error returned by layer_done. */
+kvr_status_t kvr_engine_prefill(kvr_ctx_t *ctx, const struct kvr_kv_pool *pool,
+                                const struct kvr_prefill_req *req, float *logits_p);
+
+/* ---------------------------------------------------------------- decode */
+
+struct kvr_decode_seq {
+    int32_t token;              /* the token at position pos (the last sampled) */
+    int32_t pos;                /* its position = number of tokens before it     */
+    const int32_t *block_table; /* [n_blocks]; positions 0..pos-1 hold K/V       */
+    int32_t n_blocks;           /* >= pos / block_size + 1                        */
+};
+
+/** One decode step over a batch of n_seqs sequences (any lengths, distinct
+ *  blocks), one token each: writes each token's K/V at its position and
+ *  writes logits_p[n_seqs][vocab].
+ *  @return KVR_OK; KVR_ERR_INVALID (n_seqs outside [1, max_batch], a token or
+ *          block id out of range, pos >= max_seq_len, too few blocks, pool
+ *          layout not the model's). */
+kvr_status_t kvr_engine_decode(kvr_ctx_t *ctx, const struct kvr_kv_pool *pool,
+                               const struct kvr_decode_seq *seqs, int32_t n_seqs, float *logits_p);
+
+#endif
