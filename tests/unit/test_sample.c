@@ -1,0 +1,285 @@
+/*
+ * test_sample.c - the sampler: greedy is argmax, same seed same tokens,
+ * top-k / top-p / min-p restrict the support to what they must, the
+ * repetition penalty's arithmetic, the empirical distribution matches
+ * softmax, logprobs are raw log-softmax, hand-over between nodes
+ * (add_generated) continues the same stream, invalid params are rejected.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kvr_sample.h"
+#include "kvr_test.h"
+
+static struct kvr_sample_params params(float t, int32_t k, float p, float minp, float pen,
+                                       uint64_t seed)
+{
+    struct kvr_sample_params sp;
+    kvr_sample_params_default(&sp);
+    sp.temperature = t;
+    sp.top_k = k;
+    sp.top_p = p;
+    sp.min_p = minp;
+    sp.repetition_penalty = pen;
+    sp.seed = seed;
+    return sp;
+}
+
+static int32_t draw(const struct kvr_sample_params *sp, const float *logits, int32_t n)
+{
+    kvr_sampler_t *s;
+    KVR_CHECK_STATUS(kvr_sampler_create(sp, n, &s, NULL, 0), KVR_OK);
+    int32_t tok;
+    KVR_CHECK_STATUS(kvr_sampler_sample(s, logits, &tok, NULL), KVR_OK);
+    kvr_sampler_destroy(s);
+    return tok;
+}
+
+/* the support observed over many steps of one sampler */
+static void support(const struct kvr_sample_params *sp, const float *logits, int32_t n, int steps,
+                    int *count)
+{
+    kvr_sampler_t *s;
+    KVR_CHECK_STATUS(kvr_sampler_create(sp, n, &s, NULL, 0), KVR_OK);
+    memset(count, 0, sizeof(int) * (size_t)n);
+    for (int i = 0; i < steps; i++) {
+        int32_t tok;
+        KVR_CHECK_STATUS(kvr_sampler_sample(s, logits, &tok, NULL), KVR_OK);
+        KVR_CHECK(tok >= 0 && tok < n);
+        count[tok]++;
+    }
+    kvr_sampler_destroy(s);
+}
+
+static void test_invalid(void)
+{
+    char err[256];
+    struct kvr_sample_params bads[] = {
+        params(-0.5f, 0, 1, 0, 1, 0), params(NAN, 0, 1, 0, 1, 0),      params(1, -1, 1, 0, 1, 0),
+        params(1, 0, 0.0f, 0, 1, 0),  params(1, 0, 1.5f, 0, 1, 0),     params(1, 0, -0.1f, 0, 1, 0),
+        params(1, 0, 1, -0.1f, 1, 0), params(1, 0, 1, 1.1f, 1, 0),     params(1, 0, 1, 0, 0.0f, 0),
+        params(1, 0, 1, 0, -1.0f, 0), params(1, 0, 1, 0, INFINITY, 0),
+    };
+    const char *names[] = {"temperature",
+                           "temperature",
+                           "top_k",
+                           "top_p",
+                           "top_p",
+                           "top_p",
+                           "min_p",
+                           "min_p",
+                           "repetition_penalty",
+                           "repetition_penalty",
+                           "repetition_penalty"};
+    for (size_t i = 0; i < sizeof(bads) / sizeof(bads[0]); i++) {
+        err[0] = 0;
+        KVR_CHECK_STATUS(kvr_sample_params_validate(&bads[i], err, sizeof(err)), KVR_ERR_INVALID);
+        KVR_CHECK(strstr(err, names[i]) != NULL);
+        kvr_sampler_t *s = NULL;
+        KVR_CHECK_STATUS(kvr_sampler_create(&bads[i], 10, &s, err, sizeof(err)), KVR_ERR_INVALID);
+        KVR_CHECK(s == NULL);
+    }
+    struct kvr_sample_params ok = params(0.7f, 40, 0.9f, 0.05f, 1.1f, 42);
+    KVR_CHECK_STATUS(kvr_sample_params_validate(&ok, err, sizeof(err)), KVR_OK);
+    kvr_sampler_t *s = NULL;
+    KVR_CHECK_STATUS(kvr_sampler_create(&ok, 0, &s, err, sizeof(err)), KVR_ERR_INVALID);
+    KVR_CHECK(strstr(err, "vocab_size") != NULL);
+    /* all -inf / NaN logits: a clear error, not a crash */
+    float dead[4] = {-INFINITY, NAN, -INFINITY, NAN};
+    KVR_CHECK_STATUS(kvr_sampler_create(&ok, 4, &s, NULL, 0), KVR_OK);
+    int32_t tok;
+    KVR_CHECK_STATUS(kvr_sampler_sample(s, dead, &tok, NULL), KVR_ERR_INVALID);
+    kvr_sampler_destroy(s);
+}
+
+static void test_greedy(void)
+{
+    enum { N = 5000 };
+    static float lg[N];
+    uint64_t x = 12345;
+    for (int round = 0; round < 20; round++) {
+        int32_t arg = 0;
+        for (int i = 0; i < N; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            lg[i] = (float)((x >> 40) % 100000) / 1000.0f - 50.0f;
+            if (lg[i] > lg[arg])
+                arg = i;
+        }
+        struct kvr_sample_params g = params(0, 0, 1, 0, 1, (uint64_t)round);
+        KVR_CHECK_EQ(draw(&g, lg, N), arg);
+        /* filters do not change greedy */
+        struct kvr_sample_params gf = params(0, 5, 0.5f, 0.3f, 1, 7);
+        KVR_CHECK_EQ(draw(&gf, lg, N), arg);
+        /* top_k = 1 with temperature is greedy too */
+        struct kvr_sample_params k1 = params(1.3f, 1, 1, 0, 1, (uint64_t)round);
+        KVR_CHECK_EQ(draw(&k1, lg, N), arg);
+    }
+    /* ties: the lowest id */
+    float tie[4] = {1, 3, 3, 2};
+    struct kvr_sample_params g = params(0, 0, 1, 0, 1, 0);
+    KVR_CHECK_EQ(draw(&g, tie, 4), 1);
+}
+
+static void test_seed(void)
+{
+    enum { N = 1000, STEPS = 64 };
+    static float lg[N];
+    for (int i = 0; i < N; i++)
+        lg[i] = sinf((float)i * 0.37f) * 3.0f;
+    struct kvr_sample_params sp = params(1.0f, 0, 0.95f, 0, 1, 1234);
+    int32_t a[STEPS], b[STEPS], c[STEPS];
+    kvr_sampler_t *sa, *sb, *sc;
+    sp.seed = 1234;
+    KVR_CHECK_STATUS(kvr_sampler_create(&sp, N, &sa, NULL, 0), KVR_OK);
+    KVR_CHECK_STATUS(kvr_sampler_create(&sp, N, &sb, NULL, 0), KVR_OK);
+    sp.seed = 1235;
+    KVR_CHECK_STATUS(kvr_sampler_create(&sp, N, &sc, NULL, 0), KVR_OK);
+    int differ = 0;
+    for (int i = 0; i < STEPS; i++) {
+        KVR_CHECK_STATUS(kvr_sampler_sample(sa, lg, &a[i], NULL), KVR_OK);
+        KVR_CHECK_STATUS(kvr_sampler_sample(sb, lg, &b[i], NULL), KVR_OK);
+        KVR_CHECK_STATUS(kvr_sampler_sample(sc, lg, &c[i], NULL), KVR_OK);
+        KVR_CHECK_EQ(a[i], b[i]);
+        differ += a[i] != c[i];
+    }
+    KVR_CHECK(differ > STEPS / 2);
+    KVR_CHECK_EQ(kvr_sampler_step(sa), STEPS);
+    /* hand-over: a second sampler told about the first 5 generated tokens
+     * continues with exactly the same tokens */
+    sp.seed = 1234;
+    kvr_sampler_t *sd;
+    KVR_CHECK_STATUS(kvr_sampler_create(&sp, N, &sd, NULL, 0), KVR_OK);
+    kvr_sampler_add_generated(sd, a, 5);
+    for (int i = 5; i < STEPS; i++) {
+        int32_t t;
+        KVR_CHECK_STATUS(kvr_sampler_sample(sd, lg, &t, NULL), KVR_OK);
+        KVR_CHECK_EQ(t, a[i]);
+    }
+    kvr_sampler_destroy(sa);
+    kvr_sampler_destroy(sb);
+    kvr_sampler_destroy(sc);
+    kvr_sampler_destroy(sd);
+}
+
+static void test_filters(void)
+{
+    /* probabilities 0.5, 0.3, 0.15, 0.05 at temperature 1 */
+    float lg[4] = {logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f)};
+    int count[4];
+    struct kvr_sample_params all = params(1, 0, 1, 0, 1, 9);
+    support(&all, lg, 4, 4000, count);
+    for (int i = 0; i < 4; i++)
+        KVR_CHECK(count[i] > 0);
+    /* empirical frequencies match softmax (4000 draws: sd < 0.008) */
+    KVR_CHECK(fabs(count[0] / 4000.0 - 0.5) < 0.04);
+    KVR_CHECK(fabs(count[1] / 4000.0 - 0.3) < 0.04);
+    KVR_CHECK(fabs(count[3] / 4000.0 - 0.05) < 0.02);
+
+    struct kvr_sample_params k2 = params(1, 2, 1, 0, 1, 9);
+    support(&k2, lg, 4, 2000, count);
+    KVR_CHECK(count[0] > 0 && count[1] > 0 && count[2] == 0 && count[3] == 0);
+    /* renormalized over the two: 0.5/0.8 = 0.625 */
+    KVR_CHECK(fabs(count[0] / 2000.0 - 0.625) < 0.05);
+
+    struct kvr_sample_params p75 = params(1, 0, 0.75f, 0, 1, 9);
+    support(&p75, lg, 4, 2000, count);
+    KVR_CHECK(count[0] > 0 && count[1] > 0 && count[2] == 0 && count[3] == 0);
+    struct kvr_sample_params p85 = params(1, 0, 0.85f, 0, 1, 9);
+    support(&p85, lg, 4, 2000, count);
+    KVR_CHECK(count[2] > 0 && count[3] == 0);
+    struct kvr_sample_params p40 = params(1, 0, 0.4f, 0, 1, 9);
+    support(&p40, lg, 4, 500, count);
+    KVR_CHECK(count[0] == 500);
+
+    /* min_p 0.2: keep p >= 0.1 -> {0, 1, 2} */
+    struct kvr_sample_params m2 = params(1, 0, 1, 0.2f, 1, 9);
+    support(&m2, lg, 4, 2000, count);
+    KVR_CHECK(count[0] > 0 && count[1] > 0 && count[2] > 0 && count[3] == 0);
+    struct kvr_sample_params m7 = params(1, 0, 1, 0.7f, 1, 9);
+    support(&m7, lg, 4, 500, count);
+    KVR_CHECK(count[0] == 500);
+
+    /* temperature sharpens: at 0.1, token 0 (p^10 normalised ~ 0.994) */
+    struct kvr_sample_params cold = params(0.1f, 0, 1, 0, 1, 9);
+    support(&cold, lg, 4, 1000, count);
+    KVR_CHECK(count[0] > 970);
+
+    /* a large flat-ish vocabulary: the nucleus found without a full sort
+     * equals the brute-force one */
+    enum { N = 50000 };
+    static float big[N];
+    static int bc[N];
+    for (int i = 0; i < N; i++)
+        big[i] = (float)((i * 7919) % N) / (float)N * 4.0f; /* a permutation of a ramp */
+    struct kvr_sample_params pb = params(1, 0, 0.5f, 0, 1, 3);
+    support(&pb, big, N, 200, bc);
+    /* brute force: sort probabilities descending, nucleus = smallest prefix >= 0.5 */
+    double tot = 0;
+    for (int i = 0; i < N; i++)
+        tot += exp(big[i] - 4.0);
+    /* big is the ramp 4*j/N at j = (i*7919)%N; cumulate from the top */
+    double cum = 0;
+    int j = N - 1;
+    for (; j >= 0; j--) {
+        cum += exp(4.0 * j / N - 4.0) / tot;
+        if (cum >= 0.5)
+            break;
+    }
+    float thresh = 4.0f * (float)j / (float)N;
+    int outside = 0, inside = 0;
+    for (int i = 0; i < N; i++) {
+        if (big[i] < thresh - 1e-6f)
+            outside += bc[i];
+        else
+            inside += bc[i];
+    }
+    KVR_CHECK_EQ(outside, 0);
+    KVR_CHECK_EQ(inside, 200);
+}
+
+static void test_penalty_logprob(void)
+{
+    /* [2.0, -1.0, 1.5] with penalty 2 over seen {0, 1} -> [1.0, -2.0, 1.5] */
+    float lg[3] = {2.0f, -1.0f, 1.5f};
+    struct kvr_sample_params g = params(0, 0, 1, 0, 2.0f, 0);
+    kvr_sampler_t *s;
+    KVR_CHECK_STATUS(kvr_sampler_create(&g, 3, &s, NULL, 0), KVR_OK);
+    int32_t prompt[2] = {0, 1};
+    kvr_sampler_add_prompt(s, prompt, 2);
+    int32_t tok;
+    float lp;
+    KVR_CHECK_STATUS(kvr_sampler_sample(s, lg, &tok, &lp), KVR_OK);
+    KVR_CHECK_EQ(tok, 2);
+    /* logprob is of the raw logits */
+    double z = exp(2.0) + exp(-1.0) + exp(1.5);
+    KVR_CHECK(fabs(lp - (1.5 - log(z))) < 1e-5);
+    /* now 2 is seen too: [1.0, -2.0, 0.75] -> 0 */
+    KVR_CHECK_STATUS(kvr_sampler_sample(s, lg, &tok, &lp), KVR_OK);
+    KVR_CHECK_EQ(tok, 0);
+    KVR_CHECK(fabs(lp - (2.0 - log(z))) < 1e-5);
+    kvr_sampler_destroy(s);
+    /* penalty < 1 encourages: token 1 (seen) -1 * 0.1 = -0.1 > others scaled? */
+    float lg2[3] = {0.5f, -1.0f, 0.4f};
+    struct kvr_sample_params enc = params(0, 0, 1, 0, 0.1f, 0);
+    KVR_CHECK_STATUS(kvr_sampler_create(&enc, 3, &s, NULL, 0), KVR_OK);
+    int32_t p1[1] = {2};
+    kvr_sampler_add_prompt(s, p1, 1); /* 0.4 / 0.1 = 4.0 */
+    KVR_CHECK_STATUS(kvr_sampler_sample(s, lg2, &tok, NULL), KVR_OK);
+    KVR_CHECK_EQ(tok, 2);
+    kvr_sampler_destroy(s);
+    KVR_CHECK(fabs(kvr_sample_logprob(lg, 3, 0) - (2.0 - log(z))) < 1e-5);
+    KVR_CHECK(kvr_sample_logprob(lg, 3, 3) == -INFINITY);
+}
+
+int main(void)
+{
+    test_invalid();
+    test_greedy();
+    test_seed();
+    test_filters();
+    test_penalty_logprob();
+    printf("sample: ok\n");
+    return 0;
+}
