@@ -31,7 +31,7 @@ enum kvr_node_role {
 
 typedef struct kvr_cluster_node {
     char name[KVR_CLUSTER_NAME_MAX];
-    char host[KVR_CLUSTER_STR_MAX];    /* default "localhost" */
+    char host[KVR_CLUSTER_STR_MAX]; /* default "localhost" */
     enum kvr_node_role role;
     char device[32];                   /* "cpu" (default) or "cuda:N" */
     int device_index;                  /* N of cuda:N, -1 for cpu */
@@ -47,10 +47,10 @@ typedef struct kvr_cluster_node {
 } kvr_cluster_node_t;
 
 typedef struct kvr_cluster {
-    char path[KVR_CLUSTER_PATH_MAX];      /* the file as given */
-    char name[KVR_CLUSTER_NAME_MAX];      /* "cluster:", default "kvrail" */
-    char model_dir[KVR_CLUSTER_PATH_MAX]; /* resolved against the file's directory */
-    uint32_t block_size;                  /* tokens per KV block, default 16 */
+    char path[KVR_CLUSTER_PATH_MAX];           /* the file as given */
+    char name[KVR_CLUSTER_NAME_MAX];           /* "cluster:", default "kvrail" */
+    char model_dir[KVR_CLUSTER_PATH_MAX];      /* resolved against the file's directory */
+    uint32_t block_size;                       /* tokens per KV block, default 16 */
     char client_endpoint[KVR_CLUSTER_STR_MAX]; /* router.client, tcp://host:port */
     char node_endpoint[KVR_CLUSTER_STR_MAX];   /* router.node */
     char client_bind[KVR_CLUSTER_STR_MAX];     /* router.client_bind, default = client */
