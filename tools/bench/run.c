@@ -1,0 +1,493 @@
+/*
+ * run.c - one row of kvrail-bench: a block size and a batch, measured.
+ *
+ * The row cuts the pool into slots (bench.h), prepares one descriptor list
+ * per slot (once, before the clock starts), then keeps `depth` posts in
+ * flight, rotating through the slots.  Each post is timed around
+ * kvr_xfer_post (the post overhead) and its completion latency is taken
+ * from the list's telemetry.  The clock runs from the first timed post to
+ * the end of a final flush, so that every byte counted has completed.
+ *
+ * --check: every post carries a fresh sequence number.  WRITE fills the
+ * source bytes with the pattern of (target offset, sequence) before posting,
+ * then sends a notification; the target verifies every byte of the slot when
+ * the notification arrives (which also checks that notifications follow the
+ * data) and acknowledges.  READ clears the destination before posting and
+ * verifies it against the pattern the target filled its pool with.
+ */
+#include "bench.h"
+
+#include "kvr_clock.h"
+#include "kvr_log.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_SAMPLES (1u << 20)
+
+/* ---- byte patterns ---- */
+
+static inline uint64_t pattern_word(uint64_t word, uint64_t seq)
+{
+    uint64_t z = word * 0x9e3779b97f4a7c15ull ^ (seq + 1) * 0xd1b54a32d192ed03ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline uint8_t pattern_byte(uint64_t off, uint64_t seq)
+{
+    return (uint8_t)(pattern_word(off >> 3, seq) >> ((off & 7u) * 8u));
+}
+
+void bench_pattern_fill(uint8_t *buf, uint64_t off, uint64_t len, uint64_t seq)
+{
+    uint64_t i = 0;
+    while (i < len && ((off + i) & 7u) != 0) {
+        buf[i] = pattern_byte(off + i, seq);
+        i++;
+    }
+    for (; i + 8 <= len; i += 8) {
+        uint64_t w = pattern_word((off + i) >> 3, seq);
+        memcpy(buf + i, &w, 8); /* little-endian hosts: same bytes as pattern_byte */
+    }
+    for (; i < len; i++)
+        buf[i] = pattern_byte(off + i, seq);
+}
+
+bool bench_pattern_verify(const uint8_t *buf, uint64_t off, uint64_t len, uint64_t seq,
+                          uint64_t *bad_p)
+{
+    uint64_t i = 0;
+    while (i < len && ((off + i) & 7u) != 0) {
+        if (buf[i] != pattern_byte(off + i, seq))
+            goto bad;
+        i++;
+    }
+    for (; i + 8 <= len; i += 8) {
+        uint64_t w = pattern_word((off + i) >> 3, seq), got;
+        memcpy(&got, buf + i, 8);
+        if (got != w) {
+            while (buf[i] == pattern_byte(off + i, seq))
+                i++;
+            goto bad;
+        }
+    }
+    for (; i < len; i++)
+        if (buf[i] != pattern_byte(off + i, seq))
+            goto bad;
+    return true;
+bad:
+    *bad_p = off + i;
+    return false;
+}
+
+/* ---- layout ---- */
+
+kvr_status_t bench_layout_make(const struct bench_row_cfg *cfg, uint64_t pool_len,
+                               struct bench_layout *l_p, char *why, size_t why_len)
+{
+    if (cfg->bsize == 0 || cfg->batch == 0) {
+        snprintf(why, why_len, "block size and batch must be > 0");
+        return KVR_ERR_INVALID;
+    }
+    if (cfg->bsize > pool_len || cfg->batch > pool_len / cfg->bsize) {
+        snprintf(why, why_len, "a post of %" PRIu64 " B x %u does not fit the pool (%" PRIu64 " B)",
+                 cfg->bsize, cfg->batch, pool_len);
+        return KVR_ERR_INVALID;
+    }
+    uint64_t per_post = cfg->bsize * cfg->batch;
+    uint64_t n = pool_len / per_post;
+    if (n > BENCH_MAX_LISTS)
+        n = BENCH_MAX_LISTS;
+    uint64_t stride = pool_len / n;
+    if ((stride & ~4095ull) >= per_post)
+        stride &= ~4095ull;
+    struct bench_layout l = {
+        .bsize = cfg->bsize,
+        .batch = cfg->batch,
+        .nlists = (uint32_t)n,
+        .stride = stride,
+        .coalesce = cfg->coalesce,
+        .op = (uint32_t)cfg->op,
+    };
+    *l_p = l;
+    return KVR_OK;
+}
+
+void bench_layout_desc(const struct bench_layout *l, uint32_t k, uint32_t i, uint64_t *loff_p,
+                       uint64_t *roff_p)
+{
+    uint64_t base = (uint64_t)k * l->stride;
+    *loff_p = base + (uint64_t)i * l->bsize;
+    *roff_p = base + (uint64_t)(l->coalesce ? i : l->batch - 1 - i) * l->bsize;
+}
+
+/* ---- target side of --check ---- */
+
+struct bench_ack bench_target_on_notif(struct bench_target *t, const void *msg, size_t len)
+{
+    struct bench_ack ack = {.ok = 0, .bad_off = UINT64_MAX};
+    struct bench_notif n;
+    if (len != sizeof(n)) {
+        KVR_LOG_ERROR("bench", "target: notification of %zu bytes, want %zu", len, sizeof(n));
+        t->failures++;
+        return ack;
+    }
+    memcpy(&n, msg, sizeof(n));
+    ack.seq = n.seq;
+    const struct bench_layout *l = &n.layout;
+    if (n.magic != BENCH_NOTIF_MAGIC || l->bsize == 0 || l->batch == 0 || n.k >= l->nlists ||
+        l->bsize > t->pool_len || l->batch > t->pool_len / l->bsize ||
+        (uint64_t)n.k * l->stride > t->pool_len - l->bsize * l->batch) {
+        KVR_LOG_ERROR("bench", "target: malformed notification (slot %u of %u, %" PRIu64 " B x %u)",
+                      n.k, l->nlists, l->bsize, l->batch);
+        t->failures++;
+        return ack;
+    }
+    t->notifs++;
+    if (l->op == KVR_XFER_WRITE) {
+        for (uint32_t i = 0; i < l->batch; i++) {
+            uint64_t loff, roff, bad;
+            bench_layout_desc(l, n.k, i, &loff, &roff);
+            if (!bench_pattern_verify(t->pool + roff, roff, l->bsize, n.seq, &bad)) {
+                KVR_LOG_ERROR("bench",
+                              "target: byte at pool offset %" PRIu64 " wrong after post %" PRIu64
+                              " (slot %u, descriptor %u)",
+                              bad, n.seq, n.k, i);
+                t->failures++;
+                ack.bad_off = bad;
+                return ack;
+            }
+            t->verified_bytes += l->bsize;
+        }
+    }
+    ack.ok = 1;
+    ack.bad_off = 0;
+    return ack;
+}
+
+/* ---- the posting loop ---- */
+
+struct row_ctx {
+    kvr_xfer_engine_t *eng;
+    kvr_xfer_peer_t *peer;
+    struct bench_target *t;
+    const struct bench_row_cfg *cfg;
+    struct bench_layout l;
+    uint8_t *lpool;
+    kvr_xfer_dlist_t **dls;
+    uint64_t *t_post; /* per slot: when its last post started */
+    uint32_t *fifo;   /* slots in flight, oldest first */
+    uint32_t depth, head, count, next;
+    uint64_t *post_ns, *lat_ns; /* samples */
+    size_t nsamples, ncompleted;
+    uint64_t verified;
+    struct bench_row *row;
+};
+
+static uint64_t bench_seq = 1; /* post sequence numbers, unique over the run */
+
+static void pump(struct row_ctx *c)
+{
+    kvr_xfer_progress(c->eng);
+    if (c->t->engine)
+        kvr_xfer_progress(c->t->engine);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double percentile(uint64_t *v, size_t n, double p)
+{
+    if (n == 0)
+        return 0;
+    size_t i = (size_t)(p * (double)(n - 1) + 0.5);
+    return (double)v[i];
+}
+
+static kvr_status_t fail(struct row_ctx *c, kvr_status_t st, const char *what)
+{
+    snprintf(c->row->error, sizeof(c->row->error), "%s: %s", what, kvr_status_str(st));
+    KVR_LOG_ERROR("bench", "row %" PRIu64 " B x %u: %s", c->cfg->bsize, c->cfg->batch,
+                  c->row->error);
+    return st;
+}
+
+/* Check mode, WRITE: notify the target and wait for its verdict. */
+static kvr_status_t await_ack(struct row_ctx *c, uint32_t k, uint64_t seq)
+{
+    struct bench_notif n = {.magic = BENCH_NOTIF_MAGIC, .k = k, .seq = seq, .layout = c->l};
+    kvr_status_t st = kvr_xfer_notify(c->peer, &n, sizeof(n));
+    if (st != KVR_OK)
+        return fail(c, st, "kvr_xfer_notify");
+    uint64_t deadline = kvr_deadline_ns(c->cfg->timeout_ms);
+    while (c->t->acked_seq != seq) {
+        pump(c);
+        if (c->t->fd >= 0) {
+            uint32_t type, len;
+            void *buf = NULL;
+            st = bench_chan_recv(c->t->fd, 0, &type, &buf, &len);
+            if (st == KVR_OK && type == BENCH_MSG_ACK && len == sizeof(struct bench_ack)) {
+                struct bench_ack a;
+                memcpy(&a, buf, sizeof(a));
+                c->t->acked_seq = a.seq;
+                c->t->ack_ok = a.ok;
+                c->t->bad_off = a.bad_off;
+            } else if (st == KVR_OK && type == BENCH_MSG_ERROR) {
+                snprintf(c->row->error, sizeof(c->row->error), "target: %s", (char *)buf);
+                free(buf);
+                return KVR_ERR_IO;
+            } else if (st != KVR_OK && st != KVR_ERR_TIMEOUT) {
+                free(buf);
+                return fail(c, st, "side channel to the target");
+            }
+            free(buf);
+        }
+        if (kvr_now_ns() > deadline)
+            return fail(c, KVR_ERR_TIMEOUT, "waiting for the target to verify a post");
+    }
+    if (!c->t->ack_ok) {
+        snprintf(c->row->error, sizeof(c->row->error),
+                 "check failed: target byte at offset %" PRIu64 " wrong after post %" PRIu64,
+                 c->t->bad_off, seq);
+        return KVR_ERR_CORRUPT;
+    }
+    c->verified += c->l.bsize * c->l.batch;
+    return KVR_OK;
+}
+
+static void prepare_source(struct row_ctx *c, uint32_t k, uint64_t seq)
+{
+    for (uint32_t i = 0; i < c->l.batch; i++) {
+        uint64_t loff, roff;
+        bench_layout_desc(&c->l, k, i, &loff, &roff);
+        if (c->cfg->op == KVR_XFER_WRITE)
+            bench_pattern_fill(c->lpool + loff, roff, c->l.bsize, seq);
+        else
+            memset(c->lpool + loff, 0, c->l.bsize);
+    }
+}
+
+static kvr_status_t verify_read(struct row_ctx *c, uint32_t k)
+{
+    for (uint32_t i = 0; i < c->l.batch; i++) {
+        uint64_t loff, roff, bad;
+        bench_layout_desc(&c->l, k, i, &loff, &roff);
+        if (!bench_pattern_verify(c->lpool + loff, roff, c->l.bsize, 0, &bad)) {
+            snprintf(c->row->error, sizeof(c->row->error),
+                     "check failed: byte read from target offset %" PRIu64 " wrong", bad);
+            return KVR_ERR_CORRUPT;
+        }
+    }
+    c->verified += c->l.bsize * c->l.batch;
+    return KVR_OK;
+}
+
+/* Completes the oldest post in flight. */
+static kvr_status_t complete_one(struct row_ctx *c, bool record)
+{
+    uint32_t k = c->fifo[c->head];
+    uint64_t deadline = 0;
+    kvr_status_t st;
+    while ((st = kvr_xfer_test(c->dls[k])) == KVR_INPROGRESS) {
+        pump(c);
+        if (deadline == 0)
+            deadline = kvr_deadline_ns(c->cfg->timeout_ms);
+        else if (kvr_now_ns() > deadline)
+            return fail(c, KVR_ERR_TIMEOUT, "waiting for a post to complete");
+    }
+    uint64_t t_done = kvr_now_ns();
+    if (st != KVR_OK)
+        return fail(c, st, "transfer");
+    c->head = (c->head + 1) % c->depth;
+    c->count--;
+    if (record && c->ncompleted < c->nsamples) {
+        struct kvr_xfer_stats s;
+        kvr_xfer_dlist_stats(c->dls[k], &s);
+        c->lat_ns[c->ncompleted++] = s.complete_ns ? s.complete_ns : t_done - c->t_post[k];
+    }
+    return KVR_OK;
+}
+
+/* Posts until `n` posts are done (n > 0) or `duration` seconds pass. */
+static kvr_status_t run_posts(struct row_ctx *c, uint64_t n, double duration, bool record,
+                              bool progress_line)
+{
+    const struct bench_row_cfg *cfg = c->cfg;
+    uint64_t t_start = kvr_now_ns(), t_line = t_start, posted = 0;
+    uint64_t t_end = t_start + (uint64_t)(duration * 1e9);
+    kvr_status_t st;
+    for (;;) {
+        bool more = n ? posted < n : kvr_now_ns() < t_end;
+        if (record && c->nsamples >= MAX_SAMPLES)
+            more = false;
+        if (!more && c->count == 0)
+            break;
+        if (more && c->count < c->depth) {
+            uint32_t k = c->next;
+            uint64_t seq = bench_seq++;
+            c->next = (c->next + 1) % c->l.nlists;
+            if (cfg->check)
+                prepare_source(c, k, seq);
+            uint64_t t0 = kvr_now_ns();
+            st = kvr_xfer_post(c->dls[k]);
+            uint64_t t1 = kvr_now_ns();
+            if (st != KVR_INPROGRESS && st != KVR_OK)
+                return fail(c, st, "kvr_xfer_post");
+            c->t_post[k] = t0;
+            c->fifo[(c->head + c->count) % c->depth] = k;
+            c->count++;
+            posted++;
+            if (record)
+                c->post_ns[c->nsamples++] = t1 - t0;
+            if (cfg->check) {
+                /* one post at a time: complete, then verify it */
+                if ((st = complete_one(c, record)) != KVR_OK)
+                    return st;
+                st = cfg->op == KVR_XFER_WRITE ? await_ack(c, k, seq) : verify_read(c, k);
+                if (st != KVR_OK)
+                    return st;
+            }
+            continue;
+        }
+        if ((st = complete_one(c, record)) != KVR_OK)
+            return st;
+        if (progress_line && record) {
+            uint64_t now = kvr_now_ns();
+            if (now - t_line > 200000000ull) {
+                double secs = (double)(now - t_start) / 1e9;
+                fprintf(stderr, "\r  %s %" PRIu64 " B x %u: %" PRIu64 " posts, %.3f GB/s   \033[K",
+                        cfg->op == KVR_XFER_WRITE ? "write" : "read", cfg->bsize, cfg->batch,
+                        posted, (double)(posted * cfg->bsize * cfg->batch) / secs / 1e9);
+                t_line = now;
+            }
+        }
+    }
+    return KVR_OK;
+}
+
+/* Waits until every post and notification on the peer has completed. */
+static kvr_status_t flush_all(struct row_ctx *c)
+{
+    uint64_t deadline = kvr_deadline_ns(c->cfg->timeout_ms);
+    for (;;) {
+        kvr_status_t st = kvr_xfer_flush(c->peer, 0);
+        if (st == KVR_OK)
+            return KVR_OK;
+        if (st != KVR_ERR_TIMEOUT && st != KVR_INPROGRESS)
+            return fail(c, st, "kvr_xfer_flush");
+        pump(c);
+        if (kvr_now_ns() > deadline)
+            return fail(c, KVR_ERR_TIMEOUT, "kvr_xfer_flush");
+    }
+}
+
+kvr_status_t bench_row_run(kvr_xfer_engine_t *eng, kvr_xfer_peer_t *peer, kvr_xfer_mem_t *lmem,
+                           uint8_t *lpool, kvr_xfer_rmem_t *rmem, uint64_t pool_len,
+                           struct bench_target *t, const struct bench_row_cfg *cfg,
+                           bool progress_line, struct bench_row *row_p)
+{
+    struct row_ctx c = {.eng = eng, .peer = peer, .t = t, .cfg = cfg, .lpool = lpool, .row = row_p};
+    struct kvr_xfer_desc *descs = NULL;
+    kvr_status_t st;
+
+    memset(row_p, 0, sizeof(*row_p));
+    row_p->cfg = *cfg;
+    st = bench_layout_make(cfg, pool_len, &c.l, row_p->error, sizeof(row_p->error));
+    if (st != KVR_OK)
+        return st;
+    row_p->nlists = c.l.nlists;
+    c.depth = cfg->check ? 1 : cfg->depth;
+    if (c.depth > c.l.nlists)
+        c.depth = c.l.nlists;
+    if (c.depth == 0)
+        c.depth = 1;
+    row_p->cfg.depth = c.depth;
+
+    uint64_t iters = cfg->iters;
+    if (iters == 0 && cfg->check)
+        iters = c.l.nlists; /* one lap: every slot written and verified once */
+    size_t cap = iters ? (iters < MAX_SAMPLES ? iters : MAX_SAMPLES) : MAX_SAMPLES;
+
+    c.dls = calloc(c.l.nlists, sizeof(*c.dls));
+    c.t_post = calloc(c.l.nlists, sizeof(*c.t_post));
+    c.fifo = calloc(c.depth, sizeof(*c.fifo));
+    c.post_ns = malloc(cap * sizeof(*c.post_ns));
+    c.lat_ns = malloc(cap * sizeof(*c.lat_ns));
+    descs = malloc(c.l.batch * sizeof(*descs));
+    if (!c.dls || !c.t_post || !c.fifo || !c.post_ns || !c.lat_ns || !descs) {
+        st = fail(&c, KVR_ERR_NO_MEMORY, "allocating the row");
+        goto out_free;
+    }
+
+    /* prepare every list once, before the clock starts */
+    for (uint32_t k = 0; k < c.l.nlists; k++) {
+        for (uint32_t i = 0; i < c.l.batch; i++) {
+            descs[i].lmem = lmem;
+            descs[i].rmem = rmem;
+            descs[i].len = c.l.bsize;
+            bench_layout_desc(&c.l, k, i, &descs[i].loff, &descs[i].roff);
+        }
+        st = kvr_xfer_dlist_prepare(peer, cfg->op, descs, c.l.batch, &c.dls[k]);
+        if (st != KVR_OK) {
+            fail(&c, st, "kvr_xfer_dlist_prepare");
+            goto out_release;
+        }
+    }
+    row_p->ndesc = kvr_xfer_dlist_count(c.dls[0], &row_p->nseg);
+
+    if (!cfg->check && cfg->warmup > 0) {
+        st = run_posts(&c, cfg->warmup, 0, false, false);
+        if (st != KVR_OK)
+            goto out_release;
+        if ((st = flush_all(&c)) != KVR_OK)
+            goto out_release;
+    }
+
+    uint64_t t0 = kvr_now_ns();
+    st = run_posts(&c, iters, cfg->duration, true, progress_line);
+    if (st == KVR_OK)
+        st = flush_all(&c);
+    uint64_t t1 = kvr_now_ns();
+    if (progress_line)
+        fprintf(stderr, "\r\033[K");
+    if (st != KVR_OK)
+        goto out_release;
+
+    row_p->posts = c.nsamples;
+    row_p->bytes = c.nsamples * c.l.bsize * c.l.batch;
+    row_p->seconds = (double)(t1 - t0) / 1e9;
+    row_p->gbps = (double)row_p->bytes / row_p->seconds / 1e9;
+    row_p->posts_per_s = (double)row_p->posts / row_p->seconds;
+    row_p->verified_bytes = c.verified;
+    row_p->check_ok = cfg->check && c.verified == row_p->bytes;
+
+    qsort(c.post_ns, c.nsamples, sizeof(uint64_t), cmp_u64);
+    row_p->post_ns_p50 = percentile(c.post_ns, c.nsamples, 0.50);
+    row_p->post_ns_p99 = percentile(c.post_ns, c.nsamples, 0.99);
+    row_p->post_ns_per_desc_p50 = row_p->post_ns_p50 / (double)c.l.batch;
+    qsort(c.lat_ns, c.ncompleted, sizeof(uint64_t), cmp_u64);
+    row_p->lat_us_p50 = percentile(c.lat_ns, c.ncompleted, 0.50) / 1e3;
+    row_p->lat_us_p99 = percentile(c.lat_ns, c.ncompleted, 0.99) / 1e3;
+
+out_release:
+    if (st != KVR_OK)
+        (void)flush_all(&c); /* leave nothing in flight on lists about to be released */
+    for (uint32_t k = 0; k < c.l.nlists; k++)
+        if (c.dls && c.dls[k])
+            kvr_xfer_dlist_release(c.dls[k]);
+out_free:
+    free(descs);
+    free(c.lat_ns);
+    free(c.post_ns);
+    free(c.fifo);
+    free(c.t_post);
+    free(c.dls);
+    return st;
+}
