@@ -56,6 +56,7 @@ struct opts {
     bool check;
     bool json;
     bool quiet;
+    bool inject_corruption;
     int timeout_ms;
     int wait_ms; /* target: waiting for the initiator; initiator: reaching the target */
 };
@@ -217,6 +218,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"timeout", required_argument, NULL, 't'},
         {"wait", required_argument, NULL, 'W'},
         {"quiet", no_argument, NULL, 'Q'},
+        {"inject-corruption", no_argument, NULL, 'X'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -341,6 +343,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
             if (!parse_int("--wait", optarg, 1, 3600000, &v))
                 return 2;
             o->wait_ms = (int)v;
+            break;
+        case 'X':
+            o->inject_corruption = true;
             break;
         case 'Q':
             o->quiet = true;
@@ -634,7 +639,7 @@ static kvr_status_t reach_target(kvr_xfer_engine_t *eng, const void *addr, size_
 
 static int run_local(const struct opts *o)
 {
-    struct bench_target t = {.fd = -1};
+    struct bench_target t = {.fd = -1, .inject_corruption = o->inject_corruption};
     kvr_xfer_engine_t *te = NULL, *ie = NULL;
     kvr_xfer_mem_t *tmem = NULL, *imem = NULL;
     kvr_xfer_peer_t *peer = NULL;
@@ -692,7 +697,7 @@ out_te:
 
 static int run_target(const struct opts *o)
 {
-    struct bench_target t = {.fd = -1};
+    struct bench_target t = {.fd = -1, .inject_corruption = o->inject_corruption};
     kvr_xfer_engine_t *eng = NULL;
     kvr_xfer_mem_t *mem = NULL;
     void *addr = NULL, *rkey = NULL, *msg = NULL, *setup = NULL;

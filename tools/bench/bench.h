@@ -124,6 +124,7 @@ struct bench_target {
     uint8_t *pool;
     uint64_t pool_len;
     uint64_t notifs, verified_bytes, failures;
+    bool inject_corruption; /* self-test of --check: damage one byte of the first post */
 };
 
 struct bench_row_cfg {

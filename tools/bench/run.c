@@ -148,6 +148,12 @@ struct bench_ack bench_target_on_notif(struct bench_target *t, const void *msg, 
         return ack;
     }
     t->notifs++;
+    if (t->inject_corruption && l->op == KVR_XFER_WRITE) {
+        uint64_t loff, roff;
+        bench_layout_desc(l, n.k, l->batch - 1, &loff, &roff);
+        t->pool[roff + l->bsize - 1] ^= 0x5a; /* last byte of the last descriptor */
+        t->inject_corruption = false;
+    }
     if (l->op == KVR_XFER_WRITE) {
         for (uint32_t i = 0; i < l->batch; i++) {
             uint64_t loff, roff, bad;
