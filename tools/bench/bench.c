@@ -48,6 +48,7 @@ struct opts {
     uint64_t batches[MAX_LIST];
     size_t nbatches;
     uint64_t pool;
+    uint64_t footprint;
     uint64_t iters;
     double duration;
     int64_t warmup; /* -1: auto */
@@ -219,6 +220,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"wait", required_argument, NULL, 'W'},
         {"quiet", no_argument, NULL, 'Q'},
         {"inject-corruption", no_argument, NULL, 'X'},
+        {"footprint", required_argument, NULL, 'F'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -343,6 +345,12 @@ static int parse_args(int argc, char **argv, struct opts *o)
             if (!parse_int("--wait", optarg, 1, 3600000, &v))
                 return 2;
             o->wait_ms = (int)v;
+            break;
+        case 'F':
+            if (!parse_size(optarg, &o->footprint)) {
+                fprintf(stderr, "kvrail-bench: --footprint: bad size '%s'\n", optarg);
+                return 2;
+            }
             break;
         case 'X':
             o->inject_corruption = true;
@@ -509,6 +517,7 @@ static void print_json(const struct report *r, const struct bench_bye *bye)
     json_str(stdout, r->backend);
     printf(",\"transports\":");
     json_str(stdout, r->transports);
+    printf(",\"footprint_bytes\":%" PRIu64, o->footprint ? o->footprint : r->pool);
     printf(",\"role\":\"%s\",\"op\":\"%s\",\"pool_bytes\":%" PRIu64
            ",\"reg_ms\":%.4f,\"target_reg_ms\":%.4f,\"depth\":%u,\"check\":%s",
            o->role == ROLE_LOCAL ? "local" : "initiator",
@@ -567,6 +576,7 @@ static size_t sweep(const struct opts *o, kvr_xfer_engine_t *eng, kvr_xfer_peer_
                 .iters = o->iters,
                 .duration = o->duration,
                 .warmup = o->warmup >= 0 ? (uint64_t)o->warmup : 2u * o->depth,
+                .footprint = o->footprint,
                 .coalesce = o->coalesce,
                 .check = o->check,
                 .timeout_ms = o->timeout_ms,

@@ -132,9 +132,10 @@ struct bench_row_cfg {
     uint64_t bsize;
     uint32_t batch;
     uint32_t depth;
-    uint64_t iters;  /* 0: by duration */
-    double duration; /* seconds, when iters == 0 */
-    uint64_t warmup; /* posts before timing */
+    uint64_t iters;     /* 0: by duration */
+    double duration;    /* seconds, when iters == 0 */
+    uint64_t warmup;    /* posts before timing */
+    uint64_t footprint; /* bytes the rotation may touch; 0: the whole pool */
     bool coalesce;
     bool check;
     int timeout_ms;

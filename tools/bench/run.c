@@ -99,12 +99,25 @@ kvr_status_t bench_layout_make(const struct bench_row_cfg *cfg, uint64_t pool_le
         return KVR_ERR_INVALID;
     }
     uint64_t per_post = cfg->bsize * cfg->batch;
-    uint64_t n = pool_len / per_post;
+    uint64_t n = pool_len / per_post, stride;
     if (n > BENCH_MAX_LISTS)
         n = BENCH_MAX_LISTS;
-    uint64_t stride = pool_len / n;
-    if ((stride & ~4095ull) >= per_post)
-        stride &= ~4095ull;
+    if (cfg->footprint && cfg->footprint < pool_len) {
+        /* a small, hot working set (as ucx_perftest's one buffer): slots packed */
+        uint64_t want = cfg->footprint / per_post;
+        uint64_t min_lists = cfg->depth ? cfg->depth : 1;
+        if (want < min_lists)
+            want = min_lists;
+        if (want < n)
+            n = want;
+        stride = (per_post + 4095u) & ~4095ull;
+        if (stride * n > pool_len)
+            stride = per_post;
+    } else {
+        stride = pool_len / n;
+        if ((stride & ~4095ull) >= per_post)
+            stride &= ~4095ull;
+    }
     struct bench_layout l = {
         .bsize = cfg->bsize,
         .batch = cfg->batch,
