@@ -247,6 +247,7 @@ kvr_status_t kvr_proto_recv(void *sock, bool routed, kvr_proto_frame_t *frame_p,
                             size_t err_len)
 {
     memset(frame_p, 0, sizeof(*frame_p));
+    frame_p->src_fd = -1;
     kvr_status_t st = KVR_OK;
     size_t part = 0;
     int more = 1;
@@ -271,6 +272,7 @@ kvr_status_t kvr_proto_recv(void *sock, bool routed, kvr_proto_frame_t *frame_p,
             size_t n = len < KVR_PROTO_MAX_ROUTE ? len : KVR_PROTO_MAX_ROUTE;
             memcpy(frame_p->route, data, n);
             frame_p->route_len = n;
+            frame_p->src_fd = zmq_msg_get(&m, ZMQ_SRCFD);
         } else if (!have_env) {
             have_env = true;
             kvr_status_t hs = kvr_proto_hdr_unpack(data, len, &frame_p->hdr, err, err_len);

@@ -64,6 +64,7 @@ typedef struct kvr_proto_frame {
     uint8_t *payload; /* malloc'd, owned by the frame; NULL when empty */
     size_t payload_len;
     size_t nparts; /* frames after the routing id */
+    int src_fd;    /* routed: the peer's socket fd (ZMQ_SRCFD; matches monitor events), else -1 */
 } kvr_proto_frame_t;
 
 /** Writes the 16-byte envelope. */
