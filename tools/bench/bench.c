@@ -84,6 +84,8 @@ static void usage(FILE *f)
         "  --sizes LIST                   block sizes (default 4K,16K,64K,256K,1M,4M,16M,64M)\n"
         "  --batch LIST                   descriptors per post (default 1,4,16,64,256,1024)\n"
         "  --pool-size SIZE               pool at each end (default 1G)\n"
+        "  --footprint SIZE               bytes the rotation touches (default: the pool;\n"
+        "                                 small = hot caches, like ucx_perftest's one buffer)\n"
         "  --iters N                      posts per row (default: by --duration)\n"
         "  --duration SEC                 seconds per row (default 0.5)\n"
         "  --warmup N                     untimed posts before each row (default 2*depth)\n"
@@ -94,7 +96,9 @@ static void usage(FILE *f)
         "  --timeout MS                   bound on every wait (default 10000)\n"
         "  --wait MS                      target: wait for the initiator; initiator: for the\n"
         "                                 target to listen (default 60000 / 10000)\n"
-        "  --quiet                        no progress line\n");
+        "  --quiet                        no progress line\n"
+        "  --inject-corruption            target: damage one byte of the first checked post\n"
+        "                                 (a self-test: --check must then fail)\n");
 }
 
 /* "256K", "1M", "1GiB", "4096" -> bytes (binary suffixes). */
