@@ -1,0 +1,375 @@
+/*
+ * node.c - the runtime shared by kvrail-prefill and kvrail-decode (node.h):
+ * start-up from the cluster file, the router connection, registration and
+ * heartbeat timing, the one poll loop, and the stats file.
+ */
+#include "node.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+#include "kvr_clock.h"
+#include "kvr_log.h"
+
+#define COMP "node"
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+bool kvr_node_stopping(void)
+{
+    return g_stop != 0;
+}
+
+static void usage(FILE *f, const char *prog)
+{
+    fprintf(f,
+            "usage: %s --config FILE --node NAME [--stats-file PATH] [--log-level LEVEL]\n"
+            "  --config FILE      the cluster file (docs/cluster-file.md)\n"
+            "  --node NAME        this node's name in the cluster file\n"
+            "  --stats-file PATH  write the node's counters there as JSON (for tests)\n"
+            "  --log-level LEVEL  error|warn|info|debug|trace (or KVR_LOG_LEVEL)\n",
+            prog);
+}
+
+kvr_status_t kvr_node_init(kvr_node_t *node, int argc, char **argv, enum kvr_node_role role,
+                           kvr_xfer_notif_cb_t notif_cb, void *notif_arg, char *err, size_t err_len)
+{
+    memset(node, 0, sizeof *node);
+    node->xfer_fd = -1;
+    node->role = role;
+    const char *config = NULL, *name = NULL;
+    static const struct option lo[] = {
+        {"config", required_argument, 0, 'c'},
+        {"node", required_argument, 0, 'n'},
+        {"stats-file", required_argument, 0, 's'},
+        {"log-level", required_argument, 0, 'l'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "c:n:h", lo, NULL)) != -1) {
+        switch (c) {
+        case 'c':
+            config = optarg;
+            break;
+        case 'n':
+            name = optarg;
+            break;
+        case 's':
+            node->stats_path = optarg;
+            break;
+        case 'l': {
+            int lv = kvr_log_parse_level(optarg);
+            if (lv < 0) {
+                snprintf(err, err_len, "--log-level: unknown level '%s'", optarg);
+                return KVR_ERR_INVALID;
+            }
+            kvr_log_set_level((enum kvr_log_level)lv);
+            break;
+        }
+        case 'h':
+            usage(stdout, argv[0]);
+            exit(0);
+        default:
+            usage(stderr, argv[0]);
+            snprintf(err, err_len, "bad command line");
+            return KVR_ERR_INVALID;
+        }
+    }
+    if (!config || !name) {
+        usage(stderr, argv[0]);
+        snprintf(err, err_len, "--config FILE and --node NAME are required");
+        return KVR_ERR_INVALID;
+    }
+    kvr_status_t s = kvr_cluster_load(config, &node->cluster, err, err_len);
+    if (s != KVR_OK)
+        return s;
+    node->self = kvr_cluster_find(node->cluster, name);
+    if (!node->self) {
+        snprintf(err, err_len, "%s: no node named '%s'", config, name);
+        return KVR_ERR_NOT_FOUND;
+    }
+    if (node->self->role != role) {
+        snprintf(err, err_len, "%s: node '%s' has role %s, this binary runs %s nodes", config, name,
+                 kvr_node_role_name(node->self->role), kvr_node_role_name(role));
+        return KVR_ERR_INVALID;
+    }
+    snprintf(node->name, sizeof node->name, "%s", name);
+    kvr_log_set_process(node->name);
+    node->incarnation = (kvr_now_ns() ^ ((uint64_t)getpid() << 40)) | 1;
+    node->heartbeat_ms =
+        node->cluster->timeouts.heartbeat_ms ? node->cluster->timeouts.heartbeat_ms : 1000;
+
+    uint64_t t0 = kvr_now_ns();
+    s = kvr_model_load(node->cluster->model_dir, &node->model, err, err_len);
+    if (s != KVR_OK)
+        return s;
+    s = kvr_kv_layout_init(node->model, (int32_t)node->cluster->block_size, &node->layout);
+    if (s != KVR_OK) {
+        snprintf(err, err_len, "block_size %u is not usable with this model",
+                 node->cluster->block_size);
+        return s;
+    }
+    node->fingerprint = kvr_model_fingerprint(node->model);
+    snprintf(node->fingerprint_str, sizeof node->fingerprint_str, "%016llx",
+             (unsigned long long)node->fingerprint);
+    KVR_LOG_INFO(COMP,
+                 "model %s (%s, %d layers, %d kv heads x %d, vocab %d, context %d) "
+                 "fingerprint %s loaded in %.1f ms",
+                 node->cluster->model_dir, kvr_model_arch(node->model), node->layout.n_layers,
+                 node->layout.n_kv_heads, node->layout.head_dim, kvr_model_vocab(node->model),
+                 kvr_model_max_pos(node->model), node->fingerprint_str,
+                 (double)(kvr_now_ns() - t0) / 1e6);
+
+    struct kvr_xfer_config xc;
+    kvr_xfer_config_init(&xc);
+    xc.backend = node->self->transport[0] ? node->self->transport : NULL;
+    xc.name = node->name;
+    xc.require_rdma = node->self->require_rdma;
+    xc.devices = node->self->devices[0] ? node->self->devices : NULL;
+    xc.tls = node->self->tls[0] ? node->self->tls : NULL;
+    xc.notif_cb = notif_cb;
+    xc.notif_arg = notif_arg;
+    s = kvr_xfer_engine_create(&xc, &node->xfer);
+    if (s != KVR_OK) {
+        snprintf(err, err_len, "transfer engine '%s': %s", xc.backend ? xc.backend : "default",
+                 kvr_status_str(s));
+        return s;
+    }
+    if (kvr_xfer_event_fd(node->xfer, &node->xfer_fd) != KVR_OK)
+        node->xfer_fd = -1;
+
+    node->zctx = zmq_ctx_new();
+    node->sock = node->zctx ? zmq_socket(node->zctx, ZMQ_DEALER) : NULL;
+    if (!node->sock) {
+        snprintf(err, err_len, "zmq socket: %s", zmq_strerror(errno));
+        return KVR_ERR_IO;
+    }
+    int zero = 0, hwm = 100000;
+    zmq_setsockopt(node->sock, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(node->sock, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(node->sock, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(node->sock, ZMQ_ROUTING_ID, node->name, strlen(node->name));
+    if (zmq_connect(node->sock, node->cluster->node_endpoint) != 0) {
+        snprintf(err, err_len, "cannot connect to the router's node endpoint '%s': %s",
+                 node->cluster->node_endpoint, zmq_strerror(errno));
+        return KVR_ERR_IO;
+    }
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    signal(SIGPIPE, SIG_IGN);
+    KVR_LOG_INFO(COMP, "%s node '%s': router %s, transport %s", kvr_node_role_name(role),
+                 node->name, node->cluster->node_endpoint, kvr_xfer_engine_backend(node->xfer));
+    return KVR_OK;
+}
+
+void kvr_node_fini(kvr_node_t *node)
+{
+    if (node->sock)
+        zmq_close(node->sock);
+    if (node->zctx)
+        zmq_ctx_term(node->zctx);
+    if (node->xfer)
+        kvr_xfer_engine_destroy(node->xfer);
+    if (node->model)
+        kvr_model_destroy(node->model);
+    if (node->cluster)
+        kvr_cluster_free(node->cluster);
+    memset(node, 0, sizeof *node);
+}
+
+kvr_status_t kvr_node_send(kvr_node_t *node, unsigned method, const ProtobufCMessage *msg)
+{
+    kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, (uint16_t)method, 0};
+    kvr_status_t s = kvr_proto_send(node->sock, NULL, 0, &h, msg);
+    if (s != KVR_OK)
+        KVR_LOG_WARN(COMP, "send %s to the router: %s", kvr_proto_method_name(method),
+                     kvr_status_str(s));
+    return s;
+}
+
+void kvr_node_fill_register(kvr_node_t *node, Kvrail__RegisterRequest *r, Kvrail__KvLayout *l,
+                            const void *addr, size_t addr_len)
+{
+    static char host[256];
+    if (!host[0] && gethostname(host, sizeof host - 1) != 0)
+        snprintf(host, sizeof host, "localhost");
+    kvrail__kv_layout__init(l);
+    l->layers = (uint32_t)node->layout.n_layers;
+    l->kv_heads = (uint32_t)node->layout.n_kv_heads;
+    l->head_dim = (uint32_t)node->layout.head_dim;
+    l->block_size = (uint32_t)node->layout.block_size;
+    l->dtype = "f32";
+    l->max_context = (uint32_t)kvr_model_max_pos(node->model);
+    l->vocab_size = (uint32_t)kvr_model_vocab(node->model);
+    r->node_name = node->name;
+    r->role = node->role == KVR_NODE_ROLE_PREFILL ? KVRAIL__ROLE__ROLE_PREFILL
+                                                  : KVRAIL__ROLE__ROLE_DECODE;
+    r->model_fingerprint = node->fingerprint_str;
+    r->layout = l;
+    r->transport = (char *)kvr_xfer_engine_backend(node->xfer);
+    r->transport_address.data = (uint8_t *)addr;
+    r->transport_address.len = addr_len;
+    r->protocol_version = KVR_PROTO_VERSION;
+    r->pid = (uint32_t)getpid();
+    r->host = host;
+    r->incarnation = node->incarnation;
+    node->last_register_ns = kvr_now_ns();
+}
+
+bool kvr_node_register_due(kvr_node_t *node)
+{
+    return !node->registered &&
+           (node->last_register_ns == 0 || kvr_now_ns() - node->last_register_ns > 1000000000ull);
+}
+
+bool kvr_node_heartbeat_due(kvr_node_t *node)
+{
+    uint64_t now = kvr_now_ns();
+    if (!node->registered || now - node->last_heartbeat_ns < node->heartbeat_ms * 1000000ull)
+        return false;
+    node->last_heartbeat_ns = now;
+    return true;
+}
+
+static void handle_builtin(kvr_node_t *node, unsigned method, ProtobufCMessage *m)
+{
+    if (method == KVRAIL__METHOD__REGISTER) {
+        Kvrail__RegisterReply *r = (Kvrail__RegisterReply *)m;
+        if (r->status && r->status->code != 0) {
+            KVR_LOG_ERROR(COMP, "the router refused registration: %s (%s)",
+                          r->status->message ? r->status->message : "",
+                          kvr_status_str((kvr_status_t)r->status->code));
+            node->registered = false;
+            return;
+        }
+        if (r->heartbeat_interval_ms)
+            node->heartbeat_ms = r->heartbeat_interval_ms;
+        if (!node->registered)
+            KVR_LOG_INFO(COMP, "registered with the router (heartbeat every %u ms)",
+                         node->heartbeat_ms);
+        node->registered = true;
+        node->last_hb_reply_ns = kvr_now_ns();
+        node->last_heartbeat_ns = 0;
+    } else if (method == KVRAIL__METHOD__HEARTBEAT) {
+        Kvrail__HeartbeatReply *r = (Kvrail__HeartbeatReply *)m;
+        node->last_hb_reply_ns = kvr_now_ns();
+        if (r->reregister) {
+            KVR_LOG_WARN(COMP, "the router does not know this node: registering again");
+            node->registered = false;
+            node->last_register_ns = 0;
+        }
+    }
+}
+
+int kvr_node_drain(kvr_node_t *node)
+{
+    int n = 0;
+    for (int i = 0; i < 1024; i++) {
+        kvr_proto_frame_t fr;
+        char err[256];
+        kvr_status_t s = kvr_proto_recv(node->sock, false, &fr, err, sizeof err);
+        if (s == KVR_ERR_NO_RESOURCE) {
+            kvr_proto_frame_clear(&fr);
+            break;
+        }
+        n++;
+        if (s != KVR_OK) {
+            node->bad_frames++;
+            KVR_LOG_WARN(COMP, "dropped a bad frame from the router: %s", err);
+            kvr_proto_frame_clear(&fr);
+            continue;
+        }
+        unsigned method = fr.hdr.method;
+        const ProtobufCMessageDescriptor *d;
+        if (fr.hdr.flags & KVR_PROTO_F_ERROR)
+            d = &kvrail__status__descriptor;
+        else if (method == KVRAIL__METHOD__REGISTER || method == KVRAIL__METHOD__HEARTBEAT)
+            d = kvr_proto_method_reply_desc(method);
+        else
+            d = kvr_proto_method_desc(method);
+        ProtobufCMessage *m = NULL;
+        if (!d || kvr_proto_decode(&fr, d, &m, err, sizeof err) != KVR_OK) {
+            node->bad_frames++;
+            KVR_LOG_WARN(COMP, "dropped a %s frame from the router: %s",
+                         kvr_proto_method_name(method) ? kvr_proto_method_name(method) : "?",
+                         d ? err : "no payload type");
+            kvr_proto_frame_clear(&fr);
+            continue;
+        }
+        kvr_proto_frame_clear(&fr);
+        if (d == &kvrail__status__descriptor) {
+            Kvrail__Status *st = (Kvrail__Status *)m;
+            KVR_LOG_WARN(COMP, "the router answered %s with an error: %s",
+                         kvr_proto_method_name(method) ? kvr_proto_method_name(method) : "?",
+                         st->message ? st->message : "");
+            if (method == KVRAIL__METHOD__HEARTBEAT || method == KVRAIL__METHOD__REGISTER)
+                node->registered = false;
+        } else if (method == KVRAIL__METHOD__REGISTER || method == KVRAIL__METHOD__HEARTBEAT) {
+            handle_builtin(node, method, m);
+        } else if (node->on_msg) {
+            node->on_msg(node->on_msg_arg, method, m);
+        }
+        protobuf_c_message_free_unpacked(m, NULL);
+    }
+    return n;
+}
+
+int kvr_node_poll(kvr_node_t *node, int timeout_ms)
+{
+    zmq_pollitem_t items[2] = {{node->sock, 0, ZMQ_POLLIN, 0},
+                               {NULL, node->xfer_fd, ZMQ_POLLIN, 0}};
+    int nitems = node->xfer_fd >= 0 ? 2 : 1;
+    if (node->xfer_fd < 0 && timeout_ms > 2)
+        timeout_ms = 2; /* no event fd: poll the engine often */
+    if (timeout_ms > 0 && kvr_xfer_progress(node->xfer) > 0)
+        timeout_ms = 0;
+    int n = 0;
+    if (zmq_poll(items, nitems, timeout_ms) < 0 && errno != EINTR)
+        KVR_LOG_WARN(COMP, "zmq_poll: %s", zmq_strerror(errno));
+    n += kvr_xfer_progress(node->xfer);
+    n += kvr_node_drain(node);
+    return n;
+}
+
+void kvr_node_write_stats(const kvr_node_t *node, const char *json)
+{
+    if (!node->stats_path)
+        return;
+    char tmp[KVR_CLUSTER_PATH_MAX + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", node->stats_path);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return;
+    fputs(json, f);
+    fputc('\n', f);
+    if (fclose(f) == 0)
+        rename(tmp, node->stats_path);
+}
+
+void kvr_node_sampling(const Kvrail__SamplingParams *sp, uint64_t seed,
+                       struct kvr_sample_params *out_p)
+{
+    kvr_sample_params_default(out_p);
+    if (sp) {
+        out_p->temperature = sp->temperature;
+        out_p->top_k = (int32_t)sp->top_k;
+        out_p->top_p = sp->top_p > 0 ? sp->top_p : 1.0f;
+        out_p->repetition_penalty = sp->repetition_penalty > 0 ? sp->repetition_penalty : 1.0f;
+    }
+    out_p->seed = seed;
+}

@@ -1,0 +1,962 @@
+/*
+ * prefill.c - kvrail-prefill, the prefill node.
+ *
+ * The router sends Prefill{request, prompt} (and, once the decode node has
+ * reserved blocks, PrefillTarget{decode node, rkeys, block ids, cached
+ * tokens}).  Requests wait in a FIFO prefill queue and are computed one at a
+ * time (the engine splits a long prompt into chunks of its max_tokens).
+ *
+ * KV is computed into this node's own staging pool (one slab per layer,
+ * registered once).  The staging blocks of finished prompts stay in a local
+ * prefix cache (the decode node's block table module), so a prompt that
+ * shares a prefix with an earlier one recomputes only the rest.  As soon as
+ * the engine reports layer l done, its slices of every block the decode node
+ * does not already hold are posted as one prepared descriptor list (runs of
+ * blocks adjacent on both sides coalesced into one write).  After the last
+ * layer the first token is sampled and a KV_READY notification {request,
+ * first token} is sent on the same transport peer, so it arrives after the
+ * data; PrefillDone goes to the router once the writes have completed.
+ *
+ * If the target is not known yet when a layer finishes, that layer is
+ * posted as soon as it arrives (the control socket is drained from inside
+ * the layer callback).  Cancel stops the computation at the next layer and
+ * sends KV_ABORT after whatever was posted, so the decode node can reuse the
+ * blocks.  A transport failure fails only the request(s) on that peer; the
+ * next target reconnects.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blocktab.h"
+#include "kvr_blockhash.h"
+#include "kvr_clock.h"
+#include "kvr_log.h"
+#include "node.h"
+
+#define COMP "prefill"
+
+enum preq_state { PQ_QUEUED, PQ_COMPUTING, PQ_AWAIT_TARGET, PQ_DRAINING };
+
+struct dpeer {
+    struct dpeer *next;
+    char name[KVR_CLUSTER_NAME_MAX];
+    uint64_t incarnation;
+    kvr_xfer_peer_t *peer;
+    kvr_xfer_rmem_t **rmem; /* [n_layers] */
+    int32_t n_rmem;
+    bool failed;
+    int users; /* requests holding it */
+};
+
+struct preq {
+    struct preq *next; /* queue or active list */
+    uint64_t id;
+    enum preq_state state;
+    int32_t *tokens;
+    int32_t n_tokens;
+    struct kvr_sample_params sp;
+    uint32_t lease_ms;
+    uint64_t t_recv, t_start, t_computed, t_first_post, t_done, deadline;
+    /* target */
+    bool have_target;
+    uint32_t *dblocks;
+    uint32_t n_dblocks;
+    uint32_t cached_d; /* blocks already on the decode node */
+    struct dpeer *peer;
+    /* staging */
+    uint32_t *lblocks;
+    uint32_t n_lblocks;
+    uint32_t cached_p;     /* blocks taken from the local prefix cache */
+    kvr_xfer_dlist_t **dl; /* [n_layers] */
+    int32_t layers_done, layers_posted;
+    bool prepared, notified, canceled;
+    kvr_status_t err;
+    char errmsg[200];
+    int32_t first_token;
+    float logprob;
+    uint64_t bytes;
+    uint32_t ndesc_raw, ndesc_posted;
+};
+
+struct prefill {
+    kvr_node_t node;
+    struct kvr_kv_pool pool;
+    kvr_xfer_mem_t **mem; /* [n_layers] */
+    kvr_blocktab_t *bt;
+    kvr_ctx_t *ctx;
+    float *logits;
+    int32_t vocab;
+    struct preq *queue, *queue_tail;
+    struct preq *active; /* computing, awaiting target or draining */
+    struct preq *current;
+    struct dpeer *peers;
+    void *addr;
+    size_t addr_len;
+    uint64_t *hash_scratch;
+    uint32_t max_blocks_per_req;
+    /* counters */
+    uint64_t n_ok, n_failed, n_canceled, bytes_pushed, transfer_ns, ndesc_raw, ndesc_posted;
+    uint64_t computed_tokens, local_cached_tokens, queued_tokens;
+    bool stats_dirty;
+    uint64_t last_stats_ns;
+};
+
+static struct preq *find_req(struct prefill *p, uint64_t id)
+{
+    for (struct preq *r = p->queue; r; r = r->next)
+        if (r->id == id)
+            return r;
+    for (struct preq *r = p->active; r; r = r->next)
+        if (r->id == id)
+            return r;
+    return NULL;
+}
+
+static void unlink_req(struct preq **head, struct preq *r)
+{
+    for (struct preq **pp = head; *pp; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            r->next = NULL;
+            return;
+        }
+}
+
+/* ---- peers ---- */
+
+static void peer_drop(struct prefill *p, struct dpeer *d)
+{
+    for (struct dpeer **pp = &p->peers; *pp; pp = &(*pp)->next)
+        if (*pp == d) {
+            *pp = d->next;
+            break;
+        }
+    for (int32_t l = 0; l < d->n_rmem; l++)
+        if (d->rmem[l])
+            kvr_xfer_rmem_release(d->rmem[l]);
+    if (d->peer)
+        kvr_xfer_disconnect(d->peer);
+    free(d->rmem);
+    free(d);
+}
+
+static void peer_put(struct prefill *p, struct dpeer *d)
+{
+    if (d && --d->users == 0 && d->failed)
+        peer_drop(p, d);
+}
+
+static kvr_status_t peer_get(struct prefill *p, const Kvrail__PrefillTarget *t, struct dpeer **d_p,
+                             char *err, size_t err_len)
+{
+    const struct kvr_kv_layout *L = &p->node.layout;
+    for (struct dpeer *d = p->peers; d; d = d->next) {
+        if (strcmp(d->name, t->decode_node) != 0)
+            continue;
+        if (!d->failed && d->incarnation == t->decode_incarnation &&
+            kvr_xfer_peer_status(d->peer) == KVR_OK) {
+            d->users++;
+            *d_p = d;
+            return KVR_OK;
+        }
+        d->failed = true; /* restarted or failed: reconnect */
+        if (d->users == 0)
+            peer_drop(p, d);
+        break;
+    }
+    if (t->block_bytes && t->block_bytes != kvr_kv_block_bytes(L)) {
+        snprintf(err, err_len,
+                 "KV layout mismatch with decode node '%s': its blocks are %" PRIu64
+                 " bytes, ours %zu (layers/kv heads/head dim/block size differ)",
+                 t->decode_node, t->block_bytes, kvr_kv_block_bytes(L));
+        return KVR_ERR_MISMATCH;
+    }
+    if (t->n_layer_rkeys != (size_t)L->n_layers) {
+        snprintf(err, err_len,
+                 "KV layout mismatch with decode node '%s': %zu layer rkeys, model has %d layers",
+                 t->decode_node, t->n_layer_rkeys, L->n_layers);
+        return KVR_ERR_MISMATCH;
+    }
+    if (t->decode_address.len == 0) {
+        snprintf(err, err_len, "no transport address for decode node '%s'", t->decode_node);
+        return KVR_ERR_INVALID;
+    }
+    struct dpeer *d = calloc(1, sizeof *d);
+    if (!d)
+        return KVR_ERR_NO_MEMORY;
+    d->rmem = calloc((size_t)L->n_layers, sizeof *d->rmem);
+    if (!d->rmem) {
+        free(d);
+        return KVR_ERR_NO_MEMORY;
+    }
+    snprintf(d->name, sizeof d->name, "%s", t->decode_node);
+    d->incarnation = t->decode_incarnation;
+    d->n_rmem = L->n_layers;
+    uint64_t t0 = kvr_now_ns();
+    kvr_status_t s =
+        kvr_xfer_connect(p->node.xfer, t->decode_address.data, t->decode_address.len, &d->peer);
+    if (s != KVR_OK) {
+        snprintf(err, err_len, "cannot connect to decode node '%s': %s", t->decode_node,
+                 kvr_status_str(s));
+        free(d->rmem);
+        free(d);
+        return s;
+    }
+    for (int32_t l = 0; l < L->n_layers; l++) {
+        s = kvr_xfer_rmem_unpack(d->peer, t->layer_rkeys[l].data, t->layer_rkeys[l].len,
+                                 &d->rmem[l]);
+        if (s != KVR_OK) {
+            snprintf(err, err_len, "decode node '%s': rkey of layer %d: %s", t->decode_node, l,
+                     kvr_status_str(s));
+            goto err_release;
+        }
+        if (kvr_xfer_rmem_len(d->rmem[l]) < kvr_kv_block_bytes(L)) {
+            snprintf(err, err_len, "decode node '%s': layer %d region is only %" PRIu64 " bytes",
+                     t->decode_node, l, kvr_xfer_rmem_len(d->rmem[l]));
+            s = KVR_ERR_MISMATCH;
+            goto err_release;
+        }
+    }
+    /* the layout descriptor: the decode node checks it and refuses KV from a
+     * node whose model or layout differs */
+    struct kvr_notif h = {0};
+    h.magic = KVR_NOTIF_MAGIC;
+    h.version = KVR_NOTIF_VERSION;
+    h.kind = KVR_NOTIF_HELLO;
+    h.incarnation = p->node.incarnation;
+    snprintf(h.node, sizeof h.node, "%s", p->node.name);
+    h.fingerprint = p->node.fingerprint;
+    h.n_layers = L->n_layers;
+    h.n_kv_heads = L->n_kv_heads;
+    h.head_dim = L->head_dim;
+    h.block_size = L->block_size;
+    h.dtype = L->dtype;
+    h.proto_version = KVR_PROTO_VERSION;
+    (void)kvr_xfer_notify(d->peer, &h, sizeof h);
+    KVR_LOG_INFO(COMP, "connected to decode node '%s' over %s in %.2f ms", d->name,
+                 kvr_xfer_peer_transports(d->peer), (double)(kvr_now_ns() - t0) / 1e6);
+    d->users = 1;
+    d->next = p->peers;
+    p->peers = d;
+    *d_p = d;
+    return KVR_OK;
+err_release:
+    for (int32_t k = 0; k < L->n_layers; k++)
+        if (d->rmem[k])
+            kvr_xfer_rmem_release(d->rmem[k]);
+    kvr_xfer_disconnect(d->peer);
+    free(d->rmem);
+    free(d);
+    return s;
+}
+
+/* ---- requests ---- */
+
+static void req_free(struct prefill *p, struct preq *r)
+{
+    if (r->dl) {
+        for (int32_t l = 0; l < p->node.layout.n_layers; l++)
+            if (r->dl[l])
+                kvr_xfer_dlist_release(r->dl[l]);
+        free(r->dl);
+    }
+    if (r->n_lblocks)
+        kvr_blocktab_release(p->bt, r->lblocks, r->n_lblocks);
+    peer_put(p, r->peer);
+    free(r->lblocks);
+    free(r->dblocks);
+    free(r->tokens);
+    free(r);
+}
+
+static void send_done(struct prefill *p, struct preq *r, kvr_status_t code, const char *msg)
+{
+    Kvrail__PrefillDone d = KVRAIL__PREFILL_DONE__INIT;
+    Kvrail__Status st = KVRAIL__STATUS__INIT;
+    st.code = code;
+    st.message = (char *)(msg ? msg : "");
+    d.request_id = r->id;
+    d.status = &st;
+    d.first_token = code == KVR_OK ? (uint32_t)r->first_token : 0;
+    d.logprob = r->logprob;
+    d.bytes_moved = r->bytes;
+    d.descriptors_posted = r->ndesc_posted;
+    d.descriptors_raw = r->ndesc_raw;
+    uint64_t now = kvr_now_ns();
+    d.queue_us = r->t_start ? (r->t_start - r->t_recv) / 1000 : (now - r->t_recv) / 1000;
+    d.compute_us = r->t_computed ? (r->t_computed - r->t_start) / 1000 : 0;
+    d.transfer_us = r->t_first_post && r->t_done ? (r->t_done - r->t_first_post) / 1000 : 0;
+    d.total_us = (now - r->t_recv) / 1000;
+    d.computed_tokens =
+        (uint32_t)(r->n_tokens - (int32_t)(r->cached_p * p->node.layout.block_size));
+    d.node_name = p->node.name;
+    kvr_node_send(&p->node, KVRAIL__METHOD__PREFILL_DONE, &d.base);
+    p->stats_dirty = true;
+}
+
+static void notify_abort(struct prefill *p, struct preq *r, kvr_status_t why)
+{
+    if (!r->peer || r->peer->failed || r->notified)
+        return;
+    struct kvr_notif n = {0};
+    n.magic = KVR_NOTIF_MAGIC;
+    n.version = KVR_NOTIF_VERSION;
+    n.kind = KVR_NOTIF_KV_ABORT;
+    n.request_id = r->id;
+    n.incarnation = p->node.incarnation;
+    snprintf(n.node, sizeof n.node, "%s", p->node.name);
+    n.status = why;
+    (void)kvr_xfer_notify(r->peer->peer, &n, sizeof n);
+    r->notified = true;
+}
+
+/* Ends a request that failed or was canceled; writes already posted are
+ * waited for (bounded) before the staging blocks are reused. */
+static void req_fail(struct prefill *p, struct preq *r, kvr_status_t code, const char *msg)
+{
+    KVR_LOG_WARN(COMP, "request %" PRIu64 ": %s (%s)", r->id, msg, kvr_status_str(code));
+    notify_abort(p, r, code);
+    if (r->dl)
+        for (int32_t l = 0; l < r->layers_posted; l++)
+            if (r->dl[l] && kvr_xfer_test(r->dl[l]) == KVR_INPROGRESS)
+                (void)kvr_xfer_wait(r->dl[l], 1000);
+    if (r->peer && kvr_xfer_peer_status(r->peer->peer) != KVR_OK)
+        r->peer->failed = true;
+    send_done(p, r, code, msg);
+    if (code == KVR_ERR_CANCELED)
+        p->n_canceled++;
+    else
+        p->n_failed++;
+    if (r->n_lblocks) {
+        /* blocks taken from the local cache are intact; the rest may be partial */
+        kvr_blocktab_release(p->bt, r->lblocks, r->n_lblocks);
+        r->n_lblocks = 0;
+    }
+    req_free(p, r);
+}
+
+static kvr_status_t prepare_lists(struct prefill *p, struct preq *r)
+{
+    const struct kvr_kv_layout *L = &p->node.layout;
+    size_t bb = kvr_kv_block_bytes(L);
+    uint32_t first = r->cached_d, n = r->n_lblocks - first;
+    if (n == 0)
+        return KVR_OK; /* nothing to move (cannot happen: the last block is never cached) */
+    struct kvr_xfer_desc *descs = calloc(n, sizeof *descs);
+    r->dl = calloc((size_t)L->n_layers, sizeof *r->dl);
+    if (!descs || !r->dl) {
+        free(descs);
+        return KVR_ERR_NO_MEMORY;
+    }
+    kvr_status_t s = KVR_OK;
+    for (int32_t l = 0; l < L->n_layers && s == KVR_OK; l++) {
+        for (uint32_t i = 0; i < n; i++) {
+            descs[i].lmem = p->mem[l];
+            descs[i].loff = (uint64_t)r->lblocks[first + i] * bb;
+            descs[i].rmem = r->peer->rmem[l];
+            descs[i].roff = (uint64_t)r->dblocks[first + i] * bb;
+            descs[i].len = bb;
+        }
+        s = kvr_xfer_dlist_prepare(r->peer->peer, KVR_XFER_WRITE, descs, n, &r->dl[l]);
+        if (s == KVR_OK) {
+            size_t co = 0;
+            kvr_xfer_dlist_count(r->dl[l], &co);
+            r->ndesc_raw += n;
+            r->ndesc_posted += (uint32_t)co;
+            r->bytes += (uint64_t)n * bb;
+        }
+    }
+    free(descs);
+    if (s == KVR_OK)
+        r->prepared = true;
+    return s;
+}
+
+/* Posts every finished layer not posted yet. */
+static kvr_status_t post_ready_layers(struct prefill *p, struct preq *r)
+{
+    if (!r->prepared)
+        return KVR_OK;
+    while (r->layers_posted < r->layers_done) {
+        kvr_xfer_dlist_t *dl = r->dl ? r->dl[r->layers_posted] : NULL;
+        if (dl) {
+            if (!r->t_first_post)
+                r->t_first_post = kvr_now_ns();
+            kvr_status_t s = kvr_xfer_post(dl);
+            if (s != KVR_INPROGRESS && s != KVR_OK) {
+                snprintf(r->errmsg, sizeof r->errmsg, "posting layer %d to '%s': %s",
+                         r->layers_posted, r->peer->name, kvr_status_str(s));
+                return s;
+            }
+        }
+        r->layers_posted++;
+    }
+    return KVR_OK;
+}
+
+static kvr_status_t send_ready(struct prefill *p, struct preq *r)
+{
+    struct kvr_notif n = {0};
+    n.magic = KVR_NOTIF_MAGIC;
+    n.version = KVR_NOTIF_VERSION;
+    n.kind = KVR_NOTIF_KV_READY;
+    n.request_id = r->id;
+    n.incarnation = p->node.incarnation;
+    snprintf(n.node, sizeof n.node, "%s", p->node.name);
+    n.first_token = r->first_token;
+    n.logprob = r->logprob;
+    n.n_tokens = (uint32_t)r->n_tokens;
+    n.cached_tokens = r->cached_d * (uint32_t)p->node.layout.block_size;
+    n.bytes = r->bytes;
+    kvr_status_t s = kvr_xfer_notify(r->peer->peer, &n, sizeof n);
+    if (s == KVR_OK)
+        r->notified = true;
+    else
+        snprintf(r->errmsg, sizeof r->errmsg, "notifying '%s': %s", r->peer->name,
+                 kvr_status_str(s));
+    return s;
+}
+
+static kvr_status_t apply_target(struct prefill *p, struct preq *r, const Kvrail__PrefillTarget *t)
+{
+    const struct kvr_kv_layout *L = &p->node.layout;
+    uint32_t nb = (uint32_t)((r->n_tokens + L->block_size - 1) / L->block_size);
+    char err[200];
+    if (t->n_block_ids < nb) {
+        snprintf(r->errmsg, sizeof r->errmsg, "target has %zu blocks, the prompt needs %u",
+                 t->n_block_ids, nb);
+        return KVR_ERR_INVALID;
+    }
+    if (t->cached_tokens % (uint32_t)L->block_size != 0 ||
+        t->cached_tokens >= (uint32_t)r->n_tokens) {
+        snprintf(r->errmsg, sizeof r->errmsg,
+                 "target cached_tokens %u is not a whole number of "
+                 "blocks below the prompt length %d",
+                 t->cached_tokens, r->n_tokens);
+        return KVR_ERR_INVALID;
+    }
+    kvr_status_t s = peer_get(p, t, &r->peer, err, sizeof err);
+    if (s != KVR_OK) {
+        snprintf(r->errmsg, sizeof r->errmsg, "%s", err);
+        if (s == KVR_ERR_MISMATCH)
+            KVR_LOG_ERROR(COMP, "%s", err);
+        return s;
+    }
+    r->dblocks = malloc(nb * sizeof *r->dblocks);
+    if (!r->dblocks)
+        return KVR_ERR_NO_MEMORY;
+    memcpy(r->dblocks, t->block_ids, nb * sizeof *r->dblocks);
+    r->n_dblocks = nb;
+    r->cached_d = t->cached_tokens / (uint32_t)L->block_size;
+    r->have_target = true;
+    if (r->state != PQ_QUEUED) {
+        s = prepare_lists(p, r);
+        if (s != KVR_OK) {
+            snprintf(r->errmsg, sizeof r->errmsg, "preparing descriptor lists: %s",
+                     kvr_status_str(s));
+            return s;
+        }
+    }
+    return KVR_OK;
+}
+
+/* ---- control messages (also called from inside the layer callback: never
+ * starts a computation) ---- */
+
+static void on_prefill(struct prefill *p, const Kvrail__Prefill *m)
+{
+    const int32_t vocab = p->vocab, maxpos = kvr_model_max_pos(p->node.model);
+    struct preq tmp = {.id = m->request_id, .t_recv = kvr_now_ns()};
+    char msg[200];
+    if (find_req(p, m->request_id)) {
+        KVR_LOG_WARN(COMP, "request %" PRIu64 ": duplicate Prefill ignored", m->request_id);
+        return;
+    }
+    if (m->n_token_ids == 0 || m->n_token_ids >= (size_t)maxpos) {
+        snprintf(msg, sizeof msg, "prompt of %zu tokens: must be 1 .. %d", m->n_token_ids,
+                 maxpos - 1);
+        send_done(p, &tmp, KVR_ERR_INVALID, msg);
+        return;
+    }
+    for (size_t i = 0; i < m->n_token_ids; i++)
+        if (m->token_ids[i] >= (uint32_t)vocab) {
+            snprintf(msg, sizeof msg, "token %zu of the prompt is %u, outside the vocabulary (%d)",
+                     i, m->token_ids[i], vocab);
+            send_done(p, &tmp, KVR_ERR_INVALID, msg);
+            return;
+        }
+    uint32_t nb = (uint32_t)((m->n_token_ids + (size_t)p->node.layout.block_size - 1) /
+                             (size_t)p->node.layout.block_size);
+    if (nb > p->max_blocks_per_req) {
+        snprintf(msg, sizeof msg, "prompt needs %u staging blocks, this node has %u", nb,
+                 p->max_blocks_per_req);
+        send_done(p, &tmp, KVR_ERR_OVERLOAD, msg);
+        return;
+    }
+    struct preq *r = calloc(1, sizeof *r);
+    if (!r || !(r->tokens = malloc(m->n_token_ids * sizeof *r->tokens))) {
+        free(r);
+        send_done(p, &tmp, KVR_ERR_NO_MEMORY, "out of memory");
+        return;
+    }
+    r->id = m->request_id;
+    r->t_recv = tmp.t_recv;
+    r->n_tokens = (int32_t)m->n_token_ids;
+    for (size_t i = 0; i < m->n_token_ids; i++)
+        r->tokens[i] = (int32_t)m->token_ids[i];
+    kvr_node_sampling(m->sampling, m->seed ? m->seed : (m->sampling ? m->sampling->seed : 0),
+                      &r->sp);
+    r->lease_ms = m->lease_ms ? m->lease_ms : p->node.cluster->timeouts.lease_ms;
+    r->deadline = r->t_recv + (uint64_t)(p->node.cluster->timeouts.prefill_ms
+                                             ? p->node.cluster->timeouts.prefill_ms
+                                             : 60000) *
+                                  1000000ull;
+    r->state = PQ_QUEUED;
+    if (p->queue_tail)
+        p->queue_tail->next = r;
+    else
+        p->queue = r;
+    p->queue_tail = r;
+    p->queued_tokens += (uint64_t)r->n_tokens;
+}
+
+static void queue_remove(struct prefill *p, struct preq *r)
+{
+    struct preq *prev = NULL;
+    for (struct preq *q = p->queue; q; prev = q, q = q->next)
+        if (q == r) {
+            if (prev)
+                prev->next = r->next;
+            else
+                p->queue = r->next;
+            if (p->queue_tail == r)
+                p->queue_tail = prev;
+            r->next = NULL;
+            p->queued_tokens -= (uint64_t)r->n_tokens;
+            return;
+        }
+}
+
+static void on_target(struct prefill *p, const Kvrail__PrefillTarget *t)
+{
+    struct preq *r = find_req(p, t->request_id);
+    if (!r || r->have_target || r->canceled) {
+        KVR_LOG_DEBUG(COMP, "request %" PRIu64 ": PrefillTarget for no waiting request",
+                      t->request_id);
+        return;
+    }
+    kvr_status_t s = apply_target(p, r, t);
+    if (s != KVR_OK) {
+        r->err = s;
+        if (r->state == PQ_QUEUED) {
+            queue_remove(p, r);
+            req_fail(p, r, s, r->errmsg);
+        } else if (r->state == PQ_AWAIT_TARGET) {
+            unlink_req(&p->active, r);
+            req_fail(p, r, s, r->errmsg);
+        } /* computing: the layer callback sees r->err */
+    }
+}
+
+static void on_cancel(struct prefill *p, const Kvrail__NodeCancel *c)
+{
+    struct preq *r = find_req(p, c->request_id);
+    if (!r)
+        return;
+    r->canceled = true;
+    if (r->state == PQ_QUEUED) {
+        queue_remove(p, r);
+        req_fail(p, r, KVR_ERR_CANCELED, "canceled while queued");
+    } else if (r->state == PQ_AWAIT_TARGET) {
+        unlink_req(&p->active, r);
+        req_fail(p, r, KVR_ERR_CANCELED, "canceled");
+    }
+    /* computing: stops at the next layer; draining: the data is out already */
+}
+
+static void on_msg(void *arg, unsigned method, ProtobufCMessage *m)
+{
+    struct prefill *p = arg;
+    switch (method) {
+    case KVRAIL__METHOD__PREFILL:
+        on_prefill(p, (Kvrail__Prefill *)m);
+        break;
+    case KVRAIL__METHOD__PREFILL_TARGET:
+        on_target(p, (Kvrail__PrefillTarget *)m);
+        break;
+    case KVRAIL__METHOD__NODE_CANCEL:
+        on_cancel(p, (Kvrail__NodeCancel *)m);
+        break;
+    default:
+        KVR_LOG_DEBUG(COMP, "ignored %s", kvr_proto_method_name(method));
+    }
+}
+
+/* ---- computation ---- */
+
+static kvr_status_t layer_done(void *arg, int32_t layer)
+{
+    struct prefill *p = arg;
+    struct preq *r = p->current;
+    r->layers_done = layer + 1;
+    kvr_node_drain(&p->node); /* a target or a cancel may have arrived */
+    if (r->canceled)
+        return KVR_ERR_CANCELED;
+    if (r->err)
+        return r->err;
+    kvr_status_t s = post_ready_layers(p, r);
+    if (s != KVR_OK)
+        return r->err = s;
+    kvr_xfer_progress(p->node.xfer);
+    return KVR_OK;
+}
+
+static void finish_computed(struct prefill *p, struct preq *r)
+{
+    kvr_status_t s = post_ready_layers(p, r);
+    if (s == KVR_OK)
+        s = send_ready(p, r);
+    if (s != KVR_OK) {
+        unlink_req(&p->active, r);
+        req_fail(p, r, s, r->errmsg);
+        return;
+    }
+    r->state = PQ_DRAINING;
+}
+
+static void start_next(struct prefill *p)
+{
+    struct preq *r = p->queue;
+    const struct kvr_kv_layout *L = &p->node.layout;
+    uint32_t bs = (uint32_t)L->block_size;
+    uint32_t nb = ((uint32_t)r->n_tokens + bs - 1) / bs;
+    if (kvr_blocktab_available(p->bt) < nb)
+        return; /* staging held by draining requests: retry on the next turn */
+    queue_remove(p, r);
+    r->lblocks = malloc(nb * sizeof *r->lblocks);
+    if (!r->lblocks) {
+        req_fail(p, r, KVR_ERR_NO_MEMORY, "out of memory");
+        return;
+    }
+    size_t nh = 0;
+    (void)kvr_blockhash_seq((const uint32_t *)r->tokens, (size_t)r->n_tokens, bs, p->hash_scratch,
+                            nb, &nh);
+    uint32_t maxm = ((uint32_t)r->n_tokens - 1) / bs;
+    r->cached_p = kvr_blocktab_match(p->bt, p->hash_scratch, (uint32_t)nh, maxm, r->lblocks);
+    if (kvr_blocktab_alloc(p->bt, nb - r->cached_p, r->lblocks + r->cached_p) != KVR_OK) {
+        kvr_blocktab_release(p->bt, r->lblocks, r->cached_p);
+        req_fail(p, r, KVR_ERR_INTERNAL, "staging allocation failed");
+        return;
+    }
+    r->n_lblocks = nb;
+    r->state = PQ_COMPUTING;
+    r->t_start = kvr_now_ns();
+    r->next = p->active;
+    p->active = r;
+    p->current = r;
+    if (r->have_target && !r->prepared) {
+        kvr_status_t s = prepare_lists(p, r);
+        if (s != KVR_OK) {
+            p->current = NULL;
+            unlink_req(&p->active, r);
+            req_fail(p, r, s, "preparing descriptor lists failed");
+            return;
+        }
+    }
+    struct kvr_prefill_req pr = {
+        .tokens = r->tokens,
+        .n_tokens = r->n_tokens,
+        .n_cached = (int32_t)(r->cached_p * bs),
+        .block_table = (const int32_t *)r->lblocks,
+        .n_blocks = (int32_t)nb,
+        .layer_done = layer_done,
+        .layer_done_arg = p,
+    };
+    kvr_status_t s = kvr_engine_prefill(p->ctx, &p->pool, &pr, p->logits);
+    p->current = NULL;
+    r->t_computed = kvr_now_ns();
+    if (s != KVR_OK) {
+        unlink_req(&p->active, r);
+        if (r->canceled)
+            req_fail(p, r, KVR_ERR_CANCELED, "canceled during the prefill");
+        else
+            req_fail(p, r, s, r->errmsg[0] ? r->errmsg : "the engine's prefill failed");
+        return;
+    }
+    p->computed_tokens += (uint64_t)(r->n_tokens - pr.n_cached);
+    p->local_cached_tokens += (uint64_t)pr.n_cached;
+    kvr_sampler_t *smp = NULL;
+    char err[200];
+    s = kvr_sampler_create(&r->sp, p->vocab, &smp, err, sizeof err);
+    if (s == KVR_OK) {
+        kvr_sampler_add_prompt(smp, r->tokens, (size_t)r->n_tokens);
+        s = kvr_sampler_sample(smp, p->logits, &r->first_token, &r->logprob);
+        kvr_sampler_destroy(smp);
+    }
+    if (s != KVR_OK) {
+        unlink_req(&p->active, r);
+        req_fail(p, r, s, "sampling the first token failed");
+        return;
+    }
+    if (r->have_target)
+        finish_computed(p, r);
+    else
+        r->state = PQ_AWAIT_TARGET;
+}
+
+/* Completes draining requests, times out those waiting for their target. */
+static void check_active(struct prefill *p)
+{
+    uint64_t now = kvr_now_ns();
+    struct preq *next;
+    for (struct preq *r = p->active; r; r = next) {
+        next = r->next;
+        if (r->state == PQ_AWAIT_TARGET) {
+            if (r->have_target) {
+                if (!r->prepared && prepare_lists(p, r) != KVR_OK) {
+                    unlink_req(&p->active, r);
+                    req_fail(p, r, KVR_ERR_NO_MEMORY, "preparing descriptor lists failed");
+                    continue;
+                }
+                finish_computed(p, r);
+            } else if (now > r->deadline ||
+                       now - r->t_computed > (uint64_t)r->lease_ms * 1000000ull) {
+                unlink_req(&p->active, r);
+                req_fail(p, r, KVR_ERR_TIMEOUT, "no PrefillTarget before the lease expired");
+            }
+            continue;
+        }
+        if (r->state != PQ_DRAINING)
+            continue;
+        kvr_status_t st = KVR_OK;
+        for (int32_t l = 0; r->dl && l < p->node.layout.n_layers; l++) {
+            kvr_status_t t = kvr_xfer_test(r->dl[l]);
+            if (t == KVR_INPROGRESS) {
+                st = KVR_INPROGRESS;
+                break;
+            }
+            if (t != KVR_OK && st == KVR_OK)
+                st = t;
+        }
+        if (st == KVR_INPROGRESS && kvr_xfer_peer_status(r->peer->peer) != KVR_OK)
+            st = KVR_ERR_PEER_FAILURE;
+        if (st == KVR_INPROGRESS && now > r->deadline)
+            st = KVR_ERR_TIMEOUT;
+        if (st == KVR_INPROGRESS)
+            continue;
+        unlink_req(&p->active, r);
+        if (st != KVR_OK) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "KV transfer to '%s' failed", r->peer->name);
+            r->peer->failed = true;
+            req_fail(p, r, st, msg);
+            continue;
+        }
+        r->t_done = kvr_now_ns();
+        for (int32_t l = 0; r->dl && l < p->node.layout.n_layers; l++) {
+            struct kvr_xfer_stats xs;
+            kvr_xfer_dlist_stats(r->dl[l], &xs);
+            (void)xs;
+        }
+        p->n_ok++;
+        p->bytes_pushed += r->bytes;
+        p->ndesc_raw += r->ndesc_raw;
+        p->ndesc_posted += r->ndesc_posted;
+        if (r->t_first_post)
+            p->transfer_ns += r->t_done - r->t_first_post;
+        send_done(p, r, KVR_OK, "");
+        /* keep the prompt's full blocks in the local prefix cache */
+        uint32_t bs = (uint32_t)p->node.layout.block_size;
+        size_t nh = 0;
+        (void)kvr_blockhash_seq((const uint32_t *)r->tokens, (size_t)r->n_tokens, bs,
+                                p->hash_scratch, r->n_lblocks, &nh);
+        for (size_t i = 0; i < nh; i++)
+            (void)kvr_blocktab_store(p->bt, r->lblocks[i], p->hash_scratch[i]);
+        req_free(p, r);
+    }
+}
+
+static void send_register(struct prefill *p)
+{
+    Kvrail__RegisterRequest r = KVRAIL__REGISTER_REQUEST__INIT;
+    Kvrail__KvLayout l;
+    kvr_node_fill_register(&p->node, &r, &l, p->addr, p->addr_len);
+    r.total_blocks = (uint32_t)p->pool.n_blocks;
+    kvr_node_send(&p->node, KVRAIL__METHOD__REGISTER, &r.base);
+}
+
+static void send_heartbeat(struct prefill *p)
+{
+    Kvrail__Heartbeat h = KVRAIL__HEARTBEAT__INIT;
+    struct kvr_blocktab_counts c;
+    kvr_blocktab_counts(p->bt, &c);
+    h.node_name = p->node.name;
+    h.free_blocks = c.free + c.evictable;
+    h.total_blocks = c.total;
+    h.cached_blocks = c.cached;
+    h.reserved_blocks = c.referenced;
+    uint64_t inflight = 0;
+    for (struct preq *r = p->active; r; r = r->next)
+        inflight += (uint64_t)r->n_tokens;
+    h.inflight_prefill_tokens = inflight;
+    h.queued_prefill_tokens = p->queued_tokens;
+    h.kv_bytes_moved = p->bytes_pushed;
+    h.kv_transfer_ns = p->transfer_ns;
+    h.incarnation = p->node.incarnation;
+    kvr_node_send(&p->node, KVRAIL__METHOD__HEARTBEAT, &h.base);
+}
+
+static void write_stats(struct prefill *p)
+{
+    char buf[2048];
+    struct kvr_blocktab_counts c;
+    kvr_blocktab_counts(p->bt, &c);
+    int nq = 0, na = 0;
+    for (struct preq *r = p->queue; r; r = r->next)
+        nq++;
+    for (struct preq *r = p->active; r; r = r->next)
+        na++;
+    snprintf(buf, sizeof buf,
+             "{\"node\": \"%s\", \"role\": \"prefill\", \"registered\": %s, \"prefills_ok\": "
+             "%" PRIu64 ", \"prefills_failed\": %" PRIu64 ", \"prefills_canceled\": %" PRIu64
+             ", \"bytes_pushed\": %" PRIu64 ", \"transfer_ns\": %" PRIu64
+             ", \"descriptors_raw\": %" PRIu64 ", \"descriptors_posted\": %" PRIu64
+             ", \"computed_tokens\": %" PRIu64 ", \"local_cached_tokens\": %" PRIu64
+             ", \"queued\": %d, \"active\": %d, \"staging_total\": %u, \"staging_free\": %u, "
+             "\"staging_cached\": %u, \"staging_referenced\": %u, \"block_bytes\": %zu, "
+             "\"layers\": %d, \"bad_frames\": %" PRIu64 "}",
+             p->node.name, p->node.registered ? "true" : "false", p->n_ok, p->n_failed,
+             p->n_canceled, p->bytes_pushed, p->transfer_ns, p->ndesc_raw, p->ndesc_posted,
+             p->computed_tokens, p->local_cached_tokens, nq, na, c.total, c.free, c.cached,
+             c.referenced, kvr_kv_block_bytes(&p->node.layout), p->node.layout.n_layers,
+             p->node.bad_frames);
+    kvr_node_write_stats(&p->node, buf);
+}
+
+int main(int argc, char **argv)
+{
+    static struct prefill P;
+    struct prefill *p = &P;
+    char err[512];
+    int rc = 1;
+    kvr_status_t s =
+        kvr_node_init(&p->node, argc, argv, KVR_NODE_ROLE_PREFILL, NULL, NULL, err, sizeof err);
+    if (s != KVR_OK) {
+        fprintf(stderr, "kvrail-prefill: %s\n", err);
+        kvr_node_fini(&p->node);
+        return s == KVR_ERR_INVALID ? 2 : 1;
+    }
+    p->node.on_msg = on_msg;
+    p->node.on_msg_arg = p;
+    const struct kvr_kv_layout *L = &p->node.layout;
+    int32_t maxpos = kvr_model_max_pos(p->node.model);
+    p->vocab = kvr_model_vocab(p->node.model);
+    p->max_blocks_per_req = (uint32_t)((maxpos + L->block_size - 1) / L->block_size);
+    uint64_t nblocks = p->node.self->pool_blocks;
+    if (!nblocks && p->node.self->pool_bytes)
+        nblocks =
+            p->node.self->pool_bytes / ((uint64_t)kvr_kv_block_bytes(L) * (uint64_t)L->n_layers);
+    if (!nblocks)
+        nblocks = 4ull * p->max_blocks_per_req; /* staging for a few full-context prompts */
+    if (nblocks < p->max_blocks_per_req)
+        nblocks = p->max_blocks_per_req;
+    p->pool.layout = *L;
+    p->pool.n_blocks = (int32_t)nblocks;
+    p->pool.layer_base = calloc((size_t)L->n_layers, sizeof *p->pool.layer_base);
+    p->mem = calloc((size_t)L->n_layers, sizeof *p->mem);
+    p->hash_scratch = calloc(p->max_blocks_per_req + 1, sizeof *p->hash_scratch);
+    p->logits = malloc((size_t)p->vocab * sizeof *p->logits);
+    if (!p->pool.layer_base || !p->mem || !p->hash_scratch || !p->logits) {
+        fprintf(stderr, "kvrail-prefill: out of memory\n");
+        goto out;
+    }
+    size_t slab = kvr_kv_layer_bytes(L, (int32_t)nblocks);
+    for (int32_t l = 0; l < L->n_layers; l++) {
+        if (posix_memalign((void **)&p->pool.layer_base[l], 4096, slab) != 0) {
+            fprintf(stderr, "kvrail-prefill: cannot allocate %zu bytes of staging\n", slab);
+            goto out;
+        }
+        memset(p->pool.layer_base[l], 0, slab);
+        s = kvr_xfer_mem_reg(p->node.xfer, p->pool.layer_base[l], slab, KVR_MEM_HOST, 0,
+                             &p->mem[l]);
+        if (s != KVR_OK) {
+            fprintf(stderr, "kvrail-prefill: registering staging layer %d: %s\n", l,
+                    kvr_status_str(s));
+            goto out;
+        }
+    }
+    if (kvr_blocktab_create((uint32_t)nblocks, NULL, NULL, &p->bt) != KVR_OK) {
+        fprintf(stderr, "kvrail-prefill: out of memory\n");
+        goto out;
+    }
+    struct kvr_ctx_opts co = {0};
+    co.n_threads = p->node.self->threads > 0 ? p->node.self->threads : 1;
+    co.max_batch = 1;
+    s = kvr_ctx_create(p->node.model, &co, &p->ctx, err, sizeof err);
+    if (s != KVR_OK) {
+        fprintf(stderr, "kvrail-prefill: compute context: %s\n", err);
+        goto out;
+    }
+    s = kvr_xfer_address(p->node.xfer, &p->addr, &p->addr_len);
+    if (s != KVR_OK) {
+        fprintf(stderr, "kvrail-prefill: transport address: %s\n", kvr_status_str(s));
+        goto out;
+    }
+    KVR_LOG_INFO(COMP, "staging pool: %" PRIu64 " blocks x %d layers (%.1f MiB), %d threads",
+                 nblocks, L->n_layers, (double)slab * L->n_layers / 1048576.0, co.n_threads);
+
+    while (!kvr_node_stopping()) {
+        if (kvr_node_register_due(&p->node))
+            send_register(p);
+        if (kvr_node_heartbeat_due(&p->node)) {
+            send_heartbeat(p);
+            p->stats_dirty = true;
+        }
+        if (p->queue)
+            start_next(p);
+        check_active(p);
+        int timeout = p->queue ? 0 : p->active ? 1 : 20;
+        kvr_node_poll(&p->node, timeout);
+        uint64_t now = kvr_now_ns();
+        if (p->node.stats_path && (p->stats_dirty || now - p->last_stats_ns > 500000000ull) &&
+            now - p->last_stats_ns > 50000000ull) {
+            write_stats(p);
+            p->stats_dirty = false;
+            p->last_stats_ns = now;
+        }
+    }
+    KVR_LOG_INFO(COMP, "stopping: %" PRIu64 " prefills, %" PRIu64 " bytes pushed", p->n_ok,
+                 p->bytes_pushed);
+    rc = 0;
+out:
+    while (p->queue) {
+        struct preq *r = p->queue;
+        p->queue = r->next;
+        req_free(p, r);
+    }
+    while (p->active) {
+        struct preq *r = p->active;
+        p->active = r->next;
+        req_free(p, r);
+    }
+    while (p->peers)
+        peer_drop(p, p->peers);
+    free(p->addr);
+    if (p->ctx)
+        kvr_ctx_destroy(p->ctx);
+    kvr_blocktab_destroy(p->bt);
+    for (int32_t l = 0; p->mem && l < L->n_layers; l++)
+        if (p->mem[l])
+            kvr_xfer_mem_dereg(p->mem[l]);
+    for (int32_t l = 0; p->pool.layer_base && l < L->n_layers; l++)
+        free(p->pool.layer_base[l]);
+    free(p->pool.layer_base);
+    free(p->mem);
+    free(p->hash_scratch);
+    free(p->logits);
+    kvr_node_fini(&p->node);
+    return rc;
+}
