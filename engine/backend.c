@@ -1,0 +1,23 @@
+/*
+ * backend.c - the registry of compute backends: one explicit table, the CPU
+ * backend always, others under their KVR_HAVE_* guard.
+ */
+#include <string.h>
+
+#include "kvr_compute_backend.h"
+#include "kvr_config.h"
+
+static const struct kvr_compute_ops *const backends[] = {
+    &kvr_cpu_ops,
+    NULL,
+};
+
+const struct kvr_compute_ops *kvr_compute_backend_find(const char *name)
+{
+    if (!name || !name[0])
+        name = "cpu";
+    for (size_t i = 0; backends[i]; i++)
+        if (strcmp(backends[i]->name, name) == 0)
+            return backends[i];
+    return NULL;
+}

@@ -1,0 +1,542 @@
+/*
+ * cpu_backend.c - the CPU compute backend.
+ *
+ * matmul, y[M][N] = x[M][K] W[N][K]^T:
+ *  - M <= GEMV_MAX_M (decode, last-token logits): our own kernel, the N
+ *    weight rows split over the thread pool; each weight row is read once
+ *    in its file dtype (f32, f16 or bf16, widened in registers) and dotted
+ *    with up to 4 activation rows at a time, so small batches cost one pass
+ *    over the weights (memory bound);
+ *  - larger M (prefill): OpenBLAS cblas_sgemm; f16/bf16 weights are widened
+ *    to f32 chunk by chunk of rows into a scratch buffer (threaded), each
+ *    chunk multiplied as it is converted, so the model stays in its mapped
+ *    file dtype and only one chunk of f32 exists at a time.
+ * Attention reads K/V through the block tables, one (row, head) pair per
+ * task, round-robin over threads (causal rows have unequal cost).
+ * Hot loops are compiled for x86-64-v4/v3/baseline (target_clones) and
+ * picked at load by the CPU.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvr_compute_backend.h"
+#include "kvr_log.h"
+#include "threadpool.h"
+
+#define GEMV_MAX_M  8
+#define CONV_FLOATS (4u << 20) /* f32 scratch for widened weight rows: 16 MiB */
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KVR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define KVR_CLONES
+#endif
+
+/* Provided by OpenBLAS; absent from other CBLAS implementations. */
+extern void openblas_set_num_threads(int n) __attribute__((weak));
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef uint16_t v16u16 __attribute__((vector_size(32)));
+typedef uint32_t v16u32 __attribute__((vector_size(64)));
+__extension__ typedef _Float16 f16_t;
+typedef f16_t v16f16 __attribute__((vector_size(32)));
+
+struct cpu_backend {
+    struct kvr_compute_backend base; /* first */
+    kvr_tp_t *tp;
+    struct kvr_backend_params p;
+    float *conv;   /* [CONV_FLOATS] widened weight rows for sgemm */
+    float *scores; /* [n_threads][max_seq_len] attention scores */
+};
+
+static struct cpu_backend *cpu(struct kvr_compute_backend *be)
+{
+    return (struct cpu_backend *)be;
+}
+
+/* ------------------------------------------------------------ loads */
+
+static inline __attribute__((always_inline)) v16f ld16(const void *w, int32_t dtype, size_t k)
+{
+    v16f f;
+    if (dtype == KVR_DT_F32) {
+        memcpy(&f, (const float *)w + k, 64);
+    } else if (dtype == KVR_DT_BF16) {
+        v16u16 h;
+        memcpy(&h, (const uint16_t *)w + k, 32);
+        v16u32 u = __builtin_convertvector(h, v16u32) << 16;
+        memcpy(&f, &u, 64);
+    } else {
+        v16f16 hv;
+        memcpy(&hv, (const uint16_t *)w + k, 32);
+        f = __builtin_convertvector(hv, v16f);
+    }
+    return f;
+}
+
+static inline __attribute__((always_inline)) float ld1(const void *w, int32_t dtype, size_t k)
+{
+    if (dtype == KVR_DT_F32)
+        return ((const float *)w)[k];
+    if (dtype == KVR_DT_BF16) {
+        uint32_t u = (uint32_t)((const uint16_t *)w)[k] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    f16_t h;
+    memcpy(&h, (const uint16_t *)w + k, 2);
+    return (float)h;
+}
+
+static inline float hsum(v16f v)
+{
+    float s = 0;
+    for (int i = 0; i < 16; i++)
+        s += v[i];
+    return s;
+}
+
+static inline __attribute__((always_inline)) v16f ldx(const float *x)
+{
+    v16f f;
+    memcpy(&f, x, 64);
+    return f;
+}
+
+/* R weight rows x C activation rows, R*C accumulators. */
+static inline __attribute__((always_inline)) void micro(const int R, const int C, int32_t dtype,
+                                                        const void *w, size_t ldw, const float *x,
+                                                        size_t ldx_, size_t K, float *out,
+                                                        size_t ldo)
+{
+    v16f acc[4][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            acc[r][c] = (v16f){0};
+    const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
+    size_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        v16f wv[4], xv[4];
+        for (int r = 0; r < R; r++)
+            wv[r] = ld16((const char *)w + (size_t)r * ldw * esz, dtype, k);
+        for (int c = 0; c < C; c++)
+            xv[c] = ldx(x + (size_t)c * ldx_ + k);
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++)
+                acc[r][c] += wv[r] * xv[c];
+    }
+    for (int r = 0; r < R; r++) {
+        for (int c = 0; c < C; c++) {
+            float s = hsum(acc[r][c]);
+            for (size_t kk = k; kk < K; kk++)
+                s += ld1((const char *)w + (size_t)r * ldw * esz, dtype, kk) *
+                     x[(size_t)c * ldx_ + kk];
+            out[(size_t)c * ldo + (size_t)r] = s;
+        }
+    }
+}
+
+/* ------------------------------------------------------------ GEMV */
+
+struct gemv_job {
+    float *y;
+    const float *x;
+    int32_t M;
+    const struct kvr_weight *w;
+    const float *bias;
+    bool accumulate;
+};
+
+static inline __attribute__((always_inline)) void gemv_rows(const struct gemv_job *j, int32_t dtype,
+                                                            int32_t n0, int32_t n1)
+{
+    const size_t K = (size_t)j->w->cols, N = (size_t)j->w->rows;
+    const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
+    const char *W = j->w->data;
+    float tmp[4 * 4];
+    int32_t n = n0;
+    if (j->M == 1) {
+        for (; n < n1; n += 4) {
+            int R = n1 - n < 4 ? n1 - n : 4;
+            const void *wr = W + (size_t)n * K * esz;
+            if (R == 4)
+                micro(4, 1, dtype, wr, K, j->x, K, K, tmp, 4);
+            else
+                for (int r = 0; r < R; r++)
+                    micro(1, 1, dtype, W + (size_t)(n + r) * K * esz, K, j->x, K, K, tmp + r, 4);
+            for (int r = 0; r < R; r++) {
+                float v = tmp[r] + (j->bias ? j->bias[n + r] : 0.0f);
+                j->y[n + r] = j->accumulate ? j->y[n + r] + v : v;
+            }
+        }
+        return;
+    }
+    for (; n < n1; n += 2) {
+        int R = n1 - n < 2 ? 1 : 2;
+        const void *wr = W + (size_t)n * K * esz;
+        for (int32_t m = 0; m < j->M; m += 4) {
+            int C = j->M - m < 4 ? j->M - m : 4;
+            const float *xr = j->x + (size_t)m * K;
+            if (R == 2) {
+                switch (C) {
+                case 4:
+                    micro(2, 4, dtype, wr, K, xr, K, K, tmp, 4);
+                    break;
+                case 3:
+                    micro(2, 3, dtype, wr, K, xr, K, K, tmp, 4);
+                    break;
+                case 2:
+                    micro(2, 2, dtype, wr, K, xr, K, K, tmp, 4);
+                    break;
+                default:
+                    micro(2, 1, dtype, wr, K, xr, K, K, tmp, 4);
+                    break;
+                }
+            } else {
+                switch (C) {
+                case 4:
+                    micro(1, 4, dtype, wr, K, xr, K, K, tmp, 4);
+                    break;
+                case 3:
+                    micro(1, 3, dtype, wr, K, xr, K, K, tmp, 4);
+                    break;
+                case 2:
+                    micro(1, 2, dtype, wr, K, xr, K, K, tmp, 4);
+                    break;
+                default:
+                    micro(1, 1, dtype, wr, K, xr, K, K, tmp, 4);
+                    break;
+                }
+            }
+            for (int c = 0; c < C; c++) {
+                for (int r = 0; r < R; r++) {
+                    float v = tmp[c * 4 + r] + (j->bias ? j->bias[n + r] : 0.0f);
+                    float *yp = &j->y[(size_t)(m + c) * N + (size_t)(n + r)];
+                    *yp = j->accumulate ? *yp + v : v;
+                }
+            }
+        }
+    }
+}
+
+KVR_CLONES static void gemv_task(void *arg, int ith, int nth)
+{
+    const struct gemv_job *j = arg;
+    int32_t N = j->w->rows;
+    /* split in multiples of 4 rows */
+    int32_t per = ((N + nth - 1) / nth + 3) & ~3;
+    int32_t n0 = ith * per, n1 = n0 + per < N ? n0 + per : N;
+    if (n0 >= n1)
+        return;
+    switch (j->w->dtype) {
+    case KVR_DT_F32:
+        gemv_rows(j, KVR_DT_F32, n0, n1);
+        break;
+    case KVR_DT_BF16:
+        gemv_rows(j, KVR_DT_BF16, n0, n1);
+        break;
+    default:
+        gemv_rows(j, KVR_DT_F16, n0, n1);
+        break;
+    }
+}
+
+/* ------------------------------------------------------------ GEMM */
+
+struct conv_job {
+    float *out;
+    const void *src;
+    int32_t dtype;
+    size_t n;
+};
+
+KVR_CLONES static void conv_task(void *arg, int ith, int nth)
+{
+    const struct conv_job *j = arg;
+    size_t per = ((j->n + (size_t)nth - 1) / (size_t)nth + 15) & ~(size_t)15;
+    size_t i0 = (size_t)ith * per, i1 = i0 + per < j->n ? i0 + per : j->n;
+    size_t i = i0;
+    for (; i + 16 <= i1; i += 16) {
+        v16f v = ld16(j->src, j->dtype, i);
+        memcpy(j->out + i, &v, 64);
+    }
+    for (; i < i1; i++)
+        j->out[i] = ld1(j->src, j->dtype, i);
+}
+
+static void cpu_matmul(struct kvr_compute_backend *be, float *y, const float *x, int32_t M,
+                       const struct kvr_weight *w, const float *bias, bool accumulate)
+{
+    struct cpu_backend *c = cpu(be);
+    const int32_t N = w->rows, K = w->cols;
+    if (M <= GEMV_MAX_M) {
+        struct gemv_job j = {y, x, M, w, bias, accumulate};
+        kvr_tp_run(c->tp, gemv_task, &j);
+        return;
+    }
+    if (w->dtype == KVR_DT_F32) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w->data, K,
+                    accumulate ? 1.0f : 0.0f, y, N);
+    } else {
+        int32_t chunk = (int32_t)(CONV_FLOATS / (size_t)K);
+        if (chunk > N)
+            chunk = N;
+        for (int32_t n0 = 0; n0 < N; n0 += chunk) {
+            int32_t nc = N - n0 < chunk ? N - n0 : chunk;
+            struct conv_job cj = {c->conv, (const uint16_t *)w->data + (size_t)n0 * (size_t)K,
+                                  w->dtype, (size_t)nc * (size_t)K};
+            kvr_tp_run(c->tp, conv_task, &cj);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nc, K, 1.0f, x, K, c->conv, K,
+                        accumulate ? 1.0f : 0.0f, y + n0, N);
+        }
+    }
+    if (bias)
+        for (int32_t m = 0; m < M; m++)
+            for (int32_t n = 0; n < N; n++)
+                y[(size_t)m * (size_t)N + (size_t)n] += bias[n];
+}
+
+/* ------------------------------------------------------------ small ops */
+
+static void cpu_embed(struct kvr_compute_backend *be, float *x, const int32_t *tokens, int32_t M,
+                      const struct kvr_weight *emb)
+{
+    size_t d = (size_t)emb->cols, esz = emb->dtype == KVR_DT_F32 ? 4 : 2;
+    for (int32_t m = 0; m < M; m++) {
+        struct conv_job cj = {x + (size_t)m * d,
+                              (const char *)emb->data + (size_t)tokens[m] * d * esz, emb->dtype, d};
+        conv_task(&cj, 0, 1);
+    }
+}
+
+struct norm_job {
+    float *y;
+    const float *x;
+    int32_t M, dim;
+    const float *w;
+    float eps;
+};
+
+KVR_CLONES static void norm_task(void *arg, int ith, int nth)
+{
+    const struct norm_job *j = arg;
+    for (int32_t m = ith; m < j->M; m += nth) {
+        const float *xr = j->x + (size_t)m * (size_t)j->dim;
+        float *yr = j->y + (size_t)m * (size_t)j->dim;
+        float ss = 0;
+        for (int32_t i = 0; i < j->dim; i++)
+            ss += xr[i] * xr[i];
+        float s = 1.0f / sqrtf(ss / (float)j->dim + j->eps);
+        for (int32_t i = 0; i < j->dim; i++)
+            yr[i] = xr[i] * s * j->w[i];
+    }
+}
+
+static void cpu_rmsnorm(struct kvr_compute_backend *be, float *y, const float *x, int32_t M,
+                        int32_t dim, const float *w, float eps)
+{
+    struct norm_job j = {y, x, M, dim, w, eps};
+    if (M < 16)
+        norm_task(&j, 0, 1);
+    else
+        kvr_tp_run(cpu(be)->tp, norm_task, &j);
+}
+
+static void cpu_rope(struct kvr_compute_backend *be, float *x, int32_t M, int32_t n_heads,
+                     int32_t head_dim, const int32_t *pos, const float *inv_freq)
+{
+    int32_t half = head_dim / 2;
+    float cs[512], sn[512];
+    for (int32_t m = 0; m < M; m++) {
+        for (int32_t i = 0; i < half; i++) {
+            float a = (float)pos[m] * inv_freq[i];
+            cs[i] = cosf(a);
+            sn[i] = sinf(a);
+        }
+        for (int32_t h = 0; h < n_heads; h++) {
+            float *v = x + ((size_t)m * (size_t)n_heads + (size_t)h) * (size_t)head_dim;
+            for (int32_t i = 0; i < half; i++) {
+                float a = v[i], b = v[i + half];
+                v[i] = a * cs[i] - b * sn[i];
+                v[i + half] = b * cs[i] + a * sn[i];
+            }
+        }
+    }
+}
+
+static void cpu_kv_store(struct kvr_compute_backend *be, const struct kvr_attn_args *a,
+                         const float *k, const float *v)
+{
+    const struct kvr_kv_layout *l = a->layout;
+    size_t hd = (size_t)l->head_dim;
+    for (int32_t r = 0; r < a->n_rows; r++) {
+        int32_t p = a->pos[r];
+        int32_t blk = a->block_table[r][p / l->block_size], slot = p % l->block_size;
+        for (int32_t h = 0; h < l->n_kv_heads; h++) {
+            const float *src = (size_t)r * (size_t)l->n_kv_heads * hd + (size_t)h * hd + k;
+            memcpy(a->layer_base + kvr_kv_offset(l, blk, 0, h, slot), src, hd * 4);
+            src = (size_t)r * (size_t)l->n_kv_heads * hd + (size_t)h * hd + v;
+            memcpy(a->layer_base + kvr_kv_offset(l, blk, 1, h, slot), src, hd * 4);
+        }
+    }
+}
+
+struct attn_job {
+    struct cpu_backend *c;
+    const struct kvr_attn_args *a;
+    const float *q;
+    float *out;
+};
+
+KVR_CLONES static void attn_task(void *arg, int ith, int nth)
+{
+    const struct attn_job *j = arg;
+    const struct kvr_attn_args *a = j->a;
+    const struct kvr_kv_layout *l = a->layout;
+    const int32_t H = a->n_heads, hd = l->head_dim, bs = l->block_size;
+    const int32_t group = H / l->n_kv_heads;
+    float *sc = j->c->scores + (size_t)ith * (size_t)j->c->p.max_seq_len;
+    int32_t n_pairs = a->n_rows * H;
+    for (int32_t pi = ith; pi < n_pairs; pi += nth) {
+        int32_t r = pi / H, h = pi % H, kvh = h / group;
+        int32_t p = a->pos[r];
+        int32_t lo = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+        const float *qv = j->q + ((size_t)r * (size_t)H + (size_t)h) * (size_t)hd;
+        const int32_t *bt = a->block_table[r];
+        float mx = -INFINITY;
+        for (int32_t t = lo; t <= p; t++) {
+            const float *kv = a->layer_base + kvr_kv_offset(l, bt[t / bs], 0, kvh, t % bs);
+            float s = 0;
+            int32_t i = 0;
+            if (hd % 16 == 0) {
+                v16f acc = {0};
+                for (; i < hd; i += 16)
+                    acc += ldx(qv + i) * ldx(kv + i);
+                s = hsum(acc);
+            }
+            for (; i < hd; i++)
+                s += qv[i] * kv[i];
+            s *= a->scale;
+            sc[t - lo] = s;
+            if (s > mx)
+                mx = s;
+        }
+        float sum = 0;
+        for (int32_t t = lo; t <= p; t++) {
+            float e = expf(sc[t - lo] - mx);
+            sc[t - lo] = e;
+            sum += e;
+        }
+        float inv = 1.0f / sum;
+        float *o = j->out + ((size_t)r * (size_t)H + (size_t)h) * (size_t)hd;
+        memset(o, 0, (size_t)hd * 4);
+        for (int32_t t = lo; t <= p; t++) {
+            const float *vv = a->layer_base + kvr_kv_offset(l, bt[t / bs], 1, kvh, t % bs);
+            float pr = sc[t - lo] * inv;
+            for (int32_t i = 0; i < hd; i++)
+                o[i] += pr * vv[i];
+        }
+    }
+}
+
+static void cpu_attention(struct kvr_compute_backend *be, const struct kvr_attn_args *a,
+                          const float *q, float *out)
+{
+    struct attn_job j = {cpu(be), a, q, out};
+    kvr_tp_run(cpu(be)->tp, attn_task, &j);
+}
+
+struct swiglu_job {
+    float *g;
+    const float *u;
+    size_t n;
+};
+
+KVR_CLONES static void swiglu_task(void *arg, int ith, int nth)
+{
+    const struct swiglu_job *j = arg;
+    size_t per = (j->n + (size_t)nth - 1) / (size_t)nth;
+    size_t i0 = (size_t)ith * per, i1 = i0 + per < j->n ? i0 + per : j->n;
+    for (size_t i = i0; i < i1; i++) {
+        float g = j->g[i];
+        j->g[i] = g / (1.0f + expf(-g)) * j->u[i];
+    }
+}
+
+static void cpu_swiglu(struct kvr_compute_backend *be, float *g, const float *u, size_t n)
+{
+    struct swiglu_job j = {g, u, n};
+    if (n < 16384)
+        swiglu_task(&j, 0, 1);
+    else
+        kvr_tp_run(cpu(be)->tp, swiglu_task, &j);
+}
+
+/* ------------------------------------------------------------ lifetime */
+
+static void *cpu_alloc(struct kvr_compute_backend *be, size_t bytes)
+{
+    size_t n = (bytes + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, n ? n : 64);
+    if (p)
+        memset(p, 0, n);
+    return p;
+}
+
+static void cpu_free(struct kvr_compute_backend *be, void *p)
+{
+    free(p);
+}
+
+static void cpu_destroy(struct kvr_compute_backend *be)
+{
+    struct cpu_backend *c = cpu(be);
+    if (!c)
+        return;
+    kvr_tp_destroy(c->tp);
+    free(c->conv);
+    free(c->scores);
+    free(c);
+}
+
+static kvr_status_t cpu_create(const struct kvr_backend_params *p,
+                               struct kvr_compute_backend **be_p)
+{
+    struct cpu_backend *c = calloc(1, sizeof(*c));
+    if (!c)
+        return KVR_ERR_NO_MEMORY;
+    c->base.ops = &kvr_cpu_ops;
+    c->base.n_threads = p->n_threads;
+    c->p = *p;
+    c->conv = aligned_alloc(64, CONV_FLOATS * sizeof(float));
+    c->scores =
+        aligned_alloc(64, ((size_t)p->n_threads * (size_t)p->max_seq_len * 4 + 63) & ~(size_t)63);
+    kvr_status_t st = KVR_ERR_NO_MEMORY;
+    if (!c->conv || !c->scores || (st = kvr_tp_create(p->n_threads, &c->tp)) != KVR_OK) {
+        cpu_destroy(&c->base);
+        return st;
+    }
+    if (openblas_set_num_threads)
+        openblas_set_num_threads(p->n_threads);
+    *be_p = &c->base;
+    return KVR_OK;
+}
+
+const struct kvr_compute_ops kvr_cpu_ops = {
+    .name = "cpu",
+    .create = cpu_create,
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .matmul = cpu_matmul,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+    .swiglu = cpu_swiglu,
+};

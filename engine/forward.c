@@ -1,0 +1,283 @@
+/*
+ * forward.c - the transformer forward pass over the paged KV pool, and the
+ * compute context that holds its run state.
+ *
+ * One routine, forward(), runs M rows through the model; a row is one token
+ * of some sequence, with its position and that sequence's block table.
+ * Prefill passes the new tokens of one sequence (in chunks of at most
+ * max_tokens rows); a decode step passes one row per sequence.  Per layer,
+ * as in llama2.c:
+ *
+ *   xb  = rmsnorm(x) * attn_norm
+ *   q, k, v = xb Wq^T + bq, xb Wk^T + bk, xb Wv^T + bv
+ *   q, k = rope(q, pos), rope(k, pos)
+ *   pool[layer][block(pos)][k|v][:, slot(pos)] = k, v
+ *   att = softmax(q K^T / sqrt(dh)) V   over positions <= pos (GQA)
+ *   x  += att Wo^T (+ bo)
+ *   xb  = rmsnorm(x) * ffn_norm
+ *   x  += (silu(xb Wg^T) * (xb Wu^T)) Wd^T
+ *
+ * then logits = rmsnorm(x) * final_norm Wlm^T for the rows that need them.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine_internal.h"
+#include "kvr_log.h"
+
+#define ERR(...)                                                                                   \
+    do {                                                                                           \
+        if (err && err_len)                                                                        \
+            snprintf(err, err_len, __VA_ARGS__);                                                   \
+    } while (0)
+
+enum logits_mode {
+    LOGITS_NONE,
+    LOGITS_LAST, /* only the last row: out[V] */
+    LOGITS_ALL,  /* every row: out[M][V] */
+};
+
+static kvr_status_t forward(kvr_ctx_t *ctx, const struct kvr_kv_pool *pool, int32_t M,
+                            kvr_layer_done_fn layer_done, void *arg, enum logits_mode lm,
+                            float *out)
+{
+    const kvr_model_t *m = ctx->model;
+    const struct kvr_model_config *c = &m->cfg;
+    const struct kvr_model_weights *w = &m->w;
+    const struct kvr_compute_ops *ops = ctx->be->ops;
+    struct kvr_compute_backend *be = ctx->be;
+    struct kvr_run_state *s = &ctx->s;
+    const int32_t d = c->hidden;
+
+    ops->embed(be, s->x, s->tokens, M, &w->embed);
+    struct kvr_attn_args a = {
+        .n_rows = M,
+        .pos = s->pos,
+        .block_table = s->bt,
+        .layout = &pool->layout,
+        .n_heads = c->n_heads,
+        .window = c->sliding_window,
+        .scale = 1.0f / sqrtf((float)c->head_dim),
+    };
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const struct kvr_layer_weights *lw = &w->layers[l];
+        /* attention */
+        ops->rmsnorm(be, s->xb, s->x, M, d, lw->attn_norm, c->norm_eps);
+        ops->matmul(be, s->q, s->xb, M, &lw->wq, lw->bq, false);
+        ops->matmul(be, s->k, s->xb, M, &lw->wk, lw->bk, false);
+        ops->matmul(be, s->v, s->xb, M, &lw->wv, lw->bv, false);
+        ops->rope(be, s->q, M, c->n_heads, c->head_dim, s->pos, m->inv_freq);
+        ops->rope(be, s->k, M, c->n_kv_heads, c->head_dim, s->pos, m->inv_freq);
+        a.layer_base = pool->layer_base[l];
+        ops->kv_store(be, &a, s->k, s->v);
+        ops->attention(be, &a, s->q, s->att);
+        ops->matmul(be, s->x, s->att, M, &lw->wo, lw->bo, true);
+        /* feed-forward */
+        ops->rmsnorm(be, s->xb, s->x, M, d, lw->ffn_norm, c->norm_eps);
+        ops->matmul(be, s->hb, s->xb, M, &lw->w_gate, NULL, false);
+        ops->matmul(be, s->hb2, s->xb, M, &lw->w_up, NULL, false);
+        ops->swiglu(be, s->hb, s->hb2, (size_t)M * (size_t)c->intermediate);
+        ops->matmul(be, s->x, s->hb, M, &lw->w_down, NULL, true);
+        if (layer_done) {
+            kvr_status_t st = layer_done(arg, l);
+            if (st != KVR_OK)
+                return st;
+        }
+    }
+    if (lm == LOGITS_LAST) {
+        ops->rmsnorm(be, s->xlast, s->x + (size_t)(M - 1) * (size_t)d, 1, d, w->final_norm,
+                     c->norm_eps);
+        ops->matmul(be, out, s->xlast, 1, &w->lm_head, NULL, false);
+    } else if (lm == LOGITS_ALL) {
+        ops->rmsnorm(be, s->xlast, s->x, M, d, w->final_norm, c->norm_eps);
+        ops->matmul(be, out, s->xlast, M, &w->lm_head, NULL, false);
+    }
+    return KVR_OK;
+}
+
+static kvr_status_t check_tokens(const kvr_model_t *m, const int32_t *t, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++) {
+        if (t[i] < 0 || t[i] >= m->cfg.vocab) {
+            KVR_LOG_ERROR("engine", "token %d at index %d outside the vocabulary [0, %d)", t[i], i,
+                          m->cfg.vocab);
+            return KVR_ERR_INVALID;
+        }
+    }
+    return KVR_OK;
+}
+
+kvr_status_t kvr_engine_prefill(kvr_ctx_t *ctx, const struct kvr_kv_pool *pool,
+                                const struct kvr_prefill_req *req, float *logits_p)
+{
+    if (!ctx || !req || !req->tokens || !logits_p)
+        return KVR_ERR_INVALID;
+    const kvr_model_t *m = ctx->model;
+    kvr_status_t st;
+    if (req->n_tokens < 1 || req->n_cached < 0 || req->n_cached >= req->n_tokens) {
+        KVR_LOG_ERROR("engine", "prefill: n_cached %d must be in [0, n_tokens %d)", req->n_cached,
+                      req->n_tokens);
+        return KVR_ERR_INVALID;
+    }
+    if (req->n_tokens > ctx->max_seq_len) {
+        KVR_LOG_ERROR("engine", "prefill: %d tokens exceed max_seq_len %d", req->n_tokens,
+                      ctx->max_seq_len);
+        return KVR_ERR_INVALID;
+    }
+    if ((st = kvr_kv_check_pool(m, pool)) ||
+        (st = kvr_kv_check_table(pool, req->block_table, req->n_blocks, req->n_tokens)) ||
+        (st = check_tokens(m, req->tokens, req->n_tokens)))
+        return st;
+    const int32_t V = m->cfg.vocab;
+    for (int32_t c0 = req->n_cached; c0 < req->n_tokens; c0 += ctx->max_tokens) {
+        int32_t M = req->n_tokens - c0 < ctx->max_tokens ? req->n_tokens - c0 : ctx->max_tokens;
+        bool last = c0 + M == req->n_tokens;
+        for (int32_t i = 0; i < M; i++) {
+            ctx->s.tokens[i] = req->tokens[c0 + i];
+            ctx->s.pos[i] = c0 + i;
+            ctx->s.bt[i] = req->block_table;
+        }
+        enum logits_mode lm = req->all_logits ? LOGITS_ALL : last ? LOGITS_LAST : LOGITS_NONE;
+        float *out =
+            req->all_logits ? req->all_logits + (size_t)(c0 - req->n_cached) * (size_t)V : logits_p;
+        st = forward(ctx, pool, M, last ? req->layer_done : NULL, req->layer_done_arg, lm, out);
+        if (st != KVR_OK)
+            return st;
+        if (last && req->all_logits)
+            memcpy(logits_p, out + (size_t)(M - 1) * (size_t)V, (size_t)V * sizeof(float));
+    }
+    return KVR_OK;
+}
+
+kvr_status_t kvr_engine_decode(kvr_ctx_t *ctx, const struct kvr_kv_pool *pool,
+                               const struct kvr_decode_seq *seqs, int32_t n_seqs, float *logits_p)
+{
+    if (!ctx || !seqs || !logits_p)
+        return KVR_ERR_INVALID;
+    const kvr_model_t *m = ctx->model;
+    kvr_status_t st;
+    if (n_seqs < 1 || n_seqs > ctx->max_batch) {
+        KVR_LOG_ERROR("engine", "decode: batch of %d outside [1, max_batch %d]", n_seqs,
+                      ctx->max_batch);
+        return KVR_ERR_INVALID;
+    }
+    if ((st = kvr_kv_check_pool(m, pool)))
+        return st;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        const struct kvr_decode_seq *q = &seqs[i];
+        if (q->pos < 0 || q->pos >= ctx->max_seq_len) {
+            KVR_LOG_ERROR("engine", "decode: sequence %d: position %d outside [0, %d)", i, q->pos,
+                          ctx->max_seq_len);
+            return KVR_ERR_INVALID;
+        }
+        if ((st = kvr_kv_check_table(pool, q->block_table, q->n_blocks, q->pos + 1)) ||
+            (st = check_tokens(m, &q->token, 1)))
+            return st;
+        ctx->s.tokens[i] = q->token;
+        ctx->s.pos[i] = q->pos;
+        ctx->s.bt[i] = q->block_table;
+    }
+    return forward(ctx, pool, n_seqs, NULL, NULL, LOGITS_ALL, logits_p);
+}
+
+/* ------------------------------------------------------------ context */
+
+void kvr_ctx_destroy(kvr_ctx_t *ctx)
+{
+    if (!ctx)
+        return;
+    if (ctx->be) {
+        struct kvr_compute_backend *be = ctx->be;
+        void *bufs[] = {ctx->s.x,     ctx->s.xb,     ctx->s.q,   ctx->s.k,
+                        ctx->s.v,     ctx->s.att,    ctx->s.hb,  ctx->s.hb2,
+                        ctx->s.xlast, ctx->s.tokens, ctx->s.pos, (void *)ctx->s.bt};
+        for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+            if (bufs[i])
+                be->ops->free(be, bufs[i]);
+        be->ops->destroy(be);
+    }
+    free(ctx);
+}
+
+kvr_status_t kvr_ctx_create(const kvr_model_t *m, const struct kvr_ctx_opts *opts,
+                            kvr_ctx_t **ctx_p, char *err, size_t err_len)
+{
+    struct kvr_ctx_opts o = {0};
+    if (opts)
+        o = *opts;
+    if (!m || !ctx_p) {
+        ERR("kvr_ctx_create: NULL argument");
+        return KVR_ERR_INVALID;
+    }
+    if (o.n_threads < 0 || o.max_batch < 0 || o.max_tokens < 0 || o.max_seq_len < 0) {
+        ERR("kvr_ctx_create: negative option");
+        return KVR_ERR_INVALID;
+    }
+    const struct kvr_compute_ops *ops = kvr_compute_backend_find(o.backend);
+    if (!ops) {
+        ERR("compute backend \"%s\" not available (cpu)", o.backend);
+        return KVR_ERR_NOT_FOUND;
+    }
+    if (o.n_threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        o.n_threads = n > 0 ? (int32_t)n : 1;
+    }
+    if (o.max_batch == 0)
+        o.max_batch = 64;
+    if (o.max_tokens == 0)
+        o.max_tokens = 512;
+    if (o.max_seq_len == 0 || o.max_seq_len > m->cfg.max_pos)
+        o.max_seq_len = m->cfg.max_pos;
+    kvr_ctx_t *ctx = calloc(1, sizeof(*ctx));
+    if (!ctx)
+        return KVR_ERR_NO_MEMORY;
+    ctx->model = m;
+    ctx->max_batch = o.max_batch;
+    ctx->max_tokens = o.max_tokens;
+    ctx->max_seq_len = o.max_seq_len;
+    ctx->T = o.max_batch > o.max_tokens ? o.max_batch : o.max_tokens;
+    const struct kvr_model_config *c = &m->cfg;
+    int32_t qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
+    struct kvr_backend_params bp = {
+        .n_threads = o.n_threads,
+        .max_rows = ctx->T,
+        .max_cols = c->intermediate > c->hidden ? c->intermediate : c->hidden,
+        .max_seq_len = o.max_seq_len,
+    };
+    if (qd > bp.max_cols)
+        bp.max_cols = qd;
+    kvr_status_t st = ops->create(&bp, &ctx->be);
+    if (st != KVR_OK) {
+        ERR("compute backend %s: %s", ops->name, kvr_status_str(st));
+        free(ctx);
+        return st;
+    }
+    struct kvr_compute_backend *be = ctx->be;
+    size_t T = (size_t)ctx->T, d = (size_t)c->hidden, f = (size_t)c->intermediate;
+    struct kvr_run_state *s = &ctx->s;
+    s->x = be->ops->alloc(be, T * d * 4);
+    s->xb = be->ops->alloc(be, T * d * 4);
+    s->q = be->ops->alloc(be, T * (size_t)qd * 4);
+    s->k = be->ops->alloc(be, T * (size_t)kd * 4);
+    s->v = be->ops->alloc(be, T * (size_t)kd * 4);
+    s->att = be->ops->alloc(be, T * (size_t)qd * 4);
+    s->hb = be->ops->alloc(be, T * f * 4);
+    s->hb2 = be->ops->alloc(be, T * f * 4);
+    s->xlast = be->ops->alloc(be, T * d * 4);
+    s->tokens = be->ops->alloc(be, T * sizeof(int32_t));
+    s->pos = be->ops->alloc(be, T * sizeof(int32_t));
+    s->bt = be->ops->alloc(be, T * sizeof(*s->bt));
+    if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->xlast ||
+        !s->tokens || !s->pos || !s->bt) {
+        ERR("kvr_ctx_create: out of memory for %zu-row run state", T);
+        kvr_ctx_destroy(ctx);
+        return KVR_ERR_NO_MEMORY;
+    }
+    KVR_LOG_DEBUG("engine", "ctx: backend %s, %d threads, max batch %d, max tokens %d, max seq %d",
+                  ops->name, o.n_threads, o.max_batch, o.max_tokens, o.max_seq_len);
+    *ctx_p = ctx;
+    return KVR_OK;
+}
