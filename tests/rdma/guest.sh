@@ -1,0 +1,104 @@
+#!/bin/sh
+# guest.sh - runs inside the rdma test VM (booted by tests/rdma/vm.py),
+# chrooted into the host's tree.  Creates the soft-RoCE devices and runs every
+# guest test; each one leaves NAME.rc (exit status) and NAME.log in the
+# results directory ($1), which vm.py hands to the meson test of that name.
+#
+#   rxe_lo  on lo                  GID 1 = ::ffff:127.0.0.1
+#   rxe0    on veth0 (10.77.0.1)   rxe1 on veth1 (10.77.0.2)
+#
+# Every guest test runs under `timeout`; the whole VM is bounded by vm.py.
+RES=$1
+BUILD=$(dirname "$(dirname "$RES")")
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+export KVR_LOG_LEVEL=${KVR_LOG_LEVEL:-info}
+T0=$(date +%s)
+
+log() { echo "guest: $*"; }
+
+# run NAME TIMEOUT CMD... : one guest test, result into $RES/NAME.{rc,log}
+run() {
+    name=$1
+    t=$2
+    shift 2
+    s=$(date +%s)
+    timeout -k 3 "$t" "$@" > "$RES/$name.log" 2>&1
+    rc=$?
+    [ $rc = 124 ] && echo "guest: $name timed out after ${t}s" >> "$RES/$name.log"
+    echo $rc > "$RES/$name.rc"
+    log "$name rc=$rc ($(($(date +%s) - s)) s)"
+}
+
+# fail_all REASON: the devices could not be set up; every test fails with it
+fail_all() {
+    for nt in $TESTS; do
+        n=${nt%:*}
+        echo "guest: soft-RoCE setup failed: $1" > "$RES/$n.log"
+        echo 1 > "$RES/$n.rc"
+    done
+    exit 1
+}
+
+# name:timeout(s) of every guest test, in the order they run
+TESTS="rdma_devices:30 verbs_conformance:60 verbs_pair_lo:60 verbs_pair_veth:60
+       verbs_peer_death:60 verbs_bad_rkey:30 verbs_mismatch:30 verbs_bench:90"
+BIN=$BUILD/tests/rdma
+
+modprobe rdma_rxe || fail_all "modprobe rdma_rxe"
+modprobe veth || fail_all "modprobe veth"
+ip link set lo up
+rdma link add rxe_lo type rxe netdev lo || fail_all "rdma link add rxe_lo"
+ip link add veth0 type veth peer name veth1 || fail_all "ip link add veth"
+ip addr add 10.77.0.1/24 dev veth0
+ip addr add 10.77.0.2/24 dev veth1
+ip link set veth0 up
+ip link set veth1 up
+rdma link add rxe0 type rxe netdev veth0 || fail_all "rdma link add rxe0"
+rdma link add rxe1 type rxe netdev veth1 || fail_all "rdma link add rxe1"
+# wait (bounded) until the IPv4-mapped GIDs of both veth devices exist
+i=0
+while [ $i -lt 50 ]; do
+    g0=$(cat /sys/class/infiniband/rxe0/ports/1/gids/1 2>/dev/null)
+    g1=$(cat /sys/class/infiniband/rxe1/ports/1/gids/1 2>/dev/null)
+    case "$g0$g1" in *0000:0000:0000:0000:0000:ffff:0a4d*0000:0000:0000:0000:0000:ffff:0a4d*) break ;; esac
+    sleep 0.1
+    i=$((i + 1))
+done
+rdma link show
+for d in rxe_lo rxe0 rxe1; do
+    for g in 0 1 2; do
+        echo "$d gid[$g] $(cat /sys/class/infiniband/$d/ports/1/gids/$g 2>/dev/null)" \
+            "$(cat /sys/class/infiniband/$d/ports/1/gid_attrs/types/$g 2>/dev/null)"
+    done
+done
+log "devices ready after $(($(date +%s) - T0)) s"
+
+# the command of each guest test
+cmd_of() {
+    case $1 in
+    rdma_devices) echo "ibv_devinfo -d rxe_lo && ibv_devinfo -d rxe0 && ibv_devinfo -d rxe1 &&
+        (ibv_rc_pingpong -d rxe0 -g 1 -n 100 & sleep 1; ibv_rc_pingpong -d rxe1 -g 1 -n 100 10.77.0.1)" ;;
+    verbs_conformance) echo "KVR_XFER_BACKEND=verbs KVR_VERBS_DEVICES=rxe_lo $BUILD/tests/unit/test_xfer_conformance verbs" ;;
+    verbs_pair_lo) echo "$BIN/test_verbs_pair --case pair --dev-a rxe_lo --dev-b rxe_lo" ;;
+    verbs_pair_veth) echo "$BIN/test_verbs_pair --case pair --dev-a rxe0 --dev-b rxe1 &&
+        $BIN/test_verbs_pair --case pair --dev-a rxe0,rxe_lo --dev-b rxe1,rxe_lo" ;;
+    verbs_peer_death) echo "$BIN/test_verbs_pair --case death --dev-a rxe0 --dev-b rxe1" ;;
+    verbs_bad_rkey) echo "$BIN/test_verbs_pair --case badkey --dev-a rxe_lo --dev-b rxe_lo" ;;
+    verbs_mismatch) echo "$BIN/test_verbs_pair --case mismatch --dev-a rxe0 --dev-b rxe1" ;;
+    verbs_bench) echo "$BUILD/../tests/rdma/bench-vm.sh $BUILD" ;;
+    esac
+}
+
+for nt in $TESTS; do
+    n=${nt%:*}
+    tmo=${nt#*:}
+    cmd=$(cmd_of "$n")
+    if [ -z "$cmd" ]; then
+        echo "guest: no command for $n" > "$RES/$n.log"
+        echo 1 > "$RES/$n.rc"
+        continue
+    fi
+    run "$n" "$tmo" /bin/sh -c "$cmd"
+done
+log "all guest tests done after $(($(date +%s) - T0)) s"
+exit 0
