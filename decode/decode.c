@@ -1,0 +1,1003 @@
+/*
+ * decode.c - kvrail-decode, the decode node.
+ *
+ * The KV pool is one slab per layer (DESIGN.md layout), allocated and
+ * registered with the transfer engine once at start; its address and one
+ * rkey per layer go to the router in Register, which relays them to prefill
+ * nodes.  The block table (blocktab.h) tracks free, reserved and cached
+ * blocks.
+ *
+ * Reserve{request, prompt, max_tokens} reserves every block the request can
+ * ever need (prompt + max_tokens, capped at the context), reusing the
+ * longest cached prefix of the prompt (never its last token, which the
+ * prefill must compute to sample from); the reservation has a lease.  The
+ * answer is Reserved{block ids, cached tokens} or Rejected{NO_RESOURCE when
+ * the pool is full now, OVERLOAD when the request can never fit}.  The
+ * prefill node writes the uncached blocks one-sidedly and then notifies
+ * KV_READY{request, first token} on the same peer, so the data is there when
+ * the notification arrives; with local_prefill the node prefills itself.
+ *
+ * Continuous batching: at every step the sequences whose KV has arrived join
+ * the running batch (up to max_batch), one token each is computed for all of
+ * them (kvr_engine_decode), sampled with each request's own sampler and
+ * streamed to the router as Token; a sequence leaves on EOS, a stop token,
+ * max_tokens or the context limit.  A finished request's full prompt blocks
+ * enter the prefix cache (BlockStored events with per-node sequence
+ * numbers); the rest go back to the pool.  Allocation evicts the least
+ * recently used cached blocks (BlockRemoved).
+ *
+ * Cancel frees a request's blocks at once, except while a prefill node may
+ * still be writing into them: then they wait (quarantine) for its KV_READY
+ * or KV_ABORT, or 2 s, whichever comes first.  An expired lease frees the
+ * blocks and reports the request failed.  Everything runs on one thread.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blocktab.h"
+#include "kvr_blockhash.h"
+#include "kvr_clock.h"
+#include "kvr_log.h"
+#include "node.h"
+
+#define COMP              "decode"
+#define QUARANTINE_MS     2000
+#define MAX_PREFILL_PEERS 64
+
+enum dreq_state {
+    DR_RESERVED,      /* waiting for the prefill node's KV */
+    DR_LOCAL_PREFILL, /* this node prefills it */
+    DR_READY,         /* KV here, waiting for a batch slot */
+    DR_RUNNING,
+    DR_QUARANTINE, /* canceled while a prefill node may still write */
+};
+
+struct dreq {
+    struct dreq *next;
+    uint64_t id;
+    enum dreq_state state;
+    int32_t *tokens; /* prompt, then generated */
+    uint32_t n_prompt, n_tokens, cap, max_tokens, ngen;
+    uint32_t *blocks;
+    uint32_t n_blocks, n_prompt_blocks, n_cached_blocks;
+    uint64_t *hashes; /* sequence hashes of the prompt's full blocks */
+    uint32_t n_hashes;
+    kvr_sampler_t *smp;
+    uint32_t *stop_ids;
+    size_t n_stop;
+    bool ignore_eos, aborted;
+    char prefill_node[KVR_CLUSTER_NAME_MAX];
+    uint64_t t_reserve, t_ready, deadline;
+};
+
+struct ppeer { /* what a prefill node said in its HELLO */
+    char name[KVR_CLUSTER_NAME_MAX];
+    uint64_t incarnation;
+    bool ok;
+    char why[200];
+};
+
+struct evbuf {
+    uint64_t *hashes;
+    int *kinds;
+    size_t n, cap;
+};
+
+struct decode {
+    kvr_node_t node;
+    struct kvr_kv_pool pool;
+    kvr_xfer_mem_t **mem;
+    kvr_blocktab_t *bt;
+    kvr_ctx_t *ctx;
+    int32_t vocab, maxpos, max_batch;
+    float *logits; /* [max_batch][vocab] */
+    struct kvr_decode_seq *seqs;
+    struct dreq **batch;
+    int n_batch;
+    struct dreq *reqs; /* every request */
+    const int32_t *eos;
+    size_t n_eos;
+    struct ppeer peers[MAX_PREFILL_PEERS];
+    int n_peers;
+    struct evbuf ev;
+    uint64_t ev_seq;
+    void *addr;
+    size_t addr_len;
+    void **rkeys;
+    size_t *rkey_lens;
+    uint64_t *hash_scratch;
+    /* counters */
+    uint64_t n_done, n_failed, n_canceled, n_expired, n_rejected, n_local, n_remote;
+    uint64_t kv_bytes, tokens_out, steps, cached_tokens;
+    bool stats_dirty;
+    uint64_t last_stats_ns;
+};
+
+/* ---- block events ---- */
+
+static void on_block_event(void *arg, enum kvr_block_event ev, uint64_t hash, uint32_t block)
+{
+    struct decode *d = arg;
+    (void)block;
+    struct evbuf *b = &d->ev;
+    if (b->n == b->cap) {
+        size_t cap = b->cap ? 2 * b->cap : 1024;
+        uint64_t *h = realloc(b->hashes, cap * sizeof *h);
+        if (h)
+            b->hashes = h;
+        int *k = realloc(b->kinds, cap * sizeof *k);
+        if (k)
+            b->kinds = k;
+        if (!h || !k)
+            return; /* the router will find the gap and resync */
+        b->cap = cap;
+    }
+    b->hashes[b->n] = hash;
+    b->kinds[b->n] = ev == KVR_BLOCK_STORED ? KVRAIL__BLOCK_EVENT__KIND__STORED
+                                            : KVRAIL__BLOCK_EVENT__KIND__REMOVED;
+    b->n++;
+    d->stats_dirty = true;
+}
+
+/* Sends the buffered events: one BlockEvent per run of the same kind. */
+static void flush_events(struct decode *d)
+{
+    struct evbuf *b = &d->ev;
+    if (b->n == 0)
+        return;
+    size_t nruns = 0;
+    for (size_t i = 0; i < b->n; i++)
+        if (i == 0 || b->kinds[i] != b->kinds[i - 1])
+            nruns++;
+    Kvrail__BlockEvent *evs = calloc(nruns, sizeof *evs);
+    Kvrail__BlockEvent **pevs = calloc(nruns, sizeof *pevs);
+    if (!evs || !pevs) {
+        free(evs);
+        free(pevs);
+        return;
+    }
+    size_t r = 0;
+    for (size_t i = 0; i < b->n;) {
+        size_t j = i;
+        while (j < b->n && b->kinds[j] == b->kinds[i])
+            j++;
+        kvrail__block_event__init(&evs[r]);
+        evs[r].seq = ++d->ev_seq;
+        evs[r].kind = (Kvrail__BlockEvent__Kind)b->kinds[i];
+        evs[r].block_hashes = b->hashes + i;
+        evs[r].n_block_hashes = j - i;
+        pevs[r] = &evs[r];
+        r++;
+        i = j;
+    }
+    Kvrail__BlockEvents m = KVRAIL__BLOCK_EVENTS__INIT;
+    m.node_name = d->node.name;
+    m.events = pevs;
+    m.n_events = nruns;
+    kvr_node_send(&d->node, KVRAIL__METHOD__BLOCK_EVENTS, &m.base);
+    free(evs);
+    free(pevs);
+    b->n = 0;
+}
+
+struct dump_ctx {
+    uint64_t *h;
+    size_t n;
+};
+
+static void dump_one(void *arg, uint64_t hash, uint32_t block)
+{
+    struct dump_ctx *c = arg;
+    (void)block;
+    c->h[c->n++] = hash;
+}
+
+static void send_resync(struct decode *d)
+{
+    flush_events(d);
+    struct kvr_blocktab_counts c;
+    kvr_blocktab_counts(d->bt, &c);
+    struct dump_ctx dc = {calloc(c.cached + 1, sizeof(uint64_t)), 0};
+    if (!dc.h)
+        return;
+    kvr_blocktab_foreach_cached(d->bt, dump_one, &dc);
+    Kvrail__ResyncDump m = KVRAIL__RESYNC_DUMP__INIT;
+    m.node_name = d->node.name;
+    m.seq = d->ev_seq;
+    m.block_hashes = dc.h;
+    m.n_block_hashes = dc.n;
+    kvr_node_send(&d->node, KVRAIL__METHOD__RESYNC, &m.base);
+    KVR_LOG_INFO(COMP, "sent a full dump of %zu cached blocks (seq %" PRIu64 ")", dc.n, d->ev_seq);
+    free(dc.h);
+}
+
+/* ---- requests ---- */
+
+static struct dreq *find_req(struct decode *d, uint64_t id)
+{
+    for (struct dreq *r = d->reqs; r; r = r->next)
+        if (r->id == id)
+            return r;
+    return NULL;
+}
+
+static void batch_remove(struct decode *d, struct dreq *r)
+{
+    for (int i = 0; i < d->n_batch; i++)
+        if (d->batch[i] == r) {
+            d->batch[i] = d->batch[--d->n_batch];
+            return;
+        }
+}
+
+/* Unlinks and frees a request; its blocks go back (full prompt blocks into
+ * the prefix cache when keep_cache). */
+static void req_end(struct decode *d, struct dreq *r, bool keep_cache)
+{
+    for (struct dreq **pp = &d->reqs; *pp; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            break;
+        }
+    batch_remove(d, r);
+    if (keep_cache)
+        for (uint32_t i = 0; i < r->n_hashes && i < r->n_blocks; i++)
+            (void)kvr_blocktab_store(d->bt, r->blocks[i], r->hashes[i]);
+    if (r->n_blocks)
+        kvr_blocktab_release(d->bt, r->blocks, r->n_blocks);
+    kvr_sampler_destroy(r->smp);
+    free(r->tokens);
+    free(r->blocks);
+    free(r->hashes);
+    free(r->stop_ids);
+    free(r);
+    d->stats_dirty = true;
+}
+
+static void send_token(struct decode *d, struct dreq *r, int32_t tok, float logprob,
+                       Kvrail__FinishReason fin, kvr_status_t code, const char *msg, bool no_token)
+{
+    Kvrail__Token t = KVRAIL__TOKEN__INIT;
+    Kvrail__Status st = KVRAIL__STATUS__INIT;
+    t.request_id = r->id;
+    t.index = no_token ? r->ngen : r->ngen - 1;
+    t.token_id = no_token ? 0 : (uint32_t)tok;
+    t.logprob = logprob;
+    t.finish = fin;
+    t.cached_tokens = r->n_cached_blocks * (uint32_t)d->node.layout.block_size;
+    t.no_token = no_token;
+    if (code != KVR_OK || msg) {
+        st.code = code;
+        st.message = (char *)(msg ? msg : "");
+        t.status = &st;
+    }
+    kvr_node_send(&d->node, KVRAIL__METHOD__TOKEN, &t.base);
+}
+
+static void req_fail(struct decode *d, struct dreq *r, kvr_status_t code, const char *msg)
+{
+    KVR_LOG_WARN(COMP, "request %" PRIu64 ": %s (%s)", r->id, msg, kvr_status_str(code));
+    send_token(d, r, 0, 0, KVRAIL__FINISH_REASON__FINISH_ERROR, code, msg, true);
+    d->n_failed++;
+    req_end(d, r, false);
+}
+
+static void send_rejected(struct decode *d, uint64_t id, kvr_status_t code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void send_rejected(struct decode *d, uint64_t id, kvr_status_t code, const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    Kvrail__Rejected m = KVRAIL__REJECTED__INIT;
+    Kvrail__Status st = KVRAIL__STATUS__INIT;
+    st.code = code;
+    st.message = msg;
+    m.request_id = id;
+    m.reason = &st;
+    m.node_name = d->node.name;
+    kvr_node_send(&d->node, KVRAIL__METHOD__REJECTED, &m.base);
+    d->n_rejected++;
+    if (code != KVR_ERR_NO_RESOURCE)
+        KVR_LOG_WARN(COMP, "request %" PRIu64 " rejected: %s", id, msg);
+}
+
+static void send_reserved(struct decode *d, struct dreq *r)
+{
+    Kvrail__Reserved m = KVRAIL__RESERVED__INIT;
+    m.request_id = r->id;
+    m.block_ids = r->blocks;
+    m.n_block_ids = r->n_prompt_blocks;
+    m.cached_tokens = r->n_cached_blocks * (uint32_t)d->node.layout.block_size;
+    m.lease_ms = (uint32_t)((r->deadline - r->t_reserve) / 1000000ull);
+    m.node_name = d->node.name;
+    kvr_node_send(&d->node, KVRAIL__METHOD__RESERVED, &m.base);
+}
+
+/* true when the token ends the sequence; *fin_p says why */
+static bool finished(struct decode *d, struct dreq *r, int32_t tok, Kvrail__FinishReason *fin_p)
+{
+    if (!r->ignore_eos)
+        for (size_t i = 0; i < d->n_eos; i++)
+            if (tok == d->eos[i]) {
+                *fin_p = KVRAIL__FINISH_REASON__FINISH_STOP;
+                return true;
+            }
+    for (size_t i = 0; i < r->n_stop; i++)
+        if ((uint32_t)tok == r->stop_ids[i]) {
+            *fin_p = KVRAIL__FINISH_REASON__FINISH_STOP;
+            return true;
+        }
+    if (r->ngen >= r->max_tokens || r->n_tokens >= r->cap) {
+        *fin_p = KVRAIL__FINISH_REASON__FINISH_LENGTH;
+        return true;
+    }
+    return false;
+}
+
+/* The first token (sampled by the prefill) is here: stream it, then run. */
+static void start_decoding(struct decode *d, struct dreq *r, int32_t tok, float logprob)
+{
+    r->tokens[r->n_tokens++] = tok;
+    r->ngen = 1;
+    r->t_ready = kvr_now_ns();
+    d->tokens_out++;
+    Kvrail__FinishReason fin = KVRAIL__FINISH_REASON__FINISH_NONE;
+    bool done = finished(d, r, tok, &fin);
+    send_token(d, r, tok, logprob, fin, KVR_OK, NULL, false);
+    if (done) {
+        d->n_done++;
+        req_end(d, r, true);
+        return;
+    }
+    r->state = DR_READY;
+}
+
+static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
+{
+    const struct kvr_kv_layout *L = &d->node.layout;
+    uint32_t bs = (uint32_t)L->block_size;
+    uint32_t lease = m->lease_ms ? m->lease_ms : d->node.cluster->timeouts.lease_ms;
+    struct dreq *r = find_req(d, m->request_id);
+    if (r) { /* a renewal (e.g. the router retries the prefill elsewhere) */
+        if (r->state == DR_RESERVED) {
+            r->deadline = kvr_now_ns() + (uint64_t)lease * 1000000ull;
+            snprintf(r->prefill_node, sizeof r->prefill_node, "%s",
+                     m->prefill_node ? m->prefill_node : "");
+            r->aborted = false;
+            send_reserved(d, r);
+        }
+        return;
+    }
+    size_t np = m->n_token_ids;
+    if (np == 0 || np >= (size_t)d->maxpos) {
+        send_rejected(d, m->request_id, KVR_ERR_INVALID,
+                      "prompt of %zu tokens: must be 1 .. %d (the model's context)", np,
+                      d->maxpos - 1);
+        return;
+    }
+    if (m->max_tokens == 0) {
+        send_rejected(d, m->request_id, KVR_ERR_INVALID, "max_tokens is 0");
+        return;
+    }
+    for (size_t i = 0; i < np; i++)
+        if (m->token_ids[i] >= (uint32_t)d->vocab) {
+            send_rejected(d, m->request_id, KVR_ERR_INVALID,
+                          "token %zu of the prompt is %u, outside the vocabulary (%d)", i,
+                          m->token_ids[i], d->vocab);
+            return;
+        }
+    uint64_t want = (uint64_t)np + m->max_tokens;
+    uint32_t cap = want > (uint64_t)d->maxpos ? (uint32_t)d->maxpos : (uint32_t)want;
+    uint32_t nblocks = (cap + bs - 1) / bs;
+    uint32_t nprompt_blocks = (uint32_t)((np + bs - 1) / bs);
+    struct kvr_blocktab_counts c;
+    kvr_blocktab_counts(d->bt, &c);
+    if (nblocks > c.total) {
+        send_rejected(d, m->request_id, KVR_ERR_OVERLOAD,
+                      "request needs %u KV blocks (%zu prompt + %u max_tokens), the pool holds "
+                      "%u",
+                      nblocks, np, m->max_tokens, c.total);
+        return;
+    }
+    struct kvr_sample_params sp;
+    kvr_node_sampling(m->sampling, m->sampling ? m->sampling->seed : 0, &sp);
+    char err[200];
+    r = calloc(1, sizeof *r);
+    if (!r)
+        goto nomem;
+    if (kvr_sampler_create(&sp, d->vocab, &r->smp, err, sizeof err) != KVR_OK) {
+        free(r);
+        send_rejected(d, m->request_id, KVR_ERR_INVALID, "sampling: %s", err);
+        return;
+    }
+    r->id = m->request_id;
+    r->n_prompt = r->n_tokens = (uint32_t)np;
+    r->cap = cap;
+    r->max_tokens = m->max_tokens;
+    r->tokens = malloc(((size_t)cap + 1) * sizeof *r->tokens);
+    r->blocks = malloc(nblocks * sizeof *r->blocks);
+    r->hashes = malloc((np / bs + 1) * sizeof *r->hashes);
+    r->stop_ids = malloc((m->n_stop_token_ids + 1) * sizeof *r->stop_ids);
+    if (!r->tokens || !r->blocks || !r->hashes || !r->stop_ids)
+        goto nomem_r;
+    for (size_t i = 0; i < np; i++)
+        r->tokens[i] = (int32_t)m->token_ids[i];
+    memcpy(r->stop_ids, m->stop_token_ids, m->n_stop_token_ids * sizeof *r->stop_ids);
+    r->n_stop = m->n_stop_token_ids;
+    r->ignore_eos = m->ignore_eos;
+    kvr_sampler_add_prompt(r->smp, r->tokens, np);
+    size_t nh = 0;
+    (void)kvr_blockhash_seq((const uint32_t *)r->tokens, np, bs, r->hashes, np / bs + 1, &nh);
+    r->n_hashes = (uint32_t)nh;
+    uint32_t maxm = (uint32_t)((np - 1) / bs);
+    r->n_cached_blocks = kvr_blocktab_match(d->bt, r->hashes, r->n_hashes, maxm, r->blocks);
+    if (kvr_blocktab_alloc(d->bt, nblocks - r->n_cached_blocks, r->blocks + r->n_cached_blocks) !=
+        KVR_OK) {
+        kvr_blocktab_release(d->bt, r->blocks, r->n_cached_blocks);
+        uint32_t avail = kvr_blocktab_available(d->bt);
+        kvr_sampler_destroy(r->smp);
+        free(r->tokens);
+        free(r->blocks);
+        free(r->hashes);
+        free(r->stop_ids);
+        free(r);
+        send_rejected(d, m->request_id, KVR_ERR_NO_RESOURCE,
+                      "KV pool full: request needs %u blocks, %u available now", nblocks, avail);
+        return;
+    }
+    r->n_blocks = nblocks;
+    r->n_prompt_blocks = nprompt_blocks;
+    r->t_reserve = kvr_now_ns();
+    r->deadline = r->t_reserve + (uint64_t)lease * 1000000ull;
+    snprintf(r->prefill_node, sizeof r->prefill_node, "%s", m->prefill_node ? m->prefill_node : "");
+    r->state = m->local_prefill ? DR_LOCAL_PREFILL : DR_RESERVED;
+    r->next = d->reqs;
+    d->reqs = r;
+    d->cached_tokens += (uint64_t)r->n_cached_blocks * bs;
+    send_reserved(d, r);
+    d->stats_dirty = true;
+    return;
+nomem_r:
+    kvr_sampler_destroy(r->smp);
+    free(r->tokens);
+    free(r->blocks);
+    free(r->hashes);
+    free(r->stop_ids);
+    free(r);
+nomem:
+    send_rejected(d, m->request_id, KVR_ERR_NO_MEMORY, "out of memory");
+}
+
+static void on_cancel(struct decode *d, const Kvrail__NodeCancel *c)
+{
+    struct dreq *r = find_req(d, c->request_id);
+    if (!r)
+        return;
+    d->n_canceled++;
+    if (r->state == DR_RESERVED && !r->aborted) {
+        /* the prefill node may be writing into the blocks: wait for its
+         * KV_READY / KV_ABORT (ordered after its writes), bounded */
+        r->state = DR_QUARANTINE;
+        uint64_t q = kvr_now_ns() + QUARANTINE_MS * 1000000ull;
+        if (q < r->deadline)
+            r->deadline = q;
+        return;
+    }
+    if (r->state == DR_QUARANTINE)
+        return;
+    send_token(d, r, 0, 0, KVRAIL__FINISH_REASON__FINISH_CANCELED, KVR_ERR_CANCELED, "canceled",
+               true);
+    req_end(d, r, false);
+}
+
+static void on_msg(void *arg, unsigned method, ProtobufCMessage *m)
+{
+    struct decode *d = arg;
+    switch (method) {
+    case KVRAIL__METHOD__RESERVE:
+        on_reserve(d, (Kvrail__Reserve *)m);
+        break;
+    case KVRAIL__METHOD__NODE_CANCEL:
+        on_cancel(d, (Kvrail__NodeCancel *)m);
+        break;
+    case KVRAIL__METHOD__RESYNC:
+        send_resync(d);
+        break;
+    default:
+        KVR_LOG_DEBUG(COMP, "ignored %s", kvr_proto_method_name(method));
+    }
+}
+
+/* ---- notifications from prefill nodes (called inside kvr_xfer_progress) ---- */
+
+static struct ppeer *peer_find(struct decode *d, const char *name)
+{
+    for (int i = 0; i < d->n_peers; i++)
+        if (strcmp(d->peers[i].name, name) == 0)
+            return &d->peers[i];
+    return NULL;
+}
+
+static void on_hello(struct decode *d, const struct kvr_notif *n)
+{
+    struct ppeer *p = peer_find(d, n->node);
+    if (!p) {
+        if (d->n_peers == MAX_PREFILL_PEERS)
+            p = &d->peers[0]; /* reuse the oldest entry */
+        else
+            p = &d->peers[d->n_peers++];
+    }
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", n->node);
+    p->incarnation = n->incarnation;
+    const struct kvr_kv_layout *L = &d->node.layout;
+    if (n->proto_version != KVR_PROTO_VERSION)
+        snprintf(p->why, sizeof p->why, "protocol version %u, ours %u", n->proto_version,
+                 KVR_PROTO_VERSION);
+    else if (n->fingerprint != d->node.fingerprint)
+        snprintf(p->why, sizeof p->why, "model fingerprint %016llx, ours %016llx",
+                 (unsigned long long)n->fingerprint, (unsigned long long)d->node.fingerprint);
+    else if (n->n_layers != L->n_layers || n->n_kv_heads != L->n_kv_heads ||
+             n->head_dim != L->head_dim || n->block_size != L->block_size || n->dtype != L->dtype)
+        snprintf(p->why, sizeof p->why,
+                 "KV layout %d layers x %d kv heads x %d head dim, block %d, dtype %d; ours %d x "
+                 "%d x %d, block %d, dtype %d",
+                 n->n_layers, n->n_kv_heads, n->head_dim, n->block_size, n->dtype, L->n_layers,
+                 L->n_kv_heads, L->head_dim, L->block_size, L->dtype);
+    p->ok = p->why[0] == 0;
+    if (p->ok)
+        KVR_LOG_INFO(COMP, "prefill node '%s' connected: layout and model fingerprint match",
+                     p->name);
+    else
+        KVR_LOG_ERROR(COMP, "prefill node '%s' refused: %s; its KV will not be used", p->name,
+                      p->why);
+}
+
+static void on_notif(void *arg, const void *msg, size_t len)
+{
+    struct decode *d = arg;
+    struct kvr_notif n;
+    if (len != sizeof n) {
+        KVR_LOG_WARN(COMP, "dropped a notification of %zu bytes (want %zu)", len, sizeof n);
+        return;
+    }
+    memcpy(&n, msg, sizeof n);
+    n.node[sizeof n.node - 1] = 0;
+    if (n.magic != KVR_NOTIF_MAGIC || n.version != KVR_NOTIF_VERSION) {
+        KVR_LOG_WARN(COMP, "dropped a notification with magic %08x version %u", n.magic, n.version);
+        return;
+    }
+    if (n.kind == KVR_NOTIF_HELLO) {
+        on_hello(d, &n);
+        return;
+    }
+    struct dreq *r = find_req(d, n.request_id);
+    if (!r) {
+        KVR_LOG_DEBUG(COMP, "notification for unknown request %" PRIu64, n.request_id);
+        return;
+    }
+    if (r->state == DR_QUARANTINE) {
+        req_end(d, r, false); /* the writes are over: the blocks are free to reuse */
+        return;
+    }
+    if (r->state != DR_RESERVED)
+        return;
+    if (r->prefill_node[0] && strcmp(r->prefill_node, n.node) != 0) {
+        KVR_LOG_WARN(COMP, "request %" PRIu64 ": KV from '%s', expected from '%s': ignored", r->id,
+                     n.node, r->prefill_node);
+        return;
+    }
+    if (n.kind == KVR_NOTIF_KV_ABORT) {
+        r->aborted = true;
+        return;
+    }
+    if (n.kind != KVR_NOTIF_KV_READY)
+        return;
+    struct ppeer *p = peer_find(d, n.node);
+    if (!p || !p->ok || p->incarnation != n.incarnation) {
+        char msg2[300];
+        snprintf(msg2, sizeof msg2, "prefill node '%s' %s", n.node,
+                 !p       ? "never sent its layout descriptor"
+                 : !p->ok ? p->why
+                          : "restarted without a new layout descriptor");
+        req_fail(d, r, KVR_ERR_MISMATCH, msg2);
+        return;
+    }
+    if (n.first_token < 0 || n.first_token >= d->vocab) {
+        req_fail(d, r, KVR_ERR_INVALID, "prefill node sent a first token outside the vocabulary");
+        return;
+    }
+    d->kv_bytes += n.bytes;
+    d->n_remote++;
+    kvr_sampler_add_generated(r->smp, &n.first_token, 1);
+    start_decoding(d, r, n.first_token, n.logprob);
+}
+
+/* ---- compute ---- */
+
+static void local_prefill(struct decode *d, struct dreq *r)
+{
+    uint32_t bs = (uint32_t)d->node.layout.block_size;
+    uint64_t t0 = kvr_now_ns();
+    struct kvr_prefill_req pr = {
+        .tokens = r->tokens,
+        .n_tokens = (int32_t)r->n_prompt,
+        .n_cached = (int32_t)(r->n_cached_blocks * bs),
+        .block_table = (const int32_t *)r->blocks,
+        .n_blocks = (int32_t)r->n_blocks,
+    };
+    kvr_status_t s = kvr_engine_prefill(d->ctx, &d->pool, &pr, d->logits);
+    int32_t tok = 0;
+    float lp = 0;
+    if (s == KVR_OK)
+        s = kvr_sampler_sample(r->smp, d->logits, &tok, &lp);
+    Kvrail__PrefillDone m = KVRAIL__PREFILL_DONE__INIT;
+    Kvrail__Status st = KVRAIL__STATUS__INIT;
+    st.code = s;
+    st.message = s == KVR_OK ? "" : "local prefill failed";
+    m.request_id = r->id;
+    m.status = &st;
+    m.first_token = (uint32_t)tok;
+    m.logprob = lp;
+    m.compute_us = (kvr_now_ns() - t0) / 1000;
+    m.total_us = (kvr_now_ns() - r->t_reserve) / 1000;
+    m.computed_tokens = r->n_prompt - (uint32_t)pr.n_cached;
+    m.node_name = d->node.name;
+    m.local = 1;
+    kvr_node_send(&d->node, KVRAIL__METHOD__PREFILL_DONE, &m.base);
+    if (s != KVR_OK) {
+        req_fail(d, r, s, "local prefill failed");
+        return;
+    }
+    d->n_local++;
+    start_decoding(d, r, tok, lp);
+}
+
+static void decode_step(struct decode *d)
+{
+    /* join: ready sequences take free batch slots, oldest first */
+    if (d->n_batch < d->max_batch) {
+        struct dreq *cand[256];
+        int nc = 0;
+        for (struct dreq *r = d->reqs; r && nc < 256; r = r->next)
+            if (r->state == DR_READY)
+                cand[nc++] = r;
+        /* reqs is newest first: take from the end */
+        for (int i = nc - 1; i >= 0 && d->n_batch < d->max_batch; i--) {
+            cand[i]->state = DR_RUNNING;
+            d->batch[d->n_batch++] = cand[i];
+        }
+    }
+    if (d->n_batch == 0)
+        return;
+    int n = d->n_batch;
+    for (int i = 0; i < n; i++) {
+        struct dreq *r = d->batch[i];
+        d->seqs[i].token = r->tokens[r->n_tokens - 1];
+        d->seqs[i].pos = (int32_t)r->n_tokens - 1;
+        d->seqs[i].block_table = (const int32_t *)r->blocks;
+        d->seqs[i].n_blocks = (int32_t)r->n_blocks;
+    }
+    kvr_status_t s = kvr_engine_decode(d->ctx, &d->pool, d->seqs, n, d->logits);
+    d->steps++;
+    if (s != KVR_OK) {
+        for (int i = n - 1; i >= 0; i--)
+            req_fail(d, d->batch[i], s, "decode step failed");
+        return;
+    }
+    struct dreq *ending[256];
+    int ne = 0;
+    for (int i = 0; i < n; i++) {
+        struct dreq *r = d->batch[i];
+        int32_t tok = 0;
+        float lp = 0;
+        s = kvr_sampler_sample(r->smp, d->logits + (size_t)i * (size_t)d->vocab, &tok, &lp);
+        if (s != KVR_OK) {
+            send_token(d, r, 0, 0, KVRAIL__FINISH_REASON__FINISH_ERROR, s, "sampling failed", true);
+            ending[ne++] = r;
+            continue;
+        }
+        r->tokens[r->n_tokens++] = tok;
+        r->ngen++;
+        d->tokens_out++;
+        Kvrail__FinishReason fin = KVRAIL__FINISH_REASON__FINISH_NONE;
+        bool done = finished(d, r, tok, &fin);
+        send_token(d, r, tok, lp, fin, KVR_OK, NULL, false);
+        if (done)
+            ending[ne++] = r;
+    }
+    for (int i = 0; i < ne; i++) {
+        d->n_done++;
+        req_end(d, ending[i], true);
+    }
+}
+
+static void check_leases(struct decode *d)
+{
+    uint64_t now = kvr_now_ns();
+    struct dreq *next;
+    for (struct dreq *r = d->reqs; r; r = next) {
+        next = r->next;
+        if (r->state == DR_QUARANTINE && now > r->deadline) {
+            req_end(d, r, false);
+        } else if (r->state == DR_RESERVED && now > r->deadline) {
+            char msg[200];
+            snprintf(msg, sizeof msg,
+                     "reservation lease expired: no KV from prefill node '%s' "
+                     "within %" PRIu64 " ms",
+                     r->prefill_node, (uint64_t)((r->deadline - r->t_reserve) / 1000000u));
+            d->n_expired++;
+            req_fail(d, r, KVR_ERR_TIMEOUT, msg);
+        }
+    }
+}
+
+/* ---- registration, heartbeat, stats ---- */
+
+static void send_register(struct decode *d)
+{
+    const struct kvr_kv_layout *L = &d->node.layout;
+    Kvrail__RegisterRequest r = KVRAIL__REGISTER_REQUEST__INIT;
+    Kvrail__KvLayout l;
+    kvr_node_fill_register(&d->node, &r, &l, d->addr, d->addr_len);
+    ProtobufCBinaryData rk[256];
+    uint64_t base[256];
+    size_t nl = (size_t)L->n_layers < 256 ? (size_t)L->n_layers : 256;
+    for (size_t i = 0; i < nl; i++) {
+        rk[i].data = d->rkeys[i];
+        rk[i].len = d->rkey_lens[i];
+        base[i] = (uint64_t)(uintptr_t)d->pool.layer_base[i];
+    }
+    r.layer_rkeys = rk;
+    r.n_layer_rkeys = nl;
+    r.layer_base = base;
+    r.n_layer_base = nl;
+    r.total_blocks = (uint32_t)d->pool.n_blocks;
+    r.layer_stride = kvr_kv_layer_bytes(L, d->pool.n_blocks);
+    r.block_bytes = kvr_kv_block_bytes(L);
+    kvr_node_send(&d->node, KVRAIL__METHOD__REGISTER, &r.base);
+}
+
+static void send_heartbeat(struct decode *d)
+{
+    Kvrail__Heartbeat h = KVRAIL__HEARTBEAT__INIT;
+    struct kvr_blocktab_counts c;
+    kvr_blocktab_counts(d->bt, &c);
+    h.node_name = d->node.name;
+    h.free_blocks = c.free + c.evictable;
+    h.total_blocks = c.total;
+    h.cached_blocks = c.cached;
+    h.batch_size = (uint32_t)d->n_batch;
+    h.reserved_blocks = c.referenced;
+    h.kv_bytes_moved = d->kv_bytes;
+    h.block_event_seq = d->ev_seq;
+    h.incarnation = d->node.incarnation;
+    kvr_node_send(&d->node, KVRAIL__METHOD__HEARTBEAT, &h.base);
+}
+
+struct sbuf {
+    char *p;
+    size_t n, cap;
+};
+
+static void sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(struct sbuf *b, const char *fmt, ...)
+{
+    va_list ap;
+    for (;;) {
+        va_start(ap, fmt);
+        int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
+        va_end(ap);
+        if (k < 0)
+            return;
+        if (b->p && b->n + (size_t)k < b->cap) {
+            b->n += (size_t)k;
+            return;
+        }
+        size_t cap = (b->cap + (size_t)k + 1) * 2;
+        char *np = realloc(b->p, cap);
+        if (!np)
+            return;
+        b->p = np;
+        b->cap = cap;
+    }
+}
+
+static void stats_hash(void *arg, uint64_t hash, uint32_t block)
+{
+    struct sbuf *b = arg;
+    (void)block;
+    sb_printf(b, "%s\"%016" PRIx64 "\"", b->p[b->n - 1] == '[' ? "" : ", ", hash);
+}
+
+static void write_stats(struct decode *d)
+{
+    struct kvr_blocktab_counts c;
+    kvr_blocktab_counts(d->bt, &c);
+    int nres = 0, nq = 0, nready = 0;
+    for (struct dreq *r = d->reqs; r; r = r->next) {
+        nres++;
+        nq += r->state == DR_QUARANTINE;
+        nready += r->state == DR_READY;
+    }
+    struct sbuf b = {0};
+    sb_printf(&b,
+              "{\"node\": \"%s\", \"role\": \"decode\", \"registered\": %s, \"total_blocks\": %u, "
+              "\"free_blocks\": %u, \"evictable_blocks\": %u, \"cached_blocks\": %u, "
+              "\"reserved_blocks\": %u, \"requests\": %d, \"quarantined\": %d, \"ready\": %d, "
+              "\"batch\": %d, \"done\": %" PRIu64 ", \"failed\": %" PRIu64
+              ", \"canceled\": %" PRIu64 ", \"expired\": %" PRIu64 ", \"rejected\": %" PRIu64
+              ", \"local_prefills\": %" PRIu64 ", \"remote_prefills\": %" PRIu64
+              ", \"kv_bytes_received\": %" PRIu64 ", \"tokens_out\": %" PRIu64
+              ", \"steps\": %" PRIu64 ", \"cached_tokens_reused\": %" PRIu64
+              ", \"block_event_seq\": %" PRIu64 ", \"block_bytes\": %zu, \"layers\": %d, "
+              "\"bad_frames\": %" PRIu64 ", \"cached_hashes\": [",
+              d->node.name, d->node.registered ? "true" : "false", c.total, c.free, c.evictable,
+              c.cached, c.referenced, nres, nq, nready, d->n_batch, d->n_done, d->n_failed,
+              d->n_canceled, d->n_expired, d->n_rejected, d->n_local, d->n_remote, d->kv_bytes,
+              d->tokens_out, d->steps, d->cached_tokens, d->ev_seq,
+              kvr_kv_block_bytes(&d->node.layout), d->node.layout.n_layers, d->node.bad_frames);
+    if (b.p)
+        kvr_blocktab_foreach_cached(d->bt, stats_hash, &b);
+    sb_printf(&b, "]}");
+    if (b.p)
+        kvr_node_write_stats(&d->node, b.p);
+    free(b.p);
+}
+
+int main(int argc, char **argv)
+{
+    static struct decode D;
+    struct decode *d = &D;
+    char err[512];
+    int rc = 1;
+    kvr_status_t s =
+        kvr_node_init(&d->node, argc, argv, KVR_NODE_ROLE_DECODE, on_notif, d, err, sizeof err);
+    if (s != KVR_OK) {
+        fprintf(stderr, "kvrail-decode: %s\n", err);
+        kvr_node_fini(&d->node);
+        return s == KVR_ERR_INVALID ? 2 : 1;
+    }
+    d->node.on_msg = on_msg;
+    d->node.on_msg_arg = d;
+    const struct kvr_kv_layout *L = &d->node.layout;
+    d->vocab = kvr_model_vocab(d->node.model);
+    d->maxpos = kvr_model_max_pos(d->node.model);
+    d->max_batch = d->node.self->max_batch > 0 ? d->node.self->max_batch : 32;
+    if (d->max_batch > 256)
+        d->max_batch = 256;
+    d->n_eos = kvr_model_eos_ids(d->node.model, &d->eos);
+    uint64_t nblocks = d->node.self->pool_blocks;
+    size_t bb = kvr_kv_block_bytes(L);
+    if (!nblocks && d->node.self->pool_bytes)
+        nblocks = d->node.self->pool_bytes / ((uint64_t)bb * (uint64_t)L->n_layers);
+    if (!nblocks)
+        nblocks = 2048;
+    if (nblocks * bb > (4ull << 30) || nblocks > (1u << 30)) {
+        fprintf(stderr, "kvrail-decode: pool of %" PRIu64 " blocks makes layer slabs over 4 GiB\n",
+                nblocks);
+        goto out;
+    }
+    d->pool.layout = *L;
+    d->pool.n_blocks = (int32_t)nblocks;
+    d->pool.layer_base = calloc((size_t)L->n_layers, sizeof *d->pool.layer_base);
+    d->mem = calloc((size_t)L->n_layers, sizeof *d->mem);
+    d->rkeys = calloc((size_t)L->n_layers, sizeof *d->rkeys);
+    d->rkey_lens = calloc((size_t)L->n_layers, sizeof *d->rkey_lens);
+    d->logits = malloc((size_t)d->max_batch * (size_t)d->vocab * sizeof *d->logits);
+    d->seqs = calloc((size_t)d->max_batch, sizeof *d->seqs);
+    d->batch = calloc((size_t)d->max_batch, sizeof *d->batch);
+    if (!d->pool.layer_base || !d->mem || !d->rkeys || !d->rkey_lens || !d->logits || !d->seqs ||
+        !d->batch) {
+        fprintf(stderr, "kvrail-decode: out of memory\n");
+        goto out;
+    }
+    size_t slab = kvr_kv_layer_bytes(L, (int32_t)nblocks);
+    uint64_t t0 = kvr_now_ns();
+    for (int32_t l = 0; l < L->n_layers; l++) {
+        if (posix_memalign((void **)&d->pool.layer_base[l], 4096, slab) != 0) {
+            fprintf(stderr, "kvrail-decode: cannot allocate the %zu-byte slab of layer %d\n", slab,
+                    l);
+            goto out;
+        }
+        memset(d->pool.layer_base[l], 0, slab);
+        s = kvr_xfer_mem_reg(d->node.xfer, d->pool.layer_base[l], slab, KVR_MEM_HOST, 0,
+                             &d->mem[l]);
+        if (s == KVR_OK)
+            s = kvr_xfer_mem_pack(d->mem[l], &d->rkeys[l], &d->rkey_lens[l]);
+        if (s != KVR_OK) {
+            fprintf(stderr, "kvrail-decode: registering the slab of layer %d: %s\n", l,
+                    kvr_status_str(s));
+            goto out;
+        }
+    }
+    KVR_LOG_INFO(COMP,
+                 "KV pool: %" PRIu64 " blocks of %d tokens x %d layers = %.1f MiB, "
+                 "registered in %.1f ms; max batch %d",
+                 nblocks, L->block_size, L->n_layers, (double)slab * L->n_layers / 1048576.0,
+                 (double)(kvr_now_ns() - t0) / 1e6, d->max_batch);
+    if (kvr_blocktab_create((uint32_t)nblocks, on_block_event, d, &d->bt) != KVR_OK) {
+        fprintf(stderr, "kvrail-decode: out of memory\n");
+        goto out;
+    }
+    struct kvr_ctx_opts co = {0};
+    co.n_threads = d->node.self->threads > 0 ? d->node.self->threads : 1;
+    co.max_batch = d->max_batch;
+    s = kvr_ctx_create(d->node.model, &co, &d->ctx, err, sizeof err);
+    if (s != KVR_OK) {
+        fprintf(stderr, "kvrail-decode: compute context: %s\n", err);
+        goto out;
+    }
+    s = kvr_xfer_address(d->node.xfer, &d->addr, &d->addr_len);
+    if (s != KVR_OK) {
+        fprintf(stderr, "kvrail-decode: transport address: %s\n", kvr_status_str(s));
+        goto out;
+    }
+
+    while (!kvr_node_stopping()) {
+        if (kvr_node_register_due(&d->node))
+            send_register(d);
+        if (kvr_node_heartbeat_due(&d->node)) {
+            send_heartbeat(d);
+            d->stats_dirty = true;
+        }
+        bool busy = d->n_batch > 0, waiting = false;
+        for (struct dreq *r = d->reqs; r; r = r->next) {
+            busy |= r->state == DR_READY || r->state == DR_LOCAL_PREFILL;
+            waiting |= r->state == DR_RESERVED || r->state == DR_QUARANTINE;
+        }
+        kvr_node_poll(&d->node, busy ? 0 : waiting ? 1 : 20);
+        check_leases(d);
+        /* one local prefill per turn (oldest first), so running sequences
+         * keep stepping between prefills */
+        struct dreq *lp = NULL;
+        for (struct dreq *r = d->reqs; r; r = r->next)
+            if (r->state == DR_LOCAL_PREFILL)
+                lp = r;
+        if (lp)
+            local_prefill(d, lp);
+        decode_step(d);
+        flush_events(d);
+        uint64_t now = kvr_now_ns();
+        if (d->node.stats_path && (d->stats_dirty || now - d->last_stats_ns > 500000000ull) &&
+            now - d->last_stats_ns > 50000000ull) {
+            write_stats(d);
+            d->stats_dirty = false;
+            d->last_stats_ns = now;
+        }
+    }
+    KVR_LOG_INFO(COMP, "stopping: %" PRIu64 " requests done, %" PRIu64 " tokens", d->n_done,
+                 d->tokens_out);
+    rc = 0;
+out:
+    while (d->reqs)
+        req_end(d, d->reqs, false);
+    free(d->addr);
+    if (d->ctx)
+        kvr_ctx_destroy(d->ctx);
+    kvr_blocktab_destroy(d->bt);
+    for (int32_t l = 0; d->rkeys && l < L->n_layers; l++)
+        free(d->rkeys[l]);
+    for (int32_t l = 0; d->mem && l < L->n_layers; l++)
+        if (d->mem[l])
+            kvr_xfer_mem_dereg(d->mem[l]);
+    for (int32_t l = 0; d->pool.layer_base && l < L->n_layers; l++)
+        free(d->pool.layer_base[l]);
+    free(d->pool.layer_base);
+    free(d->mem);
+    free(d->rkeys);
+    free(d->rkey_lens);
+    free(d->logits);
+    free(d->seqs);
+    free(d->batch);
+    free(d->ev.hashes);
+    free(d->ev.kinds);
+    kvr_node_fini(&d->node);
+    return rc;
+}
