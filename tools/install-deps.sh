@@ -7,12 +7,17 @@ set -e
 PKGS="build-essential meson ninja-build pkg-config
       libucx-dev ucx-utils libibverbs-dev rdma-core ibverbs-providers
       libzmq3-dev protobuf-c-compiler libprotobuf-c-dev
-      libopenblas-dev libxxhash-dev libyaml-dev python3"
+      libopenblas-dev libxxhash-dev libyaml-dev python3 python3-yaml"
 TEST_PKGS="python3-numpy iproute2 procps psmisc clang-format
       qemu-system-x86 linux-image-amd64 busybox-static kmod cpio ibverbs-utils perftest
-      nodejs npm"
+"
 case "$1" in
---test) PKGS="$PKGS $TEST_PKGS" ;;
+--test)
+    PKGS="$PKGS $TEST_PKGS"
+    # Node.js for the tokenizer oracle: use the machine's own if it has one
+    # (a newer node outside dpkg must not be replaced by Debian's).
+    command -v npm >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
+    ;;
 esac
 SUDO=
 [ "$(id -u)" = 0 ] || SUDO=sudo
