@@ -1,0 +1,299 @@
+"""cluster_lib.py - starts a real kvrail cluster (router, prefill and decode
+nodes as separate processes) for the end-to-end tests, and talks to it.
+
+A Cluster writes a cluster file with free loopback ports (or the addresses of
+network namespaces), starts every process with --config/--node (decode and
+prefill nodes also write --stats-file JSON that the tests read), waits until
+the router reports every node alive, and stops everything at the end
+(SIGTERM, then SIGKILL).  Requests go through kvrail-loadgen (--prompts FILE
+--outputs FILE); references come from `kvrail run --json`.  Stdlib only.
+"""
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+SKIP = 77
+
+
+class Fail(Exception):
+    pass
+
+
+def check(cond, msg):
+    if not cond:
+        raise Fail(msg)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+class Bins:
+    def __init__(self, args):
+        self.router = args.router
+        self.prefill = args.prefill_bin
+        self.decode = args.decode_bin
+        self.kvrail = args.kvrail
+        self.mkmodel = args.mkmodel
+        self.loadgen = args.loadgen
+
+
+def add_bin_args(ap):
+    ap.add_argument("--router", required=True)
+    ap.add_argument("--prefill-bin", required=True)
+    ap.add_argument("--decode-bin", required=True)
+    ap.add_argument("--kvrail", required=True)
+    ap.add_argument("--mkmodel", required=True)
+    ap.add_argument("--loadgen", required=True)
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+
+
+def make_model(bins, workdir, extra=()):
+    d = os.path.join(workdir, "model")
+    r = subprocess.run([bins.mkmodel, "--out", d, *extra], capture_output=True, text=True,
+                       timeout=60)
+    check(r.returncode == 0, "kvrail-mkmodel failed: %s" % r.stderr)
+    return d
+
+
+class Cluster:
+    def __init__(self, bins, workdir, model, n_prefill=1, n_decode=1, pool_blocks=2048,
+                 transport="ucx", tls="", queue_ms=5000, lease_ms=10000, local_prefill_tokens=32,
+                 max_batch=32, hosts=None, netns=None, threads=1, extra_yaml=""):
+        self.bins = bins
+        self.dir = workdir
+        self.model = model
+        self.procs = []
+        self.logs = {}
+        self.netns = netns or {}  # node name -> namespace
+        hosts = hosts or {}
+        rhost = hosts.get("router", "127.0.0.1")
+        self.client_ep = "tcp://%s:%d" % (rhost, free_port())
+        self.node_ep = "tcp://%s:%d" % (rhost, free_port())
+        self.prefills = ["prefill%d" % i for i in range(n_prefill)]
+        self.decodes = ["decode%d" % i for i in range(n_decode)]
+        y = ["cluster: test", "model: %s" % model, "block_size: 16", "router:",
+             "  client: %s" % self.client_ep, "  node: %s" % self.node_ep]
+        if netns:
+            y += ["  client_bind: tcp://0.0.0.0:%s" % self.client_ep.rsplit(":", 1)[1],
+                  "  node_bind: tcp://0.0.0.0:%s" % self.node_ep.rsplit(":", 1)[1]]
+        y += ["timeouts:", "  lease_ms: %d" % lease_ms, "  queue_ms: %d" % queue_ms,
+              "  heartbeat_ms: 200", "  heartbeat_timeout_ms: 3000", "  request_ms: 120000",
+              "thresholds:", "  local_prefill_tokens: %d" % local_prefill_tokens,
+              "limits:", "  max_queue: 256", "  prefill_retries: 2", "nodes:",
+              "  - name: router", "    role: router"]
+        for n in self.prefills:
+            y += ["  - name: %s" % n, "    role: prefill", "    threads: %d" % threads,
+                  "    transport:", "      backend: %s" % transport]
+            if tls:
+                y += ["      tls: %s" % tls]
+        for n in self.decodes:
+            y += ["  - name: %s" % n, "    role: decode", "    threads: %d" % threads,
+                  "    pool_blocks: %d" % pool_blocks, "    max_batch: %d" % max_batch,
+                  "    transport:", "      backend: %s" % transport]
+            if tls:
+                y += ["      tls: %s" % tls]
+        self.config = os.path.join(workdir, "cluster.yaml")
+        with open(self.config, "w") as f:
+            f.write("\n".join(y) + "\n" + extra_yaml)
+
+    def _start(self, name, argv):
+        log = open(os.path.join(self.dir, name + ".log"), "w")
+        ns = self.netns.get(name)
+        if ns:
+            argv = ["ip", "netns", "exec", ns] + argv
+        env = dict(os.environ)
+        env.setdefault("KVR_LOG_LEVEL", "info")
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                             start_new_session=True)
+        self.procs.append((name, p))
+        self.logs[name] = log.name
+        return p
+
+    def stats_path(self, name):
+        return os.path.join(self.dir, name + ".stats.json")
+
+    def start(self, timeout=40):
+        self._start("router", [self.bins.router, "--config", self.config, "--node", "router"])
+        for n in self.prefills:
+            self._start(n, [self.bins.prefill, "--config", self.config, "--node", n,
+                            "--stats-file", self.stats_path(n)])
+        for n in self.decodes:
+            self._start(n, [self.bins.decode, "--config", self.config, "--node", n,
+                            "--stats-file", self.stats_path(n)])
+        deadline = time.time() + timeout
+        want = set(self.prefills + self.decodes)
+        last = None
+        while time.time() < deadline:
+            for name, p in self.procs:
+                if p.poll() is not None:
+                    raise Fail("%s exited with %s during start-up:\n%s" %
+                               (name, p.returncode, self.tail(name)))
+            st = self.status(timeout_ms=1000)
+            if st:
+                last = st
+                alive = {n["name"] for n in st.get("nodes", []) if n.get("alive")}
+                if want <= alive and all(self.stats(n).get("registered") for n in want):
+                    return
+            time.sleep(0.2)
+        raise Fail("cluster not up within %d s (last status %s)\n%s" %
+                   (timeout, last, "\n".join(self.tail(n) for n, _ in self.procs)))
+
+    def tail(self, name, n=30):
+        try:
+            with open(self.logs[name]) as f:
+                lines = f.readlines()[-n:]
+            return "--- %s ---\n%s" % (name, "".join(lines))
+        except OSError:
+            return ""
+
+    def status(self, timeout_ms=3000):
+        r = subprocess.run(self._ns_client() + [self.bins.loadgen, "--router", self.client_ep,
+                                                "--status", "--timeout-ms", str(timeout_ms)],
+                           capture_output=True, text=True, timeout=timeout_ms / 1000 + 10)
+        if r.returncode != 0:
+            return None
+        try:
+            return json.loads(r.stdout)
+        except ValueError:
+            return None
+
+    def _ns_client(self):
+        ns = self.netns.get("client")
+        return ["ip", "netns", "exec", ns] if ns else []
+
+    def stats(self, name):
+        try:
+            with open(self.stats_path(name)) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {}
+
+    def loadgen(self, prompts, extra=(), timeout=240, name="load"):
+        """Runs kvrail-loadgen over prompts [(tokens, max_tokens)], returns
+        (returncode, outputs by id, stdout)."""
+        pf = os.path.join(self.dir, name + ".prompts.jsonl")
+        of = os.path.join(self.dir, name + ".outputs.jsonl")
+        with open(pf, "w") as f:
+            for i, (toks, mt) in enumerate(prompts):
+                f.write(json.dumps({"id": i, "tokens": toks, "max_tokens": mt}) + "\n")
+        argv = self._ns_client() + [self.bins.loadgen, "--router", self.client_ep, "--prompts", pf,
+                                    "--outputs", of, "--timeout-ms", str(int(timeout * 1000 - 5000))]
+        r = subprocess.run(argv + list(extra), capture_output=True, text=True, timeout=timeout)
+        outs = {}
+        if os.path.exists(of):
+            with open(of) as f:
+                for line in f:
+                    o = json.loads(line)
+                    outs[o["id"]] = o
+        return r.returncode, outs, r.stdout + r.stderr
+
+    def wait_idle(self, timeout=15):
+        """Waits until every decode node holds no reservation and every
+        prefill node no request; returns the decode stats."""
+        deadline = time.time() + timeout
+        while True:
+            ds = {n: self.stats(n) for n in self.decodes}
+            ps = {n: self.stats(n) for n in self.prefills}
+            idle = all(s.get("requests") == 0 and s.get("reserved_blocks") == 0 for s in ds.values()) \
+                and all(s.get("active") == 0 and s.get("queued") == 0 for s in ps.values())
+            if idle:
+                return ds
+            if time.time() > deadline:
+                raise Fail("nodes not idle after %d s: decode %s prefill %s" % (
+                    timeout, {n: (s.get("requests"), s.get("reserved_blocks")) for n, s in ds.items()},
+                    {n: (s.get("active"), s.get("queued")) for n, s in ps.items()}))
+            time.sleep(0.2)
+
+    def check_alive(self):
+        for name, p in self.procs:
+            check(p.poll() is None, "%s died (exit %s):\n%s" % (name, p.returncode, self.tail(name)))
+
+    def stop(self):
+        for name, p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except OSError:
+                    pass
+        deadline = time.time() + 5
+        for name, p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                p.wait(timeout=5)
+
+
+def reference(bins, model, prompts, jobs=2):
+    """Greedy outputs of `kvrail run` for each (tokens, max_tokens)."""
+    outs = [None] * len(prompts)
+    running = []
+    i = 0
+    while i < len(prompts) or running:
+        while i < len(prompts) and len(running) < jobs:
+            toks, mt = prompts[i]
+            argv = [bins.kvrail, "run", "--model", model, "--prompt-tokens",
+                    ",".join(map(str, toks)), "--max-tokens", str(mt), "--temperature", "0",
+                    "--json"]
+            running.append((i, subprocess.Popen(argv, stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE, text=True)))
+            i += 1
+        idx, p = running.pop(0)
+        out, err = p.communicate(timeout=120)
+        check(p.returncode == 0, "kvrail run failed for prompt %d: %s" % (idx, err))
+        ids = []
+        for line in out.splitlines():
+            line = line.strip()
+            if not line:
+                continue
+            o = json.loads(line)
+            if "token_id" in o:
+                ids.append(o["token_id"])
+        outs[idx] = ids
+    return outs
+
+
+def make_prompts(n=40, seed=7, vocab=512, max_len=700, max_tokens=12):
+    """n prompts of 1..max_len tokens; several share long prefixes."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(4, vocab) for _ in range(L)] for L in (520, 400, 300)]
+    lens = [1, 2, 15, 16, 17, 31, 33, 64, 700, 699]
+    prompts = []
+    for i in range(n):
+        if i < len(lens):
+            toks = [rng.randrange(4, vocab) for _ in range(lens[i])]
+        elif i % 3 == 0:
+            pre = prefixes[i % len(prefixes)]
+            toks = pre + [rng.randrange(4, vocab) for _ in range(rng.randrange(1, max_len - len(pre)))]
+        else:
+            toks = [rng.randrange(4, vocab) for _ in range(rng.randrange(1, max_len + 1))]
+        prompts.append((toks, rng.randrange(1, max_tokens + 1)))
+    return prompts
+
+
+def workdir(prefix):
+    return tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("TMPDIR", "/tmp"))
+
+
+def run_main(fn):
+    """Runs fn() -> exit code, mapping Fail to 1 with its message."""
+    try:
+        sys.exit(fn())
+    except Fail as e:
+        print("FAIL: %s" % e, file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""cluster_test.py - end-to-end tests of a kvrail cluster with real processes.
+
+  --case e2e      N prefill + M decode nodes: 40 prompts of 1..700 tokens,
+                  several sharing long prefixes, greedy, 8 in flight; every
+                  output token-for-token equal to `kvrail run`.
+  --case prefix   1P + 2D: a request sharing a 512-token prefix with a
+                  finished one goes to the decode node holding it, and only
+                  the uncached blocks move (asserted from both nodes' stats);
+                  the router's directory matches what the decode nodes hold.
+  --case cancel   cancel mid-stream and client disconnect: both halves stop,
+                  every reserved block returns (pool accounting at baseline).
+  --case exhaust  more concurrent requests than the pool holds: they wait and
+                  complete, or get an overload status after the queue
+                  timeout; none hangs.
+"""
+import argparse
+import os
+import random
+import shutil
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cluster_lib import (Bins, Cluster, Fail, add_bin_args, check, make_model, make_prompts,  # noqa
+                         reference, run_main, workdir)
+
+KVR_ERR_CANCELED = -11
+KVR_ERR_OVERLOAD = -12
+
+
+def baseline_ok(c, ds):
+    for n, s in ds.items():
+        check(s["reserved_blocks"] == 0, "%s: %d blocks still reserved" % (n, s["reserved_blocks"]))
+        check(s["free_blocks"] + s["evictable_blocks"] == s["total_blocks"],
+              "%s: free %d + evictable %d != total %d" % (n, s["free_blocks"], s["evictable_blocks"],
+                                                         s["total_blocks"]))
+        check(s["batch"] == 0 and s["requests"] == 0, "%s: requests still held: %s" % (n, s))
+
+
+def case_e2e(args, bins, wd):
+    model = make_model(bins, wd)
+    prompts = make_prompts(40)
+    t0 = time.time()
+    ref = reference(bins, model, prompts)
+    print("reference: %d prompts in %.1f s" % (len(prompts), time.time() - t0))
+    c = Cluster(bins, wd, model, n_prefill=args.prefill, n_decode=args.decode)
+    try:
+        c.start()
+        t0 = time.time()
+        rc, outs, log = c.loadgen(prompts, ["--concurrency", "8", "--no-ignore-eos"])
+        print(log)
+        print("cluster: %d prompts in %.1f s" % (len(prompts), time.time() - t0))
+        check(rc == 0, "kvrail-loadgen exit %d" % rc)
+        bad = []
+        for i, (toks, mt) in enumerate(prompts):
+            o = outs.get(i)
+            check(o is not None, "no output for prompt %d" % i)
+            check(o["status"] == 0, "prompt %d (%d tokens) failed: %s" % (i, len(toks), o["message"]))
+            if o["tokens"] != ref[i]:
+                bad.append("prompt %d (%d tokens, cached %d, local %s, %s->%s): cluster %s, run %s"
+                           % (i, len(toks), o["cached_tokens"], o["local_prefill"], o["prefill_node"],
+                              o["decode_node"], o["tokens"], ref[i]))
+        check(not bad, "%d outputs differ from kvrail run:\n%s" % (len(bad), "\n".join(bad)))
+        disagg = [o for o in outs.values() if not o["local_prefill"]]
+        check(disagg, "no request went through a prefill node")
+        check(all(o["kv_bytes"] > 0 for o in disagg if o["cached_tokens"] == 0),
+              "a disaggregated request moved no KV bytes")
+        used_d = {o["decode_node"] for o in outs.values()}
+        used_p = {o["prefill_node"] for o in disagg}
+        print("decode nodes used: %s, prefill nodes used: %s" % (sorted(used_d), sorted(used_p)))
+        check(len(used_d) == args.decode, "not every decode node was used: %s" % used_d)
+        check(len(used_p) == args.prefill, "not every prefill node was used: %s" % used_p)
+        ds = c.wait_idle()
+        baseline_ok(c, ds)
+        c.check_alive()
+        pushed = sum(c.stats(n)["bytes_pushed"] for n in c.prefills)
+        received = sum(c.stats(n)["kv_bytes_received"] for n in c.decodes)
+        check(pushed == received, "prefill pushed %d bytes, decode received %d" % (pushed, received))
+        print("KV moved prefill -> decode: %d bytes" % pushed)
+    finally:
+        c.stop()
+    return 0
+
+
+def case_prefix(args, bins, wd):
+    model = make_model(bins, wd)
+    rng = random.Random(11)
+    prefix = [rng.randrange(4, 512) for _ in range(512)]
+    a = prefix + [rng.randrange(4, 512) for _ in range(100)]
+    b = prefix + [rng.randrange(4, 512) for _ in range(80)]
+    c = Cluster(bins, wd, model, n_prefill=1, n_decode=2)
+    try:
+        c.start()
+        rc, outs, log = c.loadgen([(a, 4)], ["--no-ignore-eos"], name="a")
+        check(rc == 0 and outs[0]["status"] == 0, "request A failed: %s" % log)
+        da = outs[0]["decode_node"]
+        check(not outs[0]["local_prefill"], "request A was prefilled locally")
+        c.wait_idle()
+        time.sleep(0.6)  # block events and heartbeats reach the router
+        before_p = c.stats(c.prefills[0])["bytes_pushed"]
+        before_d = {n: c.stats(n)["kv_bytes_received"] for n in c.decodes}
+        rc, outs, log = c.loadgen([(b, 4)], ["--no-ignore-eos"], name="b")
+        check(rc == 0 and outs[0]["status"] == 0, "request B failed: %s" % log)
+        ob = outs[0]
+        print("A on %s; B on %s, cached %d tokens, moved %d bytes" % (da, ob["decode_node"],
+                                                                     ob["cached_tokens"], ob["kv_bytes"]))
+        check(ob["decode_node"] == da, "B went to %s, the prefix is on %s" % (ob["decode_node"], da))
+        check(ob["cached_tokens"] == 512, "B reused %d cached tokens, want 512" % ob["cached_tokens"])
+        ds = c.wait_idle()
+        bb, layers = ds[da]["block_bytes"], ds[da]["layers"]
+        nblocks_b = (len(b) + 15) // 16
+        want = (nblocks_b - 512 // 16) * bb * layers
+        moved_p = c.stats(c.prefills[0])["bytes_pushed"] - before_p
+        moved_d = ds[da]["kv_bytes_received"] - before_d[da]
+        print("uncached blocks %d: want %d bytes; prefill pushed %d, decode received %d" % (
+            nblocks_b - 32, want, moved_p, moved_d))
+        check(moved_p == want, "prefill pushed %d bytes for B, want %d (only uncached blocks)" % (moved_p, want))
+        check(moved_d == want, "decode received %d bytes for B, want %d" % (moved_d, want))
+        # the router's directory matches the decode nodes
+        deadline = time.time() + 5
+        while True:
+            st = c.status()
+            ds = {n: c.stats(n) for n in c.decodes}
+            rn = {n["name"]: n for n in st["nodes"]}
+            mism = [(n, rn[n]["cached_blocks"], ds[n]["cached_blocks"]) for n in c.decodes
+                    if rn[n]["cached_blocks"] != ds[n]["cached_blocks"]]
+            total = sum(ds[n]["cached_blocks"] for n in c.decodes)
+            if not mism and st["router"]["directory_blocks"] == total:
+                break
+            if time.time() > deadline:
+                raise Fail("router directory %s (total %d) != decode nodes %s" % (
+                    mism, st["router"]["directory_blocks"], total))
+            time.sleep(0.3)
+        check(ds[da]["cached_blocks"] >= 612 // 16, "%s caches %d blocks" % (da, ds[da]["cached_blocks"]))
+        print("directory: %d blocks, matches the decode nodes" % total)
+        c.check_alive()
+    finally:
+        c.stop()
+    return 0
+
+
+def case_cancel(args, bins, wd):
+    model = make_model(bins, wd)
+    rng = random.Random(5)
+    c = Cluster(bins, wd, model, n_prefill=1, n_decode=1)
+    try:
+        c.start()
+        base = c.wait_idle()
+        total = base[c.decodes[0]]["total_blocks"]
+        prompts = [([rng.randrange(4, 512) for _ in range(rng.randrange(40, 300))], 2000) for _ in range(4)]
+        t0 = time.time()
+        rc, outs, log = c.loadgen(prompts, ["--concurrency", "4", "--cancel-after", "3"], name="cancel")
+        print(log)
+        check(all(o["status"] == KVR_ERR_CANCELED or 3 <= len(o["tokens"]) < 2000 for o in outs.values()),
+              "a canceled request ran on: %s" % [(o["status"], len(o["tokens"])) for o in outs.values()])
+        check(time.time() - t0 < 60, "cancel took %.1f s" % (time.time() - t0))
+        ds = c.wait_idle(timeout=10)
+        baseline_ok(c, ds)
+        s = ds[c.decodes[0]]
+        check(s["canceled"] >= 4, "decode node saw %d cancels, want 4" % s["canceled"])
+        print("after cancel: free %d + evictable %d of %d, reserved %d" % (
+            s["free_blocks"], s["evictable_blocks"], total, s["reserved_blocks"]))
+        # client disconnect mid-stream
+        rc, outs, log = c.loadgen(prompts, ["--concurrency", "4", "--disconnect-after", "3"], name="disc")
+        print(log)
+        check("disconnected" in log, "loadgen did not disconnect: %s" % log)
+        ds = c.wait_idle(timeout=15)
+        baseline_ok(c, ds)
+        s = ds[c.decodes[0]]
+        check(s["canceled"] >= 8, "decode node saw %d cancels after the disconnect, want 8" % s["canceled"])
+        st = c.status()
+        print("router: canceled %d" % st["router"]["canceled"])
+        check(st["router"]["active"] == 0, "router still has %d active requests" % st["router"]["active"])
+        c.check_alive()
+    finally:
+        c.stop()
+    return 0
+
+
+def case_exhaust(args, bins, wd):
+    model = make_model(bins, wd)
+    rng = random.Random(9)
+    # pool of 48 blocks; every request needs 16 (200 prompt + 56 output tokens)
+    c = Cluster(bins, wd, model, n_prefill=1, n_decode=1, pool_blocks=48, queue_ms=20000)
+    try:
+        c.start()
+        prompts = [([rng.randrange(4, 512) for _ in range(200)], 56) for _ in range(12)]
+        t0 = time.time()
+        rc, outs, log = c.loadgen(prompts, ["--concurrency", "12"], name="wait")
+        print(log)
+        dt = time.time() - t0
+        check(len(outs) == 12, "only %d requests ended" % len(outs))
+        st = [o["status"] for o in outs.values()]
+        check(all(s == 0 for s in st), "with a long queue timeout every request completes: %s" %
+              [(o["status"], o["message"]) for o in outs.values()])
+        check(all(len(o["tokens"]) == 56 for o in outs.values()), "short outputs")
+        baseline_ok(c, c.wait_idle())
+        print("12 requests through a pool of 3: %.1f s" % dt)
+        c.stop()
+        # short queue timeout, long outputs: the late ones get an overload status
+        c = Cluster(bins, wd, model, n_prefill=1, n_decode=1, pool_blocks=48, queue_ms=800)
+        c.start()
+        # 100 prompt + 400 output tokens = 32 blocks: one request at a time
+        prompts = [([rng.randrange(4, 512) for _ in range(100)], 400) for _ in range(8)]
+        t0 = time.time()
+        rc, outs, log = c.loadgen(prompts, ["--concurrency", "8"], name="overload", timeout=120)
+        print(log)
+        check(len(outs) == 8 and all(o["status"] in (0, KVR_ERR_OVERLOAD) for o in outs.values()),
+              "each request completes or is overloaded: %s" % [(o["status"], o["message"]) for o in outs.values()])
+        n_over = sum(o["status"] == KVR_ERR_OVERLOAD for o in outs.values())
+        n_ok = sum(o["status"] == 0 for o in outs.values())
+        msgs = {o["message"] for o in outs.values() if o["status"] == KVR_ERR_OVERLOAD}
+        print("ok %d, overloaded %d (%s) in %.1f s" % (n_ok, n_over, msgs, time.time() - t0))
+        check(n_ok >= 1, "nothing completed")
+        check(n_over >= 1, "nothing was overloaded with an 800 ms queue timeout")
+        check(all(m for m in msgs), "an overload status without a message")
+        baseline_ok(c, c.wait_idle())
+        c.check_alive()
+    finally:
+        c.stop()
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    add_bin_args(ap)
+    ap.add_argument("--case", required=True, choices=["e2e", "prefix", "cancel", "exhaust"])
+    ap.add_argument("--prefill", type=int, default=1)
+    ap.add_argument("--decode", type=int, default=1)
+    args = ap.parse_args()
+    bins = Bins(args)
+    for b in (bins.router, bins.prefill, bins.decode, bins.kvrail, bins.mkmodel, bins.loadgen):
+        if not os.path.exists(b):
+            print("SKIP: %s not built" % b)
+            return 77
+    wd = workdir("kvr-%s-" % args.case)
+    ok = False
+    try:
+        rc = {"e2e": case_e2e, "prefix": case_prefix, "cancel": case_cancel,
+              "exhaust": case_exhaust}[args.case](args, bins, wd)
+        ok = rc == 0
+        return rc
+    finally:
+        if ok and not args.keep:
+            shutil.rmtree(wd, ignore_errors=True)
+        else:
+            print("work directory kept: %s" % wd)
+            for f in sorted(os.listdir(wd)):
+                if f.endswith(".log"):
+                    with open(os.path.join(wd, f)) as fh:
+                        print("--- %s (last 25 lines) ---\n%s" % (f, "".join(fh.readlines()[-25:])))
+
+
+if __name__ == "__main__":
+    run_main(main)
