@@ -40,8 +40,10 @@ fail_all() {
 }
 
 # name:timeout(s) of every guest test, in the order they run
-TESTS="rdma_devices:30 verbs_conformance:60 verbs_pair_lo:60 verbs_pair_veth:60
-       verbs_peer_death:60 verbs_bad_rkey:30 verbs_mismatch:30 verbs_bench:90"
+TESTS="rdma_devices:30 verbs_conformance:60 verbs_pair_lo:60 verbs_pair_veth:90
+       verbs_peer_death:60 verbs_bad_rkey:30 verbs_mismatch:30 verbs_kvrail_bench:60"
+# `vm.py --mode bench` (a file "mode" in the results directory) runs the benchmark only
+[ "$(cat "$RES/mode" 2>/dev/null)" = bench ] && TESTS="verbs_bench:1200"
 BIN=$BUILD/tests/rdma
 
 modprobe rdma_rxe || fail_all "modprobe rdma_rxe"
@@ -77,15 +79,19 @@ log "devices ready after $(($(date +%s) - T0)) s"
 cmd_of() {
     case $1 in
     rdma_devices) echo "ibv_devinfo -d rxe_lo && ibv_devinfo -d rxe0 && ibv_devinfo -d rxe1 &&
-        (ibv_rc_pingpong -d rxe0 -g 1 -n 100 & sleep 1; ibv_rc_pingpong -d rxe1 -g 1 -n 100 10.77.0.1)" ;;
-    verbs_conformance) echo "KVR_XFER_BACKEND=verbs KVR_VERBS_DEVICES=rxe_lo $BUILD/tests/unit/test_xfer_conformance verbs" ;;
+        (ibv_rc_pingpong -d rxe0 -g 0 -n 100 & sleep 2; ibv_rc_pingpong -d rxe1 -g 0 -n 100 127.0.0.1) &&
+        wait" ;;
+    verbs_conformance) echo "[ -x $BUILD/tests/unit/test_xfer_conformance ] || { echo 'test_xfer_conformance not built'; exit 77; };
+        KVR_VERBS_DEVICES=rxe_lo $BUILD/tests/unit/test_xfer_conformance verbs" ;;
     verbs_pair_lo) echo "$BIN/test_verbs_pair --case pair --dev-a rxe_lo --dev-b rxe_lo" ;;
-    verbs_pair_veth) echo "$BIN/test_verbs_pair --case pair --dev-a rxe0 --dev-b rxe1 &&
-        $BIN/test_verbs_pair --case pair --dev-a rxe0,rxe_lo --dev-b rxe1,rxe_lo" ;;
-    verbs_peer_death) echo "$BIN/test_verbs_pair --case death --dev-a rxe0 --dev-b rxe1" ;;
+    verbs_pair_veth) echo "$BIN/test_verbs_pair --case pair --dev-a rxe0 --dev-b rxe1 --gid-a 0 --gid-b 0 &&
+        $BIN/test_verbs_pair --case pair --dev-a rxe0,rxe_lo --dev-b rxe1,rxe_lo --gid-a 0 --gid-b 0" ;;
+    verbs_peer_death) echo "$BIN/test_verbs_pair --case death --dev-a rxe0 --dev-b rxe1 --gid-a 0 --gid-b 0" ;;
     verbs_bad_rkey) echo "$BIN/test_verbs_pair --case badkey --dev-a rxe_lo --dev-b rxe_lo" ;;
     verbs_mismatch) echo "$BIN/test_verbs_pair --case mismatch --dev-a rxe0 --dev-b rxe1" ;;
-    verbs_bench) echo "$BUILD/../tests/rdma/bench-vm.sh $BUILD" ;;
+    verbs_kvrail_bench) echo "$BUILD/tools/bench/kvrail-bench --backend verbs --devices rxe_lo --pool-size 64M \
+        --sizes 4K,64K,1M --batch 1,64 --duration 0.3 --check --quiet" ;;
+    verbs_bench) echo "sh tests/rdma/bench-vm.sh $BUILD" ;;
     esac
 }
 

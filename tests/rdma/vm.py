@@ -192,6 +192,9 @@ def boot(args, cache, resdir):
             f.write(key)
     for f in glob.glob(os.path.join(resdir, "*")):
         os.unlink(f)
+    if args.mode != "test":
+        with open(os.path.join(resdir, "mode"), "w") as f:
+            f.write(args.mode + "\n")
     cmd = ["timeout", "-k", "5", str(args.vm_timeout), qemu,
            "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2", "-m", "1024",
            "-kernel", vmlinux, "-initrd", initrd,
@@ -226,11 +229,17 @@ def main():
     ap.add_argument("--max-age", type=float, default=600)
     ap.add_argument("--vm-timeout", type=int, default=170)
     ap.add_argument("--force", action="store_true", help="boot even if results are fresh")
+    ap.add_argument("--mode", default="test",
+                    help="'test' (every guest test) or 'bench' (tests/rdma/bench-vm.sh only; "
+                         "always boots, prints the benchmark)")
     args = ap.parse_args()
 
     cache = os.path.abspath(os.path.join(args.build_dir, "rdma-vm"))
-    resdir = os.path.join(cache, "results")
+    resdir = os.path.join(cache, "results" if args.mode == "test" else "results-" + args.mode)
     os.makedirs(resdir, exist_ok=True)
+    if args.mode != "test":
+        args.force = True
+        args.result = args.result or "verbs_bench"
     inputs = [args.guest] + args.input
     with open(os.path.join(cache, "lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

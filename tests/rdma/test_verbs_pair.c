@@ -1,0 +1,563 @@
+/*
+ * test_verbs_pair.c - two processes over the verbs backend, on soft-RoCE in
+ * the test VM (tests/rdma/guest.sh runs it; outside the VM there is no RDMA
+ * device and it skips).
+ *
+ * A forked target registers two regions, sends its address and rkey blobs
+ * through a pipe and only runs kvr_xfer_progress(); each notification it gets
+ * names a round, and it checks every byte of that round in its region at
+ * once, in the callback, before answering on a second pipe: so a
+ * notification that overtook its writes fails the test.
+ *
+ *   --case pair      64 KiB and 4 KiB descriptors (permuted: no coalescing; the
+ *                    4 KiB list is 8x the send queue: back-pressure), verified
+ *                    writes + notifications, then READs verified locally
+ *   --case death     kill -9 of the target during transfers: a typed error
+ *                    within 5 s, then a restarted target is reached
+ *   --case badkey    a write with the rkey of a deregistered region: a clear
+ *                    error (KVR_ERR_NOT_FOUND), then reconnection works;
+ *                    a damaged rkey blob is refused
+ *   --case mismatch  IPv4-mapped vs IPv6 GIDs: KVR_ERR_MISMATCH at connect;
+ *                    unknown device and GID index refused at create
+ *   --case bench     write bandwidth per message size (for bench-vm.sh)
+ *
+ * --dev-a DEVS / --dev-b DEVS: devices of the initiator / target; --gid-a N /
+ * --gid-b N their GID index (default: auto).
+ */
+#include "kvr_test.h"
+#include "kvr_xfer.h"
+#include "kvr_clock.h"
+#include "kvr_status.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define REGION (16u << 20)
+
+static const char *dev_a = "rxe_lo", *dev_b = "rxe_lo";
+static int gid_a = -1, gid_b = -1;
+
+static uint8_t pat(uint32_t round, uint64_t off)
+{
+    return (uint8_t)(off * 7u + round * 13u + (off >> 12) + (off >> 20) * 3u);
+}
+
+static void put_blob(int fd, const void *b, size_t len)
+{
+    uint32_t l = (uint32_t)len;
+    KVR_CHECK(write(fd, &l, 4) == 4);
+    KVR_CHECK(write(fd, b, len) == (ssize_t)len);
+}
+
+static void *get_blob(int fd, size_t *len_p)
+{
+    uint32_t l;
+    size_t have = 0;
+    while (have < 4) {
+        ssize_t n = read(fd, (char *)&l + have, 4 - have);
+        KVR_CHECK(n > 0);
+        have += (size_t)n;
+    }
+    char *b = malloc(l);
+    KVR_CHECK(b);
+    have = 0;
+    while (have < l) {
+        ssize_t n = read(fd, b + have, l - have);
+        KVR_CHECK(n > 0);
+        have += (size_t)n;
+    }
+    *len_p = l;
+    return b;
+}
+
+static kvr_status_t make_engine(const char *devs, int gid, kvr_xfer_notif_cb_t cb, void *arg,
+                                kvr_xfer_engine_t **e_p)
+{
+    struct kvr_xfer_config cfg;
+    kvr_xfer_config_init(&cfg);
+    cfg.backend = "verbs";
+    cfg.devices = devs;
+    cfg.gid_index = gid;
+    cfg.require_rdma = 1;
+    cfg.notif_cb = cb;
+    cfg.notif_arg = arg;
+    return kvr_xfer_engine_create(&cfg, e_p);
+}
+
+/* ------------------------------------------------------------------------ */
+/* target process                                                            */
+
+struct target {
+    uint8_t *rbuf;
+    int res_fd;
+    int quit;
+};
+
+static void target_cb(void *arg, const void *msg, size_t len)
+{
+    struct target *t = arg;
+    char m[64] = {0};
+    memcpy(m, msg, len < sizeof(m) - 1 ? len : sizeof(m) - 1);
+    unsigned round;
+    char ans[64];
+    if (strcmp(m, "quit") == 0) {
+        t->quit = 1;
+        return;
+    }
+    if (sscanf(m, "round %u", &round) != 1) {
+        snprintf(ans, sizeof(ans), "bad message");
+    } else {
+        uint64_t bad = UINT64_MAX;
+        for (uint64_t o = 0; o < REGION; o++)
+            if (t->rbuf[o] != pat(round, o)) {
+                bad = o;
+                break;
+            }
+        if (bad == UINT64_MAX)
+            snprintf(ans, sizeof(ans), "ok %u", round);
+        else
+            snprintf(ans, sizeof(ans), "bad %u at %llu", round, (unsigned long long)bad);
+    }
+    char line[64] = {0};
+    snprintf(line, sizeof(line), "%s", ans);
+    if (write(t->res_fd, line, sizeof(line)) != (ssize_t)sizeof(line))
+        _exit(3);
+}
+
+/* blobs out on blob_fd: address, rkey(R), rkey(S), rkey(X, deregistered) */
+static void target_main(int blob_fd, int res_fd)
+{
+    struct target t = {.res_fd = res_fd};
+    kvr_xfer_engine_t *e;
+    KVR_CHECK_STATUS(make_engine(dev_b, gid_b, target_cb, &t, &e), KVR_OK);
+    t.rbuf = aligned_alloc(4096, REGION);
+    uint8_t *sbuf = aligned_alloc(4096, REGION), *xbuf = aligned_alloc(4096, 1 << 20);
+    KVR_CHECK(t.rbuf && sbuf && xbuf);
+    memset(t.rbuf, 0, REGION);
+    for (uint64_t o = 0; o < REGION; o++)
+        sbuf[o] = pat(1000, o);
+    kvr_xfer_mem_t *mr, *ms, *mx;
+    KVR_CHECK_STATUS(kvr_xfer_mem_reg(e, t.rbuf, REGION, KVR_MEM_HOST, 0, &mr), KVR_OK);
+    KVR_CHECK_STATUS(kvr_xfer_mem_reg(e, sbuf, REGION, KVR_MEM_HOST, 0, &ms), KVR_OK);
+    KVR_CHECK_STATUS(kvr_xfer_mem_reg(e, xbuf, 1 << 20, KVR_MEM_HOST, 0, &mx), KVR_OK);
+    void *b;
+    size_t l;
+    KVR_CHECK_STATUS(kvr_xfer_address(e, &b, &l), KVR_OK);
+    put_blob(blob_fd, b, l);
+    free(b);
+    kvr_xfer_mem_t *ms_all[3] = {mr, ms, mx};
+    for (int i = 0; i < 3; i++) {
+        KVR_CHECK_STATUS(kvr_xfer_mem_pack(ms_all[i], &b, &l), KVR_OK);
+        put_blob(blob_fd, b, l);
+        free(b);
+    }
+    kvr_xfer_mem_dereg(mx); /* its rkey is now stale */
+    uint64_t deadline = kvr_deadline_ns(60000);
+    while (!t.quit && kvr_now_ns() < deadline)
+        if (kvr_xfer_progress(e) == 0)
+            usleep(50);
+    kvr_xfer_engine_destroy(e);
+    _exit(0);
+}
+
+struct target_proc {
+    pid_t pid;
+    int res_fd;
+    void *addr, *rk[3];
+    size_t addr_len, rk_len[3];
+};
+
+static void target_start(struct target_proc *tp)
+{
+    int bp[2], rp[2];
+    KVR_CHECK(pipe(bp) == 0 && pipe(rp) == 0);
+    tp->pid = fork();
+    KVR_CHECK(tp->pid >= 0);
+    if (tp->pid == 0) {
+        close(bp[0]);
+        close(rp[0]);
+        target_main(bp[1], rp[1]);
+    }
+    close(bp[1]);
+    close(rp[1]);
+    tp->res_fd = rp[0];
+    tp->addr = get_blob(bp[0], &tp->addr_len);
+    for (int i = 0; i < 3; i++)
+        tp->rk[i] = get_blob(bp[0], &tp->rk_len[i]);
+    close(bp[0]);
+}
+
+static void target_reap(struct target_proc *tp)
+{
+    int st = 0;
+    for (int i = 0; i < 100; i++) {
+        if (waitpid(tp->pid, &st, WNOHANG) == tp->pid)
+            goto done;
+        usleep(50000);
+    }
+    kill(tp->pid, SIGKILL);
+    waitpid(tp->pid, &st, 0);
+done:
+    close(tp->res_fd);
+    free(tp->addr);
+    for (int i = 0; i < 3; i++)
+        free(tp->rk[i]);
+}
+
+/* waits (bounded, progressing e) for the target's verdict line */
+static void expect_verdict(kvr_xfer_engine_t *e, struct target_proc *tp, unsigned round)
+{
+    char line[64];
+    size_t have = 0;
+    uint64_t deadline = kvr_deadline_ns(20000);
+    while (have < sizeof(line)) {
+        kvr_xfer_progress(e);
+        ssize_t n = read(tp->res_fd, line + have, sizeof(line) - have);
+        if (n > 0)
+            have += (size_t)n;
+        KVR_CHECK(n != 0);
+        KVR_CHECK(kvr_now_ns() < deadline);
+        if (n < 0)
+            usleep(200);
+    }
+    char want[64];
+    snprintf(want, sizeof(want), "ok %u", round);
+    if (strcmp(line, want) != 0) {
+        fprintf(stderr, "target says '%s', want '%s'\n", line, want);
+        exit(1);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* initiator side                                                            */
+
+struct init {
+    kvr_xfer_engine_t *e;
+    kvr_xfer_peer_t *p;
+    kvr_xfer_mem_t *lm, *lm2;
+    kvr_xfer_rmem_t *rr, *rs, *rx;
+    uint8_t *lbuf, *lbuf2;
+};
+
+static void init_connect(struct init *in, struct target_proc *tp)
+{
+    KVR_CHECK_STATUS(kvr_xfer_connect(in->e, tp->addr, tp->addr_len, &in->p), KVR_OK);
+    KVR_CHECK_STATUS(kvr_xfer_rmem_unpack(in->p, tp->rk[0], tp->rk_len[0], &in->rr), KVR_OK);
+    KVR_CHECK_STATUS(kvr_xfer_rmem_unpack(in->p, tp->rk[1], tp->rk_len[1], &in->rs), KVR_OK);
+    KVR_CHECK_STATUS(kvr_xfer_rmem_unpack(in->p, tp->rk[2], tp->rk_len[2], &in->rx), KVR_OK);
+}
+
+static void init_setup(struct init *in)
+{
+    KVR_CHECK_STATUS(make_engine(dev_a, gid_a, NULL, NULL, &in->e), KVR_OK);
+    in->lbuf = aligned_alloc(4096, REGION);
+    in->lbuf2 = aligned_alloc(4096, REGION);
+    KVR_CHECK(in->lbuf && in->lbuf2);
+    KVR_CHECK_STATUS(kvr_xfer_mem_reg(in->e, in->lbuf, REGION, KVR_MEM_HOST, 0, &in->lm), KVR_OK);
+    KVR_CHECK_STATUS(kvr_xfer_mem_reg(in->e, in->lbuf2, REGION, KVR_MEM_HOST, 0, &in->lm2), KVR_OK);
+}
+
+/* a permuted list of n blocks of bs bytes over the whole region */
+static kvr_xfer_dlist_t *perm_list(struct init *in, enum kvr_xfer_op op, kvr_xfer_mem_t *lm,
+                                   kvr_xfer_rmem_t *rm, uint32_t bs, uint32_t *map)
+{
+    uint32_t n = REGION / bs;
+    struct kvr_xfer_desc *d = calloc(n, sizeof(*d));
+    KVR_CHECK(d);
+    for (uint32_t i = 0; i < n; i++) {
+        map[i] = (uint32_t)(((uint64_t)i * 2654435761u + 12345u) % n); /* roff block of loff i */
+        d[i] = (struct kvr_xfer_desc){.lmem = lm,
+                                      .loff = (uint64_t)i * bs,
+                                      .rmem = rm,
+                                      .roff = (uint64_t)map[i] * bs,
+                                      .len = bs};
+    }
+    /* the map must be a permutation: n is a power of two and the factor odd */
+    kvr_xfer_dlist_t *dl;
+    KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(in->p, op, d, n, &dl), KVR_OK);
+    size_t co;
+    KVR_CHECK_EQ(kvr_xfer_dlist_count(dl, &co), n);
+    KVR_CHECK(co > n / 2); /* permuted: (almost) nothing coalesces */
+    free(d);
+    return dl;
+}
+
+static void fill_round(struct init *in, unsigned round, uint32_t bs, const uint32_t *map)
+{
+    uint32_t n = REGION / bs;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t ro = (uint64_t)map[i] * bs;
+        for (uint32_t k = 0; k < bs; k++)
+            in->lbuf[(uint64_t)i * bs + k] = pat(round, ro + k);
+    }
+}
+
+/* one round: fill, post, notify at once (not after completion), verdict */
+static void write_round(struct init *in, struct target_proc *tp, kvr_xfer_dlist_t *dl,
+                        unsigned round, uint32_t bs, const uint32_t *map)
+{
+    fill_round(in, round, bs, map);
+    kvr_status_t s = kvr_xfer_post(dl);
+    KVR_CHECK(s == KVR_INPROGRESS || s == KVR_OK);
+    char msg[32];
+    snprintf(msg, sizeof(msg), "round %u", round);
+    KVR_CHECK_STATUS(kvr_xfer_notify(in->p, msg, strlen(msg) + 1), KVR_OK);
+    KVR_CHECK_STATUS(kvr_xfer_wait(dl, 20000), KVR_OK);
+    expect_verdict(in->e, tp, round);
+    struct kvr_xfer_stats st;
+    kvr_xfer_dlist_stats(dl, &st);
+    KVR_CHECK(st.bytes == REGION && st.complete_ns > 0);
+    printf("round %u: %u x %u B verified at the target after the notification; %.1f MB/s, "
+           "post %.1f us\n",
+           round, st.ndesc_coalesced, bs, REGION / (st.complete_ns / 1e3), st.post_ns / 1e3);
+}
+
+static void quit_target(struct init *in, struct target_proc *tp)
+{
+    KVR_CHECK_STATUS(kvr_xfer_notify(in->p, "quit", 5), KVR_OK);
+    KVR_CHECK_STATUS(kvr_xfer_flush(in->p, 5000), KVR_OK);
+    target_reap(tp);
+}
+
+static int case_pair(void)
+{
+    struct init in = {0};
+    struct target_proc tp;
+    init_setup(&in);
+    target_start(&tp);
+    init_connect(&in, &tp);
+    uint32_t *map64 = calloc(REGION / 65536, 4), *map4 = calloc(REGION / 4096, 4);
+    KVR_CHECK(map64 && map4);
+    kvr_xfer_dlist_t *w64 = perm_list(&in, KVR_XFER_WRITE, in.lm, in.rr, 65536, map64);
+    kvr_xfer_dlist_t *w4 = perm_list(&in, KVR_XFER_WRITE, in.lm, in.rr, 4096, map4);
+    for (unsigned r = 1; r <= 4; r++) {
+        if (r % 2)
+            write_round(&in, &tp, w64, r, 65536, map64);
+        else
+            write_round(&in, &tp, w4, r, 4096, map4);
+    }
+    printf("transports: %s\n", kvr_xfer_peer_transports(in.p));
+    if (strchr(dev_a, ','))
+        KVR_CHECK(strchr(kvr_xfer_peer_transports(in.p), ',') != NULL); /* striped */
+    /* READ: the target's S region into lbuf2, 64 KiB permuted, verified here */
+    kvr_xfer_dlist_t *rd = perm_list(&in, KVR_XFER_READ, in.lm2, in.rs, 65536, map64);
+    memset(in.lbuf2, 0, REGION);
+    kvr_status_t s = kvr_xfer_post(rd);
+    KVR_CHECK(s == KVR_INPROGRESS || s == KVR_OK);
+    KVR_CHECK_STATUS(kvr_xfer_wait(rd, 20000), KVR_OK);
+    for (uint32_t i = 0; i < REGION / 65536; i++)
+        for (uint32_t k = 0; k < 65536; k++)
+            if (in.lbuf2[(uint64_t)i * 65536 + k] != pat(1000, (uint64_t)map64[i] * 65536 + k)) {
+                fprintf(stderr, "READ: byte %u of block %u wrong\n", k, i);
+                return 1;
+            }
+    struct kvr_xfer_stats st;
+    kvr_xfer_dlist_stats(rd, &st);
+    printf("READ: %u x 64 KiB verified; %.1f MB/s\n", st.ndesc_coalesced,
+           REGION / (st.complete_ns / 1e3));
+    /* an adjacent list coalesces into one descriptor */
+    struct kvr_xfer_desc d[64];
+    for (int i = 0; i < 64; i++)
+        d[i] = (struct kvr_xfer_desc){in.lm, (uint64_t)i * 4096, in.rr, (uint64_t)i * 4096, 4096};
+    kvr_xfer_dlist_t *co;
+    KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(in.p, KVR_XFER_WRITE, d, 64, &co), KVR_OK);
+    size_t nco;
+    KVR_CHECK_EQ(kvr_xfer_dlist_count(co, &nco), 64);
+    KVR_CHECK_EQ(nco, 1);
+    quit_target(&in, &tp);
+    kvr_xfer_engine_destroy(in.e);
+    printf("pair %s -> %s: OK\n", dev_a, dev_b);
+    return 0;
+}
+
+static int case_death(void)
+{
+    struct init in = {0};
+    struct target_proc tp;
+    init_setup(&in);
+    target_start(&tp);
+    init_connect(&in, &tp);
+    uint32_t *map = calloc(REGION / 65536, 4);
+    KVR_CHECK(map);
+    kvr_xfer_dlist_t *w = perm_list(&in, KVR_XFER_WRITE, in.lm, in.rr, 65536, map);
+    write_round(&in, &tp, w, 1, 65536, map);
+    /* kill the target with a post in flight */
+    kvr_status_t s = kvr_xfer_post(w);
+    KVR_CHECK(s == KVR_INPROGRESS || s == KVR_OK);
+    kill(tp.pid, SIGKILL);
+    uint64_t t0 = kvr_now_ns();
+    s = kvr_xfer_wait(w, 5000);
+    /* the post may have finished before the kill landed: then the next one fails */
+    for (int i = 0; s == KVR_OK && i < 100; i++) {
+        s = kvr_xfer_post(w);
+        if (s == KVR_INPROGRESS)
+            s = kvr_xfer_wait(w, 5000);
+    }
+    double dt = (kvr_now_ns() - t0) / 1e9;
+    printf("after kill -9: %s in %.2f s\n", kvr_status_name(s), dt);
+    KVR_CHECK(s == KVR_ERR_PEER_FAILURE || s == KVR_ERR_TIMEOUT);
+    KVR_CHECK(dt < 5.5);
+    KVR_CHECK_STATUS(kvr_xfer_peer_status(in.p), KVR_ERR_PEER_FAILURE);
+    KVR_CHECK_STATUS(kvr_xfer_post(w), KVR_ERR_PEER_FAILURE);
+    KVR_CHECK_STATUS(kvr_xfer_notify(in.p, "x", 1), KVR_ERR_PEER_FAILURE);
+    kvr_xfer_disconnect(in.p);
+    target_reap(&tp);
+    /* a restarted target */
+    target_start(&tp);
+    init_connect(&in, &tp);
+    w = perm_list(&in, KVR_XFER_WRITE, in.lm, in.rr, 65536, map);
+    write_round(&in, &tp, w, 2, 65536, map);
+    quit_target(&in, &tp);
+    kvr_xfer_engine_destroy(in.e);
+    printf("death + reconnect: OK\n");
+    return 0;
+}
+
+static int case_badkey(void)
+{
+    struct init in = {0};
+    struct target_proc tp;
+    init_setup(&in);
+    target_start(&tp);
+    init_connect(&in, &tp);
+    /* a damaged rkey blob is refused before anything is posted */
+    uint8_t *bad = malloc(tp.rk_len[0]);
+    memcpy(bad, tp.rk[0], tp.rk_len[0]);
+    bad[tp.rk_len[0] - 1] ^= 0x5a;
+    kvr_xfer_rmem_t *junk;
+    kvr_status_t s = kvr_xfer_rmem_unpack(in.p, bad, tp.rk_len[0], &junk);
+    KVR_CHECK(s == KVR_ERR_CORRUPT || s == KVR_ERR_INVALID);
+    free(bad);
+    /* the stale rkey: the write is refused by the target's NIC */
+    struct kvr_xfer_desc d = {in.lm, 0, in.rx, 0, 65536};
+    kvr_xfer_dlist_t *dl;
+    KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(in.p, KVR_XFER_WRITE, &d, 1, &dl), KVR_OK);
+    s = kvr_xfer_post(dl);
+    KVR_CHECK(s == KVR_INPROGRESS || s == KVR_ERR_NOT_FOUND);
+    s = kvr_xfer_wait(dl, 10000);
+    printf("write with a stale rkey: %s (%s)\n", kvr_status_name(s), kvr_status_str(s));
+    KVR_CHECK_STATUS(s, KVR_ERR_NOT_FOUND);
+    KVR_CHECK_STATUS(kvr_xfer_peer_status(in.p), KVR_ERR_PEER_FAILURE);
+    kvr_xfer_disconnect(in.p);
+    /* the same target, reconnected, takes a verified round */
+    init_connect(&in, &tp);
+    uint32_t *map = calloc(REGION / 65536, 4);
+    kvr_xfer_dlist_t *w = perm_list(&in, KVR_XFER_WRITE, in.lm, in.rr, 65536, map);
+    write_round(&in, &tp, w, 7, 65536, map);
+    quit_target(&in, &tp);
+    kvr_xfer_engine_destroy(in.e);
+    printf("bad rkey + reconnect: OK\n");
+    return 0;
+}
+
+static int case_mismatch(void)
+{
+    kvr_xfer_engine_t *a, *b;
+    KVR_CHECK_STATUS(make_engine("no_such_dev0", -1, NULL, NULL, &a), KVR_ERR_NOT_FOUND);
+    KVR_CHECK_STATUS(make_engine(dev_a, 200, NULL, NULL, &a), KVR_ERR_NOT_FOUND);
+    KVR_CHECK_STATUS(make_engine(dev_a, 1, NULL, NULL, &a), KVR_OK); /* ::ffff:10.77.0.1 */
+    KVR_CHECK_STATUS(make_engine(dev_b, 0, NULL, NULL, &b), KVR_OK); /* fe80::... */
+    void *blob;
+    size_t len;
+    KVR_CHECK_STATUS(kvr_xfer_address(b, &blob, &len), KVR_OK);
+    kvr_xfer_peer_t *p;
+    KVR_CHECK_STATUS(kvr_xfer_connect(a, blob, len, &p), KVR_ERR_MISMATCH);
+    /* a damaged address blob */
+    ((uint8_t *)blob)[len / 2] ^= 1;
+    kvr_status_t s = kvr_xfer_connect(a, blob, len, &p);
+    KVR_CHECK(s == KVR_ERR_CORRUPT || s == KVR_ERR_INVALID);
+    free(blob);
+    kvr_xfer_engine_destroy(a);
+    kvr_xfer_engine_destroy(b);
+    printf("mismatch: OK\n");
+    return 0;
+}
+
+/* write bandwidth: --bench SIZE ITERS (one engine pair, two processes) */
+static int case_bench(uint32_t size, uint32_t iters, uint32_t batch)
+{
+    struct init in = {0};
+    struct target_proc tp;
+    init_setup(&in);
+    target_start(&tp);
+    init_connect(&in, &tp);
+    uint32_t n = batch;
+    if ((uint64_t)n * size > REGION)
+        n = REGION / size;
+    struct kvr_xfer_desc *d = calloc(n, sizeof(*d));
+    for (uint32_t i = 0; i < n; i++) /* every other block: no coalescing */
+        d[i] = (struct kvr_xfer_desc){in.lm, (uint64_t)(i * 2 % (REGION / size)) * size, in.rr,
+                                      (uint64_t)(i * 2 % (REGION / size)) * size, size};
+    if (n > 1 && 2ull * n * size > REGION)
+        for (uint32_t i = 0; i < n; i++)
+            d[i].loff = d[i].roff = (uint64_t)(n - 1 - i) * size;
+    kvr_xfer_dlist_t *dl;
+    KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(in.p, KVR_XFER_WRITE, d, n, &dl), KVR_OK);
+    kvr_status_t s = kvr_xfer_post(dl); /* warm-up, also completes the handshake */
+    KVR_CHECK_STATUS(kvr_xfer_wait(dl, 20000), KVR_OK);
+    (void)s;
+    uint64_t post_ns = 0, t0 = kvr_now_ns();
+    for (uint32_t it = 0; it < iters; it++) {
+        uint64_t p0 = kvr_now_ns();
+        s = kvr_xfer_post(dl);
+        post_ns += kvr_now_ns() - p0;
+        KVR_CHECK(s == KVR_INPROGRESS || s == KVR_OK);
+        KVR_CHECK_STATUS(kvr_xfer_wait(dl, 20000), KVR_OK);
+    }
+    double sec = (kvr_now_ns() - t0) / 1e9;
+    printf("bench size %u batch %u iters %u: %.2f MB/s  post %.3f us/desc\n", size, n, iters,
+           (double)size * n * iters / sec / 1e6, post_ns / 1e3 / ((double)iters * n));
+    quit_target(&in, &tp);
+    kvr_xfer_engine_destroy(in.e);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *cs = "pair";
+    uint32_t size = 65536, iters = 100, batch = 1;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--case"))
+            cs = argv[i + 1];
+        else if (!strcmp(argv[i], "--dev-a"))
+            dev_a = argv[i + 1];
+        else if (!strcmp(argv[i], "--dev-b"))
+            dev_b = argv[i + 1];
+        else if (!strcmp(argv[i], "--gid-a"))
+            gid_a = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--gid-b"))
+            gid_b = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--size"))
+            size = (uint32_t)strtoul(argv[i + 1], NULL, 0);
+        else if (!strcmp(argv[i], "--iters"))
+            iters = (uint32_t)strtoul(argv[i + 1], NULL, 0);
+        else if (!strcmp(argv[i], "--batch"))
+            batch = (uint32_t)strtoul(argv[i + 1], NULL, 0);
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    kvr_xfer_engine_t *probe;
+    kvr_status_t s = make_engine(dev_a, -1, NULL, NULL, &probe);
+    if (s == KVR_ERR_NO_RDMA || s == KVR_ERR_NOT_FOUND)
+        KVR_SKIP("no RDMA device %s here (%s): run inside the test VM (tests/rdma/vm.py)", dev_a,
+                 kvr_status_name(s));
+    KVR_CHECK_STATUS(s, KVR_OK);
+    kvr_xfer_engine_destroy(probe);
+    if (!strcmp(cs, "pair"))
+        return case_pair();
+    if (!strcmp(cs, "death"))
+        return case_death();
+    if (!strcmp(cs, "badkey"))
+        return case_badkey();
+    if (!strcmp(cs, "mismatch"))
+        return case_mismatch();
+    if (!strcmp(cs, "bench"))
+        return case_bench(size, iters, batch);
+    fprintf(stderr, "unknown --case %s\n", cs);
+    return 2;
+}
