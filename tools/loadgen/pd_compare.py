@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""pd_compare.py - disaggregated (1 prefill + 1 decode node) against
+colocated (the decode node prefilling locally) on the one-machine cluster:
+same model, same load, run by kvrail-loadgen, side by side in one run.
+
+Colocated is the same cluster with the router's local-prefill threshold set
+above any prompt length, so the decode node prefills every request itself.
+The low-load TTFT of --prompt-len tokens is the headline figure (target:
+disaggregated <= 1.10 x colocated: the layer-wise push hides the transfer).
+The machine is shared and noisy: each configuration runs --reps times,
+alternating, and the best (lowest p50) run of each is reported.
+
+  tools/loadgen/pd_compare.py --build build-nodes [--reps 3] [--requests 20]
+      [--prompt-len 1024] [--output-len 16] [--model-args "--layers 4 ..."]
+      [--open-rate R] [--out DIR]
+"""
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "integration"))
+import cluster_lib as cl  # noqa: E402
+
+
+def bins_from_build(build):
+    class A:
+        pass
+    a = A()
+    a.router = os.path.join(build, "router", "kvrail-router")
+    a.prefill_bin = os.path.join(build, "prefill", "kvrail-prefill")
+    a.decode_bin = os.path.join(build, "decode", "kvrail-decode")
+    a.kvrail = os.path.join(build, "tools", "kvrail", "kvrail")
+    a.mkmodel = os.path.join(build, "tools", "mkmodel", "kvrail-mkmodel")
+    a.loadgen = os.path.join(build, "tools", "loadgen", "kvrail-loadgen")
+    return cl.Bins(a)
+
+
+def run_one(bins, wd, model, mode, args, rep):
+    sub = os.path.join(wd, "%s-%d" % (mode, rep))
+    os.makedirs(sub, exist_ok=True)
+    thr = 32 if mode == "disagg" else 1 << 30
+    c = cl.Cluster(bins, sub, model, n_prefill=1, n_decode=1, local_prefill_tokens=thr,
+                   threads=args.threads)
+    try:
+        c.start()
+        summ = os.path.join(sub, "summary.json")
+        argv = [bins.loadgen, "--router", c.client_ep, "--requests", str(args.requests),
+                "--warmup", "2", "--prompt-len", str(args.prompt_len), "--output-len",
+                str(args.output_len), "--vocab", str(args.vocab), "--seed", str(rep + 1),
+                "--summary-json", summ, "--csv", os.path.join(args.out, "%s-%d.csv" % (mode, rep)),
+                "--label", "%s rep %d" % (mode, rep), "--slo-ttft-ms", str(args.slo_ttft_ms),
+                "--slo-tpot-ms", str(args.slo_tpot_ms)]
+        if args.open_rate:
+            argv += ["--mode", "open", "--rate", str(args.open_rate)]
+        else:
+            argv += ["--mode", "closed", "--concurrency", "1"]
+        if args.plot:
+            argv += ["--plot", os.path.join(args.out, "%s-%d.png" % (mode, rep))]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        print(r.stdout, end="")
+        if r.returncode != 0:
+            raise cl.Fail("loadgen (%s) exit %d: %s" % (mode, r.returncode, r.stderr))
+        with open(summ) as f:
+            s = json.load(f)
+        st = c.status() or {}
+        s["router"] = st.get("router", {})
+        return s
+    finally:
+        c.stop()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=20)
+    ap.add_argument("--prompt-len", type=int, default=1024)
+    ap.add_argument("--output-len", type=int, default=16)
+    ap.add_argument("--vocab", type=int, default=1024)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--open-rate", type=float, default=0)
+    ap.add_argument("--slo-ttft-ms", type=float, default=1000)
+    ap.add_argument("--slo-tpot-ms", type=float, default=100)
+    ap.add_argument("--model-args", default="--layers 4 --hidden 256 --heads 4 --kv-heads 2 "
+                    "--intermediate 768 --vocab 1024 --max-pos 2048")
+    ap.add_argument("--out", default="pd-compare")
+    ap.add_argument("--plot", action="store_true")
+    args = ap.parse_args()
+    bins = bins_from_build(args.build)
+    os.makedirs(args.out, exist_ok=True)
+    args.out = os.path.abspath(args.out)
+    wd = cl.workdir("kvr-pd-")
+    model = cl.make_model(bins, wd, shlex.split(args.model_args))
+    res = {"disagg": [], "coloc": []}
+    for rep in range(args.reps):
+        for mode in ("coloc", "disagg"):
+            res[mode].append(run_one(bins, wd, model, mode, args, rep))
+    best = {m: min(v, key=lambda s: s["ttft_ms"]["p50"]) for m, v in res.items()}
+    print("\nmodel: %s; prompt %d tokens, output %d, %s, %d requests, best of %d" % (
+        args.model_args, args.prompt_len, args.output_len,
+        "open loop %.2f req/s" % args.open_rate if args.open_rate else "closed loop, 1 in flight",
+        args.requests, args.reps))
+    print("| mode | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | TPOT p50 ms | ITL p99 ms | tok/s | KV bytes/req |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for m in ("coloc", "disagg"):
+        s = best[m]
+        print("| %s | %.2f | %.2f | %.2f | %.3f | %.3f | %.1f | %d |" % (
+            "colocated" if m == "coloc" else "disaggregated 1P+1D", s["ttft_ms"]["p50"],
+            s["ttft_ms"]["p90"], s["ttft_ms"]["p99"], s["tpot_ms"]["p50"], s["itl_ms"]["p99"],
+            s["out_tok_per_s"], s["kv_bytes"] // max(1, s["ok"])))
+    ratio = best["disagg"]["ttft_ms"]["p50"] / best["coloc"]["ttft_ms"]["p50"]
+    print("TTFT p50 disaggregated / colocated = %.3f (target <= 1.10)" % ratio)
+    print("all runs (TTFT p50 ms): colocated %s, disaggregated %s" % (
+        [round(s["ttft_ms"]["p50"], 2) for s in res["coloc"]],
+        [round(s["ttft_ms"]["p50"], 2) for s in res["disagg"]]))
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump({"best": best, "all": res, "ratio": ratio}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    cl.run_main(main)
