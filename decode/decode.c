@@ -351,6 +351,10 @@ static void start_decoding(struct decode *d, struct dreq *r, int32_t tok, float 
     bool done = finished(d, r, tok, &fin);
     send_token(d, r, tok, logprob, fin, KVR_OK, NULL, false);
     if (done) {
+        /* token 0 may also reach the client through PrefillDone, in which
+         * case the router drops this Token as a duplicate: the finish goes
+         * again on its own */
+        send_token(d, r, 0, 0, fin, KVR_OK, NULL, true);
         d->n_done++;
         req_end(d, r, true);
         return;
