@@ -914,6 +914,9 @@ static void on_generate(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__Gener
     for (size_t i = 0; i < g->n_stop_token_ids; i++)
         q->stop_ids[q->n_stop_ids++] = g->stop_token_ids[i];
     q->ignore_eos = g->ignore_eos;
+    for (size_t i = 0; !g->ignore_eos && i < r->n_eos && q->n_stop_ids < 64; i++)
+        if (!is_stop_id(q, r->eos_ids[i]))
+            q->stop_ids[q->n_stop_ids++] = r->eos_ids[i];
 #if KVR_ROUTER_HAVE_TOKENIZER
     if (r->tok && !g->ignore_eos) {
         const int32_t *eos = NULL;

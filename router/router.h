@@ -165,8 +165,10 @@ typedef struct rt {
     uint64_t start_ns;
     uint64_t rng;
     kvr_tokenizer_t *tok;
-    uint32_t context; /* model context length, 0 = unknown */
-    uint32_t vocab;   /* 0 = unknown */
+    uint32_t context;     /* model context length, 0 = unknown */
+    uint32_t vocab;       /* 0 = unknown */
+    uint32_t eos_ids[16]; /* the model's eos ids (generation_config.json / config.json) */
+    size_t n_eos;
     char model_fingerprint[128];
     struct rt_node nodes[RT_MAX_NODES];
     int n_nodes;

@@ -1,0 +1,544 @@
+/*
+ * client.c - libkvrail-client (kvr_client.h).
+ *
+ * One DEALER socket per client.  Each call gets a fresh call id; frames that
+ * arrive are routed by call id to the stream (or unary call) waiting for
+ * them, so several streams can be open at once: frames of a stream not being
+ * waited on are queued on that stream.  Every wait is zmq_poll with the time
+ * left to its deadline.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zmq.h>
+
+#include "kvr_clock.h"
+#include "kvr_client.h"
+#include "kvr_proto.h"
+
+struct qframe {
+    struct qframe *next;
+    kvr_proto_frame_t f;
+};
+
+struct kvr_gen_stream {
+    kvr_client_t *c;
+    uint64_t call_id;
+    bool ended;
+    bool cancel_sent;
+    struct qframe *head, *tail;
+    struct kvr_gen_result res;
+    Kvrail__GenerateChunk *cur; /* the chunk the last token points into */
+    kvr_gen_stream_t *next;     /* client's list of open streams */
+};
+
+struct kvr_client {
+    void *zctx;
+    void *sock;
+    uint64_t next_call;
+    kvr_gen_stream_t *streams;
+    /* a pending unary reply */
+    uint64_t want_call;
+    bool have_reply;
+    kvr_proto_frame_t reply;
+    char err[512];
+};
+
+static void set_err(kvr_client_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void set_err(kvr_client_t *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof(c->err), fmt, ap);
+    va_end(ap);
+}
+
+void kvr_gen_params_default(struct kvr_gen_params *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->max_tokens = 16;
+    p->top_p = 1.0f;
+    p->repetition_penalty = 1.0f;
+}
+
+kvr_status_t kvr_client_connect(const char *endpoint, kvr_client_t **client_p)
+{
+    if (!endpoint || !client_p)
+        return KVR_ERR_INVALID;
+    kvr_client_t *c = calloc(1, sizeof(*c));
+    if (!c)
+        return KVR_ERR_NO_MEMORY;
+    c->zctx = zmq_ctx_new();
+    c->sock = c->zctx ? zmq_socket(c->zctx, ZMQ_DEALER) : NULL;
+    if (!c->sock)
+        goto err;
+    int zero = 0, hwm = 100000;
+    zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(c->sock, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+    if (zmq_connect(c->sock, endpoint) != 0) {
+        int e = zmq_errno();
+        zmq_close(c->sock);
+        zmq_ctx_term(c->zctx);
+        free(c);
+        return e == EINVAL || e == EPROTONOSUPPORT ? KVR_ERR_INVALID : KVR_ERR_IO;
+    }
+    c->next_call = ((uint64_t)kvr_now_ns() & 0xffffff) << 24;
+    *client_p = c;
+    return KVR_OK;
+err:
+    if (c->zctx)
+        zmq_ctx_term(c->zctx);
+    free(c);
+    return KVR_ERR_IO;
+}
+
+void kvr_client_close(kvr_client_t *c)
+{
+    if (!c)
+        return;
+    while (c->streams)
+        kvr_gen_stream_destroy(c->streams);
+    if (c->have_reply)
+        kvr_proto_frame_clear(&c->reply);
+    zmq_close(c->sock);
+    zmq_ctx_term(c->zctx);
+    free(c);
+}
+
+const char *kvr_client_error(const kvr_client_t *c)
+{
+    return c ? c->err : "";
+}
+
+/* Receives whatever is waiting and files it; waits up to deadline for at
+ * least one frame.  Returns KVR_OK if something arrived, KVR_ERR_TIMEOUT. */
+static kvr_status_t pump(kvr_client_t *c, uint64_t deadline)
+{
+    bool got = false;
+    for (;;) {
+        kvr_proto_frame_t f;
+        char err[256];
+        kvr_status_t st = kvr_proto_recv(c->sock, false, &f, err, sizeof(err));
+        if (st == KVR_ERR_NO_RESOURCE) {
+            if (got)
+                return KVR_OK;
+            uint64_t now = kvr_now_ns();
+            if (now >= deadline)
+                return KVR_ERR_TIMEOUT;
+            zmq_pollitem_t it = {c->sock, 0, ZMQ_POLLIN, 0};
+            long ms = (long)((deadline - now + 999999) / 1000000u);
+            zmq_poll(&it, 1, ms);
+            continue;
+        }
+        if (st != KVR_OK) {
+            set_err(c, "bad frame from the router: %s", err);
+            kvr_proto_frame_clear(&f);
+            continue;
+        }
+        got = true;
+        if (c->want_call && f.hdr.call_id == c->want_call && !c->have_reply) {
+            c->reply = f;
+            c->have_reply = true;
+            continue;
+        }
+        kvr_gen_stream_t *s;
+        for (s = c->streams; s; s = s->next)
+            if (s->call_id == f.hdr.call_id && !s->ended)
+                break;
+        if (!s) {
+            if (f.hdr.call_id == 0 && (f.hdr.flags & KVR_PROTO_F_ERROR)) {
+                ProtobufCMessage *m = NULL;
+                if (kvr_proto_decode(&f, NULL, &m, NULL, 0) == KVR_OK) {
+                    set_err(c, "router: %s", ((Kvrail__Status *)m)->message);
+                    protobuf_c_message_free_unpacked(m, NULL);
+                }
+            }
+            kvr_proto_frame_clear(&f);
+            continue;
+        }
+        struct qframe *q = malloc(sizeof(*q));
+        if (!q) {
+            kvr_proto_frame_clear(&f);
+            continue;
+        }
+        q->f = f;
+        q->next = NULL;
+        if (s->tail)
+            s->tail->next = q;
+        else
+            s->head = q;
+        s->tail = q;
+    }
+}
+
+static kvr_status_t unary(kvr_client_t *c, unsigned method, const ProtobufCMessage *req,
+                          const ProtobufCMessageDescriptor *reply_desc, int timeout_ms,
+                          ProtobufCMessage **reply_p)
+{
+    uint64_t call = ++c->next_call;
+    kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, (uint16_t)method, call};
+    kvr_status_t st = kvr_proto_send(c->sock, NULL, 0, &h, req);
+    if (st != KVR_OK) {
+        set_err(c, "cannot send %s: %s", kvr_proto_method_name(method), kvr_status_str(st));
+        return st;
+    }
+    c->want_call = call;
+    uint64_t deadline = kvr_deadline_ns(timeout_ms);
+    while (!c->have_reply) {
+        if (pump(c, deadline) == KVR_ERR_TIMEOUT && !c->have_reply) {
+            c->want_call = 0;
+            set_err(c, "no %s reply from the router within %d ms", kvr_proto_method_name(method),
+                    timeout_ms);
+            return KVR_ERR_TIMEOUT;
+        }
+    }
+    c->want_call = 0;
+    c->have_reply = false;
+    ProtobufCMessage *m = NULL;
+    char err[256];
+    bool is_err = c->reply.hdr.flags & KVR_PROTO_F_ERROR;
+    st = kvr_proto_decode(&c->reply, is_err ? &kvrail__status__descriptor : reply_desc, &m, err,
+                          sizeof(err));
+    kvr_proto_frame_clear(&c->reply);
+    if (st != KVR_OK) {
+        set_err(c, "bad %s reply: %s", kvr_proto_method_name(method), err);
+        return st;
+    }
+    if (is_err) {
+        Kvrail__Status *s = (Kvrail__Status *)m;
+        set_err(c, "%s", s->message);
+        st = s->code ? s->code : KVR_ERR_INTERNAL;
+        protobuf_c_message_free_unpacked(m, NULL);
+        return st;
+    }
+    *reply_p = m;
+    return KVR_OK;
+}
+
+kvr_status_t kvr_client_ping(kvr_client_t *c, int timeout_ms)
+{
+    Kvrail__Ping p = KVRAIL__PING__INIT;
+    p.nonce = kvr_now_ns();
+    ProtobufCMessage *m = NULL;
+    kvr_status_t st =
+        unary(c, KVRAIL__METHOD__PING, &p.base, &kvrail__ping__descriptor, timeout_ms, &m);
+    if (st == KVR_OK)
+        protobuf_c_message_free_unpacked(m, NULL);
+    return st;
+}
+
+kvr_status_t kvr_client_generate_start(kvr_client_t *c, const struct kvr_gen_params *p,
+                                       kvr_gen_stream_t **stream_p)
+{
+    if (!c || !p || !stream_p)
+        return KVR_ERR_INVALID;
+    kvr_gen_stream_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        return KVR_ERR_NO_MEMORY;
+    Kvrail__GenerateRequest g = KVRAIL__GENERATE_REQUEST__INIT;
+    Kvrail__SamplingParams sp = KVRAIL__SAMPLING_PARAMS__INIT;
+    g.prompt = (char *)(p->prompt ? p->prompt : "");
+    g.token_ids = (uint32_t *)p->token_ids;
+    g.n_token_ids = p->n_token_ids;
+    g.max_tokens = p->max_tokens;
+    sp.temperature = p->temperature;
+    sp.top_p = p->top_p;
+    sp.top_k = p->top_k;
+    sp.repetition_penalty = p->repetition_penalty;
+    sp.seed = p->seed;
+    sp.has_seed = p->has_seed;
+    g.sampling = &sp;
+    g.stop = (char **)p->stop;
+    g.n_stop = p->n_stop;
+    g.stop_token_ids = (uint32_t *)p->stop_token_ids;
+    g.n_stop_token_ids = p->n_stop_token_ids;
+    g.ignore_eos = p->ignore_eos;
+    g.return_prompt_tokens = p->return_prompt_tokens;
+    g.no_text = p->no_text;
+    s->c = c;
+    s->call_id = ++c->next_call;
+    kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, KVRAIL__METHOD__GENERATE, s->call_id};
+    kvr_status_t st = kvr_proto_send(c->sock, NULL, 0, &h, &g.base);
+    if (st != KVR_OK) {
+        set_err(c, "cannot send GENERATE: %s", kvr_status_str(st));
+        free(s);
+        return st;
+    }
+    s->next = c->streams;
+    c->streams = s;
+    *stream_p = s;
+    return KVR_OK;
+}
+
+static void copy_str(char *dst, size_t cap, const char *src)
+{
+    snprintf(dst, cap, "%s", src ? src : "");
+}
+
+/* Handles one queued frame; returns KVR_OK when it was a token (tok_p set),
+ * KVR_ERR_CLOSED when the stream ended, KVR_INPROGRESS otherwise. */
+static kvr_status_t take(kvr_gen_stream_t *s, struct kvr_gen_token *tok_p)
+{
+    struct qframe *q = s->head;
+    s->head = q->next;
+    if (!s->head)
+        s->tail = NULL;
+    kvr_proto_frame_t *f = &q->f;
+    kvr_status_t ret = KVR_INPROGRESS;
+    ProtobufCMessage *m = NULL;
+    char err[256];
+    if (f->hdr.flags & KVR_PROTO_F_ERROR) {
+        s->ended = true;
+        ret = KVR_ERR_CLOSED;
+        if (kvr_proto_decode(f, &kvrail__status__descriptor, &m, err, sizeof(err)) == KVR_OK) {
+            Kvrail__Status *st = (Kvrail__Status *)m;
+            s->res.status = st->code ? st->code : KVR_ERR_INTERNAL;
+            copy_str(s->res.message, sizeof(s->res.message), st->message);
+        } else {
+            s->res.status = KVR_ERR_CORRUPT;
+            copy_str(s->res.message, sizeof(s->res.message), err);
+        }
+        s->res.finish = KVR_FINISH_ERROR;
+    } else if (f->hdr.flags & KVR_PROTO_F_END) {
+        s->ended = true;
+        ret = KVR_ERR_CLOSED;
+        if (kvr_proto_decode(f, &kvrail__stream_end__descriptor, &m, err, sizeof(err)) == KVR_OK) {
+            Kvrail__StreamEnd *e = (Kvrail__StreamEnd *)m;
+            s->res.status = e->status ? e->status->code : KVR_OK;
+            copy_str(s->res.message, sizeof(s->res.message), e->status ? e->status->message : "");
+            if (e->usage) {
+                Kvrail__GenerateUsage *u = e->usage;
+                s->res.request_id = u->request_id;
+                s->res.finish = (enum kvr_finish)u->finish;
+                s->res.prompt_tokens = u->prompt_tokens;
+                s->res.completion_tokens = u->completion_tokens;
+                s->res.cached_tokens = u->cached_tokens;
+                s->res.local_prefill = u->local_prefill;
+                copy_str(s->res.prefill_node, sizeof(s->res.prefill_node), u->prefill_node);
+                copy_str(s->res.decode_node, sizeof(s->res.decode_node), u->decode_node);
+                s->res.kv_bytes_moved = u->kv_bytes_moved;
+                s->res.ttft_us = u->ttft_us;
+                s->res.total_us = u->total_us;
+                s->res.router_overhead_ns = u->router_overhead_ns;
+            }
+        } else {
+            s->res.status = KVR_ERR_CORRUPT;
+            copy_str(s->res.message, sizeof(s->res.message), err);
+        }
+    } else if (kvr_proto_decode(f, &kvrail__generate_chunk__descriptor, &m, err, sizeof(err)) ==
+               KVR_OK) {
+        if (s->cur)
+            protobuf_c_message_free_unpacked(&s->cur->base, NULL);
+        Kvrail__GenerateChunk *ch = (Kvrail__GenerateChunk *)m;
+        s->cur = ch;
+        m = NULL;
+        s->res.request_id = ch->request_id;
+        tok_p->request_id = ch->request_id;
+        tok_p->index = ch->index;
+        tok_p->token_id = ch->token_id;
+        tok_p->logprob = ch->logprob;
+        tok_p->text = ch->text ? ch->text : "";
+        tok_p->text_len = strlen(tok_p->text);
+        tok_p->finish = (enum kvr_finish)ch->finish;
+        tok_p->prompt_token_ids = ch->prompt_token_ids;
+        tok_p->n_prompt_token_ids = ch->n_prompt_token_ids;
+        ret = KVR_OK;
+    }
+    if (m)
+        protobuf_c_message_free_unpacked(m, NULL);
+    kvr_proto_frame_clear(f);
+    free(q);
+    return ret;
+}
+
+kvr_status_t kvr_gen_stream_next(kvr_gen_stream_t *s, int timeout_ms, struct kvr_gen_token *tok_p)
+{
+    if (!s || !tok_p)
+        return KVR_ERR_INVALID;
+    uint64_t deadline = kvr_deadline_ns(timeout_ms);
+    for (;;) {
+        while (s->head) {
+            kvr_status_t st = take(s, tok_p);
+            if (st == KVR_OK || st == KVR_ERR_CLOSED)
+                return st;
+        }
+        if (s->ended)
+            return KVR_ERR_CLOSED;
+        if (pump(s->c, deadline) == KVR_ERR_TIMEOUT && !s->head)
+            return KVR_ERR_TIMEOUT;
+    }
+}
+
+const struct kvr_gen_result *kvr_gen_stream_result(const kvr_gen_stream_t *s)
+{
+    return &s->res;
+}
+
+kvr_status_t kvr_gen_stream_cancel(kvr_gen_stream_t *s)
+{
+    if (!s || s->ended)
+        return KVR_OK;
+    Kvrail__CancelRequest cr = KVRAIL__CANCEL_REQUEST__INIT;
+    cr.call_id = s->call_id;
+    cr.request_id = s->res.request_id;
+    kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, KVRAIL__METHOD__CANCEL, ++s->c->next_call};
+    s->cancel_sent = true;
+    return kvr_proto_send(s->c->sock, NULL, 0, &h, &cr.base);
+}
+
+void kvr_gen_stream_destroy(kvr_gen_stream_t *s)
+{
+    if (!s)
+        return;
+    if (!s->ended && !s->cancel_sent)
+        kvr_gen_stream_cancel(s);
+    kvr_client_t *c = s->c;
+    for (kvr_gen_stream_t **pp = &c->streams; *pp; pp = &(*pp)->next)
+        if (*pp == s) {
+            *pp = s->next;
+            break;
+        }
+    while (s->head) {
+        struct qframe *q = s->head;
+        s->head = q->next;
+        kvr_proto_frame_clear(&q->f);
+        free(q);
+    }
+    if (s->cur)
+        protobuf_c_message_free_unpacked(&s->cur->base, NULL);
+    free(s);
+}
+
+kvr_status_t kvr_client_generate(kvr_client_t *c, const struct kvr_gen_params *p, kvr_gen_cb cb,
+                                 void *arg, int timeout_ms, struct kvr_gen_result *res_p)
+{
+    struct kvr_gen_result dummy;
+    if (!res_p)
+        res_p = &dummy;
+    memset(res_p, 0, sizeof(*res_p));
+    kvr_gen_stream_t *s = NULL;
+    kvr_status_t st = kvr_client_generate_start(c, p, &s);
+    if (st != KVR_OK) {
+        res_p->status = st;
+        copy_str(res_p->message, sizeof(res_p->message), c ? c->err : "invalid arguments");
+        return st;
+    }
+    uint64_t deadline = kvr_deadline_ns(timeout_ms);
+    bool canceled = false;
+    for (;;) {
+        uint64_t now = kvr_now_ns();
+        int left = now >= deadline ? 0 : (int)((deadline - now) / 1000000u);
+        struct kvr_gen_token t;
+        st = kvr_gen_stream_next(s, left, &t);
+        if (st == KVR_OK) {
+            if (cb && cb(arg, &t) && !canceled) {
+                kvr_gen_stream_cancel(s);
+                canceled = true;
+            }
+            continue;
+        }
+        if (st == KVR_ERR_CLOSED) {
+            *res_p = s->res;
+            st = s->res.status;
+            break;
+        }
+        /* timeout: cancel, and give the router a moment to confirm */
+        if (!canceled) {
+            kvr_gen_stream_cancel(s);
+            canceled = true;
+            deadline = kvr_deadline_ns(1000);
+            continue;
+        }
+        *res_p = s->res;
+        res_p->status = KVR_ERR_TIMEOUT;
+        snprintf(res_p->message, sizeof(res_p->message),
+                 "no end of stream within %d ms (request canceled)", timeout_ms);
+        st = KVR_ERR_TIMEOUT;
+        break;
+    }
+    if (canceled && st == KVR_ERR_CANCELED && timeout_ms >= 0 && kvr_now_ns() > deadline) {
+        st = KVR_ERR_TIMEOUT;
+        res_p->status = st;
+    }
+    kvr_gen_stream_destroy(s);
+    return st;
+}
+
+kvr_status_t kvr_client_status(kvr_client_t *c, int timeout_ms, struct kvr_cluster_status *o)
+{
+    if (!c || !o)
+        return KVR_ERR_INVALID;
+    Kvrail__StatusRequest q = KVRAIL__STATUS_REQUEST__INIT;
+    ProtobufCMessage *m = NULL;
+    kvr_status_t st = unary(c, KVRAIL__METHOD__STATUS, &q.base, &kvrail__status_reply__descriptor,
+                            timeout_ms, &m);
+    if (st != KVR_OK)
+        return st;
+    Kvrail__StatusReply *r = (Kvrail__StatusReply *)m;
+    memset(o, 0, sizeof(*o));
+    copy_str(o->model, sizeof(o->model), r->model);
+    o->block_size = r->block_size;
+    if (r->router) {
+        Kvrail__RouterStats *s = r->router;
+        o->uptime_ms = s->uptime_ms;
+        o->requests = s->requests;
+        o->active = s->active;
+        o->queued = s->queued;
+        o->completed = s->completed;
+        o->failed = s->failed;
+        o->canceled = s->canceled;
+        o->overloaded = s->overloaded;
+        o->bad_frames = s->bad_frames;
+        o->bad_requests = s->bad_requests;
+        o->local_prefills = s->local_prefills;
+        o->disagg_prefills = s->disagg_prefills;
+        o->retries = s->retries;
+        o->overhead_p50_ns = s->overhead_p50_ns;
+        o->overhead_p99_ns = s->overhead_p99_ns;
+        o->overhead_max_ns = s->overhead_max_ns;
+        o->overhead_samples = s->overhead_samples;
+        o->token_overhead_p50_ns = s->token_overhead_p50_ns;
+        o->token_overhead_p99_ns = s->token_overhead_p99_ns;
+        o->tokenize_p50_ns = s->tokenize_p50_ns;
+        o->tokenize_p99_ns = s->tokenize_p99_ns;
+        o->kv_bytes_moved = s->kv_bytes_moved;
+        o->kv_transfer_ns = s->kv_transfer_ns;
+        o->kv_gbps = s->kv_gbps;
+        o->directory_blocks = s->directory_blocks;
+        o->cached_tokens = s->cached_tokens;
+        o->prompt_tokens = s->prompt_tokens;
+        o->client_disconnects = s->client_disconnects;
+        o->resyncs = s->resyncs;
+        o->dead_nodes = s->dead_nodes;
+    }
+    for (size_t i = 0; i < r->n_nodes && i < 64; i++) {
+        Kvrail__NodeStatus *n = r->nodes[i];
+        struct kvr_node_info *d = &o->nodes[o->n_nodes++];
+        copy_str(d->name, sizeof(d->name), n->name);
+        copy_str(d->role, sizeof(d->role),
+                 n->role == KVRAIL__ROLE__ROLE_PREFILL  ? "prefill"
+                 : n->role == KVRAIL__ROLE__ROLE_DECODE ? "decode"
+                                                        : "?");
+        d->alive = n->alive;
+        copy_str(d->host, sizeof(d->host), n->host);
+        copy_str(d->transport, sizeof(d->transport), n->transport);
+        d->last_heartbeat_ms_ago = n->last_heartbeat_ms_ago;
+        d->total_blocks = n->total_blocks;
+        d->free_blocks = n->free_blocks;
+        d->cached_blocks = n->cached_blocks;
+        d->batch_size = n->batch_size;
+        d->inflight_prefill_tokens = n->inflight_prefill_tokens;
+        d->queued_prefill_tokens = n->queued_prefill_tokens;
+        d->requests = n->requests;
+        d->kv_bytes_moved = n->kv_bytes_moved;
+        d->kv_transfer_ns = n->kv_transfer_ns;
+        d->kv_gbps = n->kv_gbps;
+        d->block_event_seq = n->block_event_seq;
+        d->resyncs = n->resyncs;
+    }
+    protobuf_c_message_free_unpacked(m, NULL);
+    return KVR_OK;
+}

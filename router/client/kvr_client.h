@@ -1,0 +1,166 @@
+/*
+ * kvr_client.h - libkvrail-client: the C client of the kvrail router's
+ * client endpoint (ZeroMQ DEALER, protobuf frames, see docs/protocol.md).
+ *
+ *   kvr_client_t *c;
+ *   kvr_client_connect("tcp://127.0.0.1:7700", &c);
+ *   struct kvr_gen_params p;
+ *   kvr_gen_params_default(&p);
+ *   p.prompt = "Hello";
+ *   p.max_tokens = 32;
+ *   struct kvr_gen_result res;
+ *   kvr_client_generate(c, &p, on_token, NULL, 60000, &res);   // callback per token
+ *   ...or kvr_client_generate_start() + kvr_gen_stream_next() (iterator)
+ *   kvr_client_close(c);
+ *
+ * Several streams may be open on one client at once (their frames are told
+ * apart by call id); a client is used from one thread.  Every wait takes a
+ * timeout in milliseconds; nothing blocks forever.  Error texts from the
+ * router (what was wrong with a request) are in kvr_gen_result.message or
+ * kvr_client_error().
+ */
+#ifndef KVR_CLIENT_H
+#define KVR_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvr_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvr_client kvr_client_t;
+typedef struct kvr_gen_stream kvr_gen_stream_t;
+
+/** Finish reasons (kvrail.FinishReason). */
+enum kvr_finish {
+    KVR_FINISH_NONE = 0,
+    KVR_FINISH_LENGTH = 1,
+    KVR_FINISH_STOP = 2,
+    KVR_FINISH_CANCELED = 3,
+    KVR_FINISH_ERROR = 4,
+};
+
+struct kvr_gen_params {
+    const char *prompt;        /* text (tokenized by the router), or */
+    const uint32_t *token_ids; /* token ids (used when n_token_ids > 0) */
+    size_t n_token_ids;
+    uint32_t max_tokens;      /* default 16 */
+    float temperature;        /* default 0 (greedy) */
+    float top_p;              /* default 1 */
+    uint32_t top_k;           /* default 0 (off) */
+    float repetition_penalty; /* default 1 */
+    uint64_t seed;
+    bool has_seed;           /* false: the router picks one */
+    const char *const *stop; /* stop strings */
+    size_t n_stop;
+    const uint32_t *stop_token_ids;
+    size_t n_stop_token_ids;
+    bool ignore_eos;
+    bool return_prompt_tokens; /* the first token carries the prompt's ids */
+    bool no_text;              /* token ids only, no detokenized text */
+};
+
+struct kvr_gen_token {
+    uint64_t request_id;
+    uint32_t index; /* 0 = first generated token */
+    uint32_t token_id;
+    float logprob;
+    const char *text; /* NUL-terminated, valid until the next call */
+    size_t text_len;
+    enum kvr_finish finish;           /* != NONE on the last token */
+    const uint32_t *prompt_token_ids; /* first token only, if asked */
+    size_t n_prompt_token_ids;
+};
+
+struct kvr_gen_result {
+    kvr_status_t status; /* KVR_OK, KVR_ERR_CANCELED, or the router's error */
+    char message[512];
+    uint64_t request_id;
+    enum kvr_finish finish;
+    uint32_t prompt_tokens, completion_tokens, cached_tokens;
+    bool local_prefill;
+    char prefill_node[64], decode_node[64];
+    uint64_t kv_bytes_moved;
+    uint64_t ttft_us, total_us; /* measured by the router */
+    uint64_t router_overhead_ns;
+};
+
+/** Called for each token; return non-zero to cancel the request. */
+typedef int (*kvr_gen_cb)(void *arg, const struct kvr_gen_token *tok);
+
+void kvr_gen_params_default(struct kvr_gen_params *p);
+
+/** Creates a client connected (asynchronously, as ZeroMQ does) to endpoint.
+ *  @return KVR_OK; KVR_ERR_INVALID (bad endpoint); KVR_ERR_NO_MEMORY; KVR_ERR_IO. */
+kvr_status_t kvr_client_connect(const char *endpoint, kvr_client_t **client_p);
+void kvr_client_close(kvr_client_t *c);
+/** The last error message of this client ("" when none). */
+const char *kvr_client_error(const kvr_client_t *c);
+
+/** Round trip to the router.  @return KVR_OK; KVR_ERR_TIMEOUT. */
+kvr_status_t kvr_client_ping(kvr_client_t *c, int timeout_ms);
+
+/** Generates, calling cb for every token, until the stream ends or
+ *  timeout_ms passes (then the request is canceled).  res_p is filled in
+ *  every case.  @return res_p->status; KVR_ERR_TIMEOUT. */
+kvr_status_t kvr_client_generate(kvr_client_t *c, const struct kvr_gen_params *p, kvr_gen_cb cb,
+                                 void *arg, int timeout_ms, struct kvr_gen_result *res_p);
+
+/** Starts a stream (sends the request, does not wait).
+ *  @return KVR_OK; KVR_ERR_INVALID (NULL params); KVR_ERR_NO_RESOURCE
+ *          (send queue full); KVR_ERR_NO_MEMORY; KVR_ERR_IO. */
+kvr_status_t kvr_client_generate_start(kvr_client_t *c, const struct kvr_gen_params *p,
+                                       kvr_gen_stream_t **stream_p);
+/** Next token of a stream.
+ *  @return KVR_OK (tok_p filled, valid until the next call on this client);
+ *          KVR_ERR_CLOSED (the stream ended: kvr_gen_stream_result());
+ *          KVR_ERR_TIMEOUT (nothing within timeout_ms; call again or cancel). */
+kvr_status_t kvr_gen_stream_next(kvr_gen_stream_t *s, int timeout_ms, struct kvr_gen_token *tok_p);
+/** The final status and usage, once next returned KVR_ERR_CLOSED. */
+const struct kvr_gen_result *kvr_gen_stream_result(const kvr_gen_stream_t *s);
+/** Asks the router to cancel; the stream then ends with KVR_ERR_CANCELED. */
+kvr_status_t kvr_gen_stream_cancel(kvr_gen_stream_t *s);
+/** Frees a stream (canceling it first if it has not ended). */
+void kvr_gen_stream_destroy(kvr_gen_stream_t *s);
+
+struct kvr_node_info {
+    char name[64];
+    char role[16]; /* "prefill" | "decode" */
+    bool alive;
+    char host[128];
+    char transport[16];
+    uint64_t last_heartbeat_ms_ago;
+    uint32_t total_blocks, free_blocks, cached_blocks, batch_size;
+    uint64_t inflight_prefill_tokens, queued_prefill_tokens, requests;
+    uint64_t kv_bytes_moved, kv_transfer_ns;
+    double kv_gbps;
+    uint64_t block_event_seq, resyncs;
+};
+
+struct kvr_cluster_status {
+    char model[512];
+    uint32_t block_size;
+    uint64_t uptime_ms, requests, active, queued, completed, failed, canceled, overloaded;
+    uint64_t bad_frames, bad_requests, local_prefills, disagg_prefills, retries;
+    uint64_t overhead_p50_ns, overhead_p99_ns, overhead_max_ns, overhead_samples;
+    uint64_t token_overhead_p50_ns, token_overhead_p99_ns, tokenize_p50_ns, tokenize_p99_ns;
+    uint64_t kv_bytes_moved, kv_transfer_ns;
+    double kv_gbps;
+    uint64_t directory_blocks, cached_tokens, prompt_tokens;
+    uint64_t client_disconnects, resyncs, dead_nodes;
+    size_t n_nodes;
+    struct kvr_node_info nodes[64];
+};
+
+/** Fetches the router's status.  @return KVR_OK; KVR_ERR_TIMEOUT; an error
+ *  status from the router (message in kvr_client_error()). */
+kvr_status_t kvr_client_status(kvr_client_t *c, int timeout_ms, struct kvr_cluster_status *st_p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,181 @@
+/*
+ * status.c - `kvrail status`: the cluster as the router sees it.
+ *
+ *   kvrail status [--router ENDPOINT] [--config FILE] [--timeout MS] [--json]
+ *
+ * Prints the router's counters (requests, local vs disaggregated prefills,
+ * bad frames, its own per-request overhead p50/p99), then one line per node:
+ * role, alive, load (batch, in-flight prefill tokens), blocks (free/total,
+ * cached in the directory) and the KV bytes moved prefill -> decode with the
+ * rate.  --json prints one JSON object with the same fields.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvr_client.h"
+#include "kvr_cmd.h"
+#include "kvr_json.h"
+
+const char *kvr_cmd_router_endpoint(const char *router, const char *config, char *buf, size_t cap);
+
+static void jstr(const char *s)
+{
+    char buf[1024];
+    kvr_json_escape(buf, sizeof(buf), s, strlen(s));
+    fputs(buf, stdout);
+}
+
+static void print_json(const struct kvr_cluster_status *s)
+{
+    printf("{\"model\": ");
+    jstr(s->model);
+    printf(", \"block_size\": %u, \"router\": {", s->block_size);
+    printf("\"uptime_ms\": %" PRIu64 ", \"requests\": %" PRIu64 ", \"active\": %" PRIu64
+           ", \"queued\": %" PRIu64 ", \"completed\": %" PRIu64 ", \"failed\": %" PRIu64
+           ", \"canceled\": %" PRIu64 ", \"overloaded\": %" PRIu64 ", \"bad_frames\": %" PRIu64
+           ", \"bad_requests\": %" PRIu64 ", \"local_prefills\": %" PRIu64
+           ", \"disagg_prefills\": %" PRIu64 ", \"retries\": %" PRIu64,
+           s->uptime_ms, s->requests, s->active, s->queued, s->completed, s->failed, s->canceled,
+           s->overloaded, s->bad_frames, s->bad_requests, s->local_prefills, s->disagg_prefills,
+           s->retries);
+    printf(", \"overhead_p50_ns\": %" PRIu64 ", \"overhead_p99_ns\": %" PRIu64
+           ", \"overhead_max_ns\": %" PRIu64 ", \"overhead_samples\": %" PRIu64
+           ", \"token_overhead_p50_ns\": %" PRIu64 ", \"token_overhead_p99_ns\": %" PRIu64
+           ", \"tokenize_p50_ns\": %" PRIu64 ", \"tokenize_p99_ns\": %" PRIu64,
+           s->overhead_p50_ns, s->overhead_p99_ns, s->overhead_max_ns, s->overhead_samples,
+           s->token_overhead_p50_ns, s->token_overhead_p99_ns, s->tokenize_p50_ns,
+           s->tokenize_p99_ns);
+    printf(", \"kv_bytes_moved\": %" PRIu64 ", \"kv_transfer_ns\": %" PRIu64
+           ", \"kv_gbps\": %.6f, \"directory_blocks\": %" PRIu64 ", \"cached_tokens\": %" PRIu64
+           ", \"prompt_tokens\": %" PRIu64 ", \"client_disconnects\": %" PRIu64
+           ", \"resyncs\": %" PRIu64 ", \"dead_nodes\": %" PRIu64 "}, \"nodes\": [",
+           s->kv_bytes_moved, s->kv_transfer_ns, s->kv_gbps, s->directory_blocks, s->cached_tokens,
+           s->prompt_tokens, s->client_disconnects, s->resyncs, s->dead_nodes);
+    for (size_t i = 0; i < s->n_nodes; i++) {
+        const struct kvr_node_info *n = &s->nodes[i];
+        printf("%s{\"name\": ", i ? ", " : "");
+        jstr(n->name);
+        printf(", \"role\": \"%s\", \"alive\": %s, \"host\": ", n->role,
+               n->alive ? "true" : "false");
+        jstr(n->host);
+        printf(", \"transport\": ");
+        jstr(n->transport);
+        printf(", \"last_heartbeat_ms_ago\": %" PRIu64 ", \"total_blocks\": %u, \"free_blocks\": %u"
+               ", \"cached_blocks\": %u, \"batch_size\": %u, \"inflight_prefill_tokens\": %" PRIu64
+               ", \"queued_prefill_tokens\": %" PRIu64 ", \"requests\": %" PRIu64
+               ", \"kv_bytes_moved\": %" PRIu64 ", \"kv_transfer_ns\": %" PRIu64
+               ", \"kv_gbps\": %.6f, \"block_event_seq\": %" PRIu64 ", \"resyncs\": %" PRIu64 "}",
+               n->last_heartbeat_ms_ago, n->total_blocks, n->free_blocks, n->cached_blocks,
+               n->batch_size, n->inflight_prefill_tokens, n->queued_prefill_tokens, n->requests,
+               n->kv_bytes_moved, n->kv_transfer_ns, n->kv_gbps, n->block_event_seq, n->resyncs);
+    }
+    printf("]}\n");
+}
+
+static void print_text(const char *ep, const struct kvr_cluster_status *s)
+{
+    printf("router %s: model %s, block size %u, up %.1f s\n", ep, s->model, s->block_size,
+           (double)s->uptime_ms / 1000.0);
+    printf("requests %" PRIu64 " (active %" PRIu64 ", queued %" PRIu64 ", completed %" PRIu64
+           ", failed %" PRIu64 ", canceled %" PRIu64 ", overloaded %" PRIu64 ")\n",
+           s->requests, s->active, s->queued, s->completed, s->failed, s->canceled, s->overloaded);
+    printf("prefills: %" PRIu64 " disaggregated, %" PRIu64 " local on the decode node; %" PRIu64
+           " of %" PRIu64 " prompt tokens from prefix caches\n",
+           s->disagg_prefills, s->local_prefills, s->cached_tokens, s->prompt_tokens);
+    printf("bad frames %" PRIu64 ", bad requests %" PRIu64 ", retries %" PRIu64
+           ", client disconnects %" PRIu64 ", resyncs %" PRIu64 "\n",
+           s->bad_frames, s->bad_requests, s->retries, s->client_disconnects, s->resyncs);
+    printf("router overhead per request: p50 %.1f us, p99 %.1f us, max %.1f us (%" PRIu64
+           " requests); per token p99 %.1f us\n",
+           (double)s->overhead_p50_ns / 1e3, (double)s->overhead_p99_ns / 1e3,
+           (double)s->overhead_max_ns / 1e3, s->overhead_samples,
+           (double)s->token_overhead_p99_ns / 1e3);
+    printf("KV moved prefill -> decode: %" PRIu64 " bytes (%.2f MiB) at %.3f GB/s\n\n",
+           s->kv_bytes_moved, (double)s->kv_bytes_moved / 1048576.0, s->kv_gbps);
+    printf("%-12s %-8s %-5s %-10s %7s %13s %8s %6s %10s %12s %9s\n", "NODE", "ROLE", "ALIVE",
+           "TRANSPORT", "HB AGO", "FREE/TOTAL", "CACHED", "BATCH", "PREFILL TK", "KV BYTES",
+           "GB/S");
+    for (size_t i = 0; i < s->n_nodes; i++) {
+        const struct kvr_node_info *n = &s->nodes[i];
+        char blocks[32], hb[32];
+        snprintf(blocks, sizeof(blocks), "%u/%u", n->free_blocks, n->total_blocks);
+        snprintf(hb, sizeof(hb), "%" PRIu64 "ms", n->last_heartbeat_ms_ago);
+        printf("%-12s %-8s %-5s %-10s %7s %13s %8u %6u %10" PRIu64 " %12" PRIu64 " %9.3f\n",
+               n->name, n->role, n->alive ? "yes" : "no", n->transport, hb, blocks,
+               n->cached_blocks, n->batch_size, n->inflight_prefill_tokens, n->kv_bytes_moved,
+               n->kv_gbps);
+    }
+}
+
+int kvr_cmd_status(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"router", required_argument, NULL, 'r'},  {"config", required_argument, NULL, 'c'},
+        {"timeout", required_argument, NULL, 'T'}, {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0},
+    };
+    const char *router = NULL, *config = NULL;
+    bool json = false;
+    int timeout_ms = 5000;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "r:c:T:jh", opts, NULL)) != -1) {
+        switch (c) {
+        case 'r':
+            router = optarg;
+            break;
+        case 'c':
+            config = optarg;
+            break;
+        case 'T':
+            timeout_ms = atoi(optarg);
+            if (timeout_ms <= 0) {
+                fprintf(stderr, "kvrail status: --timeout '%s' must be a positive number of ms\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 'j':
+            json = true;
+            break;
+        case 'h':
+            printf("usage: kvrail status [--router ENDPOINT] [--config FILE] [--timeout MS] "
+                   "[--json]\n");
+            return 0;
+        default:
+            fprintf(stderr, "usage: kvrail status [--router ENDPOINT] [--config FILE] "
+                            "[--timeout MS] [--json]\n");
+            return 2;
+        }
+    }
+    if (optind != argc) {
+        fprintf(stderr, "kvrail status: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    char buf[512];
+    const char *ep = kvr_cmd_router_endpoint(router, config, buf, sizeof(buf));
+    if (!ep)
+        return 1;
+    kvr_client_t *cl = NULL;
+    kvr_status_t st = kvr_client_connect(ep, &cl);
+    if (st != KVR_OK) {
+        fprintf(stderr, "kvrail status: cannot connect to %s: %s\n", ep, kvr_status_str(st));
+        return 1;
+    }
+    static struct kvr_cluster_status s;
+    st = kvr_client_status(cl, timeout_ms, &s);
+    if (st != KVR_OK) {
+        fprintf(stderr, "kvrail status: %s: %s\n", ep, kvr_client_error(cl));
+        kvr_client_close(cl);
+        return 1;
+    }
+    if (json)
+        print_json(&s);
+    else
+        print_text(ep, &s);
+    kvr_client_close(cl);
+    return 0;
+}
