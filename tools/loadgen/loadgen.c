@@ -34,6 +34,7 @@
 #include <zmq.h>
 
 #include "kvr_clock.h"
+#include "kvr_cluster.h"
 #include "kvr_json.h"
 #include "kvr_log.h"
 #include "kvr_proto.h"
@@ -781,10 +782,12 @@ int main(int argc, char **argv)
         O_SHARED,
         O_SHARED_FRAC,
         O_LABEL,
-        O_ROUTER
+        O_ROUTER,
+        O_CONFIG
     };
     static const struct option lo[] = {
         {"router", required_argument, 0, O_ROUTER},
+        {"config", required_argument, 0, O_CONFIG},
         {"mode", required_argument, 0, O_MODE},
         {"rate", required_argument, 0, O_RATE},
         {"concurrency", required_argument, 0, O_CONC},
@@ -814,8 +817,13 @@ int main(int argc, char **argv)
         {0, 0, 0, 0},
     };
     int c;
+    const char *config = NULL;
+    static char endpoint[KVR_CLUSTER_STR_MAX];
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
+        case O_CONFIG:
+            config = optarg;
+            break;
         case O_ROUTER:
             o.router = optarg;
             break;
@@ -906,8 +914,19 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    if (!o.router && config) {
+        kvr_cluster_t *cl = NULL;
+        char err[512];
+        if (kvr_cluster_load(config, &cl, err, sizeof err) != KVR_OK) {
+            fprintf(stderr, "kvrail-loadgen: %s\n", err);
+            return 2;
+        }
+        snprintf(endpoint, sizeof endpoint, "%s", cl->client_endpoint);
+        kvr_cluster_free(cl);
+        o.router = endpoint;
+    }
     if (!o.router) {
-        fprintf(stderr, "kvrail-loadgen: --router ENDPOINT is required\n");
+        fprintf(stderr, "kvrail-loadgen: --router ENDPOINT or --config FILE is required\n");
         usage(stderr);
         return 2;
     }
