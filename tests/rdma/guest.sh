@@ -85,7 +85,7 @@ cmd_of() {
         KVR_VERBS_DEVICES=rxe_lo $BUILD/tests/unit/test_xfer_conformance verbs" ;;
     verbs_pair_lo) echo "$BIN/test_verbs_pair --case pair --dev-a rxe_lo --dev-b rxe_lo" ;;
     verbs_pair_veth) echo "$BIN/test_verbs_pair --case pair --dev-a rxe0 --dev-b rxe1 --gid-a 0 --gid-b 0 &&
-        $BIN/test_verbs_pair --case pair --dev-a rxe0,rxe_lo --dev-b rxe1,rxe_lo --gid-a 0 --gid-b 0" ;;
+        $BIN/test_verbs_pair --case pair --dev-a rxe0:1:0,rxe_lo:1:1 --dev-b rxe1:1:0,rxe_lo:1:1" ;;
     verbs_peer_death) echo "$BIN/test_verbs_pair --case death --dev-a rxe0 --dev-b rxe1 --gid-a 0 --gid-b 0" ;;
     verbs_bad_rkey) echo "$BIN/test_verbs_pair --case badkey --dev-a rxe_lo --dev-b rxe_lo" ;;
     verbs_mismatch) echo "$BIN/test_verbs_pair --case mismatch --dev-a rxe0 --dev-b rxe1" ;;

@@ -193,9 +193,10 @@ static void target_start(struct target_proc *tp)
     close(bp[0]);
 }
 
-static void target_reap(struct target_proc *tp)
+/* exit status of the target, or -1 when it had to be killed */
+static int target_reap(struct target_proc *tp)
 {
-    int st = 0;
+    int st = 0, rc = -1;
     for (int i = 0; i < 100; i++) {
         if (waitpid(tp->pid, &st, WNOHANG) == tp->pid)
             goto done;
@@ -203,11 +204,15 @@ static void target_reap(struct target_proc *tp)
     }
     kill(tp->pid, SIGKILL);
     waitpid(tp->pid, &st, 0);
+    st = -1;
 done:
+    if (st != -1 && WIFEXITED(st))
+        rc = WEXITSTATUS(st);
     close(tp->res_fd);
     free(tp->addr);
     for (int i = 0; i < 3; i++)
         free(tp->rk[i]);
+    return rc;
 }
 
 /* waits (bounded, progressing e) for the target's verdict line */
@@ -321,8 +326,11 @@ static void write_round(struct init *in, struct target_proc *tp, kvr_xfer_dlist_
 static void quit_target(struct init *in, struct target_proc *tp)
 {
     KVR_CHECK_STATUS(kvr_xfer_notify(in->p, "quit", 5), KVR_OK);
-    KVR_CHECK_STATUS(kvr_xfer_flush(in->p, 5000), KVR_OK);
-    target_reap(tp);
+    /* the target may exit (and close its side channel) before our SEND
+     * completion is seen: its clean exit is the proof that it got "quit" */
+    kvr_status_t s = kvr_xfer_flush(in->p, 5000);
+    KVR_CHECK(s == KVR_OK || s == KVR_ERR_PEER_FAILURE);
+    KVR_CHECK_EQ(target_reap(tp), 0);
 }
 
 static int case_pair(void)
@@ -407,7 +415,7 @@ static int case_death(void)
     KVR_CHECK_STATUS(kvr_xfer_post(w), KVR_ERR_PEER_FAILURE);
     KVR_CHECK_STATUS(kvr_xfer_notify(in.p, "x", 1), KVR_ERR_PEER_FAILURE);
     kvr_xfer_disconnect(in.p);
-    target_reap(&tp);
+    KVR_CHECK(target_reap(&tp) != 0); /* it was killed */
     /* a restarted target */
     target_start(&tp);
     init_connect(&in, &tp);

@@ -90,7 +90,11 @@ RES=$(cat /results.path)
 mount -t proc proc /host/proc
 mount -t sysfs sys /host/sys
 mount -t devtmpfs dev /host/dev
-mount -t tmpfs tmp /host/tmp
+CWD=$(cat /cwd.path)
+case "$RES:$CWD" in
+/tmp/*|*:/tmp/*) export TMPDIR=$RES ;;  # the build lives in the host's /tmp: keep it visible
+*) mount -t tmpfs tmp /host/tmp ;;
+esac
 mount -t tmpfs run /host/run 2>/dev/null
 mkdir -p /host$RES 2>/dev/null
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 results /host$RES || { echo "vm: results mount failed"; poweroff -f; }

@@ -1,7 +1,8 @@
 /*
  * verbs.c - the native libibverbs transfer backend: RC queue pairs.
  *
- * Devices.  cfg->devices ("rxe0", "mlx5_0:1,mlx5_1") names the NICs; without
+ * Devices.  cfg->devices ("rxe0", "mlx5_0:1,mlx5_1", "rxe0:1:0" = port 1,
+ * GID index 0) names the NICs; without
  * it the one nearest the calling thread's memory is used (NUMA node of the
  * NIC from sysfs against the node of the current CPU, then link speed).  On
  * each port the GID is cfg->gid_index, or else the first RoCE v2 entry with
@@ -210,6 +211,7 @@ struct vb_engine {
     struct vb_inbound *inbound;
     struct vb_peer *peers;
     uint64_t last_poll_ns;
+    char who[64]; /* "name pid N on host": names this end in the other's errors */
 };
 
 struct vb_mem {
@@ -464,7 +466,7 @@ static kvr_status_t vb_dev_pick_gid(struct vb_dev *d, int want, const char *enam
 }
 
 static kvr_status_t vb_dev_open(struct vb_engine *ve, struct ibv_device *ibdev, uint8_t port,
-                                struct vb_dev *d)
+                                int gid_index, struct vb_dev *d)
 {
     const char *en = ve->base.name;
     snprintf(d->name, sizeof(d->name), "%s", ibv_get_device_name(ibdev));
@@ -497,7 +499,7 @@ static kvr_status_t vb_dev_open(struct vb_engine *ve, struct ibv_device *ibdev, 
     if (d->rd_atom == 0)
         d->rd_atom = 1;
     d->numa = vb_sysfs_int("/sys/class/infiniband/%s/device/numa_node", d->name, -1);
-    s = vb_dev_pick_gid(d, ve->base.cfg.gid_index, en);
+    s = vb_dev_pick_gid(d, gid_index, en);
     if (s != KVR_OK)
         goto err_close;
     d->pd = ibv_alloc_pd(d->ctx);
@@ -567,14 +569,22 @@ static kvr_status_t vb_devices_open(struct vb_engine *ve)
                 goto out;
             }
             unsigned port = 1;
+            int gid = ve->base.cfg.gid_index;
             char *colon = strchr(tok, ':');
-            if (colon) {
+            if (colon) { /* name:port or name:port:gid_index */
                 *colon = 0;
                 char *end;
                 port = (unsigned)strtoul(colon + 1, &end, 10);
-                if (*end || port == 0 || port > 255) {
-                    KVR_LOG_ERROR(COMP, "%s: devices '%s': bad port in '%s:%s'", en, spec, tok,
-                                  colon + 1);
+                bool ok = end != colon + 1 && port > 0 && port < 256;
+                if (ok && *end == ':') {
+                    char *g = end + 1;
+                    gid = (int)strtol(g, &end, 10);
+                    ok = end != g && gid >= 0;
+                }
+                if (!ok || *end) {
+                    KVR_LOG_ERROR(COMP,
+                                  "%s: devices '%s': bad '%s:%s' (want name[:port[:gid_index]])",
+                                  en, spec, tok, colon + 1);
                     s = KVR_ERR_INVALID;
                     goto out;
                 }
@@ -592,7 +602,7 @@ static kvr_status_t vb_devices_open(struct vb_engine *ve)
                 s = KVR_ERR_NOT_FOUND;
                 goto out;
             }
-            s = vb_dev_open(ve, found, (uint8_t)port, &ve->dev[ve->ndev]);
+            s = vb_dev_open(ve, found, (uint8_t)port, gid, &ve->dev[ve->ndev]);
             if (s != KVR_OK)
                 goto out;
             ve->ndev++;
@@ -631,7 +641,7 @@ static kvr_status_t vb_devices_open(struct vb_engine *ve)
         s = KVR_ERR_NO_RDMA;
         goto out;
     }
-    s = vb_dev_open(ve, list[best], 1, &ve->dev[0]);
+    s = vb_dev_open(ve, list[best], 1, ve->base.cfg.gid_index, &ve->dev[0]);
     if (s == KVR_OK)
         ve->ndev = 1;
 out:
@@ -700,6 +710,9 @@ static kvr_status_t vb_engine_init(kvr_xfer_engine_t *e)
     if (ve->sq_depth < 4 || ve->sq_depth > 16384)
         ve->sq_depth = VB_SQ_DEPTH;
     ve->nonce = ((uint64_t)vb_rand32() << 32) ^ vb_rand32() ^ (uint64_t)getpid();
+    char host[32] = "?";
+    gethostname(host, sizeof(host) - 1);
+    snprintf(ve->who, sizeof(ve->who), "%.20s pid %d on %.24s", e->name, (int)getpid(), host);
     kvr_status_t s = vb_devices_open(ve);
     if (s != KVR_OK)
         return s;
@@ -741,7 +754,7 @@ static kvr_status_t vb_address(kvr_xfer_engine_t *e, void **buf_p, size_t *len_p
     a->ndev = (uint8_t)ve->ndev;
     a->nip = (uint8_t)ve->nip;
     memcpy(a->ip, ve->ip, sizeof(a->ip));
-    snprintf(a->host, sizeof(a->host), "%s", e->name);
+    snprintf(a->host, sizeof(a->host), "%s", ve->who);
     for (int i = 0; i < ve->ndev; i++) {
         const struct vb_dev *d = &ve->dev[i];
         struct vb_wire_dev *w = &a->dev[i];
@@ -1297,7 +1310,7 @@ static kvr_status_t vb_connect(kvr_xfer_peer_t *p, const void *addr, size_t len)
     req->version = VB_HS_VERSION;
     req->nonce = a->nonce;
     req->nrails = (uint32_t)vp->nrails;
-    snprintf(req->who, sizeof(req->who), "%s", en);
+    snprintf(req->who, sizeof(req->who), "%s", ve->who);
     for (int i = 0; i < vp->nrails; i++) {
         struct vb_rail *r = &vp->rail[i];
         r->peer = vp;
@@ -1661,7 +1674,7 @@ static void vb_inbound_accept(struct vb_inbound *in)
     rq->who[sizeof(rq->who) - 1] = 0;
     rp->magic = VB_HS_MAGIC;
     rp->version = VB_HS_VERSION;
-    snprintf(rp->who, sizeof(rp->who), "%s", en);
+    snprintf(rp->who, sizeof(rp->who), "%s", ve->who);
     kvr_status_t s = KVR_OK;
     if (rq->magic != VB_HS_MAGIC || rq->version != VB_HS_VERSION) {
         s = KVR_ERR_VERSION;
@@ -1762,6 +1775,8 @@ static int vb_inbound_poll_cq(struct vb_inbound *in)
     return n > 0 ? n : 0;
 }
 
+static int vb_rail_poll(struct vb_rail *r, uint32_t depth);
+
 /* side channel: accept, read handshakes, notice EOF (rate-limited) */
 static int vb_poll_sockets(struct vb_engine *ve)
 {
@@ -1823,9 +1838,12 @@ static int vb_poll_sockets(struct vb_engine *ve)
         } else if (vp->state == VB_READY && vp->fd >= 0) {
             char c;
             ssize_t r = recv(vp->fd, &c, 1, MSG_DONTWAIT);
-            if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
+            if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+                for (int i = 0; i < vp->nrails && vp->state == VB_READY; i++)
+                    n += vb_rail_poll(&vp->rail[i], ve->sq_depth); /* retire what completed */
                 vb_peer_failed(vp, KVR_ERR_PEER_FAILURE, NULL,
                                "side channel closed: the target process is gone");
+            }
         }
     }
     return n;
@@ -1883,11 +1901,7 @@ static int vb_progress(kvr_xfer_engine_t *e)
 {
     struct vb_engine *ve = ENG(e);
     int n = 0;
-    uint64_t now = kvr_now_ns();
-    if (now - ve->last_poll_ns >= VB_POLL_EVERY_NS || vb_handshaking(ve)) {
-        ve->last_poll_ns = now;
-        n += vb_poll_sockets(ve);
-    }
+    /* completions first: what finished before a peer died still counts */
     for (struct vb_peer *vp = ve->peers; vp; vp = vp->next) {
         if (vp->state != VB_READY)
             continue;
@@ -1899,6 +1913,11 @@ static int vb_progress(kvr_xfer_engine_t *e)
     for (struct vb_inbound *in = ve->inbound; in; in = in->next)
         if (in->ready && !in->dead)
             n += vb_inbound_poll_cq(in);
+    uint64_t now = kvr_now_ns();
+    if (now - ve->last_poll_ns >= VB_POLL_EVERY_NS || vb_handshaking(ve)) {
+        ve->last_poll_ns = now;
+        n += vb_poll_sockets(ve);
+    }
     return n;
 }
 
