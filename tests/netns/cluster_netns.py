@@ -92,10 +92,18 @@ def main():
         model = make_model(bins, wd)
         prompts = make_prompts(args.prompts, seed=3)
         ref = reference(bins, model, prompts)
-        # ping across the bridge first: a broken set-up is a failure, not a skip
-        r = sh("ip", "netns", "exec", net.ns["prefill"], "ping", "-c", "1", "-W", "2",
-               net.ip["decode"], ok=False)
-        check(r.returncode == 0 or "not found" in r.stderr, "no connectivity over the veth bridge")
+        # TCP across the bridge first: a broken set-up is a failure, not a skip
+        srv = subprocess.Popen(["ip", "netns", "exec", net.ns["decode"], sys.executable, "-c",
+                                "import socket; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,"
+                                " socket.SO_REUSEADDR, 1); s.bind(('%s', 17999)); s.listen(1); "
+                                "s.settimeout(10); c,_=s.accept(); c.sendall(b'ok')" % net.ip["decode"]])
+        time.sleep(0.3)
+        r = subprocess.run(["ip", "netns", "exec", net.ns["prefill"], sys.executable, "-c",
+                            "import socket; print(socket.create_connection(('%s', 17999), 5)"
+                            ".recv(2).decode())" % net.ip["decode"]],
+                           capture_output=True, text=True, timeout=15)
+        srv.wait(timeout=15)
+        check(r.stdout.strip() == "ok", "no TCP connectivity over the veth bridge: %s" % r.stderr)
         c = Cluster(bins, wd, model, n_prefill=1, n_decode=1, tls="tcp",
                     hosts={"router": net.ip["router"]},
                     netns={"router": net.ns["router"], "client": net.ns["router"],
