@@ -57,6 +57,19 @@ static struct cpu_backend *cpu(struct kvr_compute_backend *be)
     return (struct cpu_backend *)be;
 }
 
+/* Chunks for a parallel op of `work` flops-ish, at most max_chunks: one
+ * (inline, no handoff) below PAR_MIN_WORK, else a few per thread so that a
+ * descheduled thread's share is picked up by the others. */
+#define PAR_MIN_WORK 200000.0
+
+static int chunks_for(const struct cpu_backend *c, double work, int max_chunks)
+{
+    if (c->p.n_threads <= 1 || work < PAR_MIN_WORK || max_chunks <= 1)
+        return 1;
+    int n = c->p.n_threads * 4;
+    return n < max_chunks ? n : max_chunks;
+}
+
 /* ------------------------------------------------------------ loads */
 
 static inline __attribute__((always_inline)) v16f ld16(const void *w, int32_t dtype, size_t k)
@@ -223,7 +236,7 @@ static inline __attribute__((always_inline)) void gemv_rows(const struct gemv_jo
     }
 }
 
-KVR_CLONES static void gemv_task(void *arg, int ith, int nth)
+KVR_CLONES static void gemv_task(void *arg, int ith, int nth, int tid)
 {
     const struct gemv_job *j = arg;
     int32_t N = j->w->rows;
@@ -254,7 +267,7 @@ struct conv_job {
     size_t n;
 };
 
-KVR_CLONES static void conv_task(void *arg, int ith, int nth)
+KVR_CLONES static void conv_task(void *arg, int ith, int nth, int tid)
 {
     const struct conv_job *j = arg;
     size_t per = ((j->n + (size_t)nth - 1) / (size_t)nth + 15) & ~(size_t)15;
@@ -275,7 +288,7 @@ static void cpu_matmul(struct kvr_compute_backend *be, float *y, const float *x,
     const int32_t N = w->rows, K = w->cols;
     if (M <= GEMV_MAX_M) {
         struct gemv_job j = {y, x, M, w, bias, accumulate};
-        kvr_tp_run(c->tp, gemv_task, &j);
+        kvr_tp_run(c->tp, gemv_task, &j, chunks_for(c, (double)M * N * K, N / 16));
         return;
     }
     if (w->dtype == KVR_DT_F32) {
@@ -289,7 +302,7 @@ static void cpu_matmul(struct kvr_compute_backend *be, float *y, const float *x,
             int32_t nc = N - n0 < chunk ? N - n0 : chunk;
             struct conv_job cj = {c->conv, (const uint16_t *)w->data + (size_t)n0 * (size_t)K,
                                   w->dtype, (size_t)nc * (size_t)K};
-            kvr_tp_run(c->tp, conv_task, &cj);
+            kvr_tp_run(c->tp, conv_task, &cj, chunks_for(c, (double)cj.n, (int)(cj.n / 4096)));
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nc, K, 1.0f, x, K, c->conv, K,
                         accumulate ? 1.0f : 0.0f, y + n0, N);
         }
@@ -309,7 +322,7 @@ static void cpu_embed(struct kvr_compute_backend *be, float *x, const int32_t *t
     for (int32_t m = 0; m < M; m++) {
         struct conv_job cj = {x + (size_t)m * d,
                               (const char *)emb->data + (size_t)tokens[m] * d * esz, emb->dtype, d};
-        conv_task(&cj, 0, 1);
+        conv_task(&cj, 0, 1, 0);
     }
 }
 
@@ -321,7 +334,7 @@ struct norm_job {
     float eps;
 };
 
-KVR_CLONES static void norm_task(void *arg, int ith, int nth)
+KVR_CLONES static void norm_task(void *arg, int ith, int nth, int tid)
 {
     const struct norm_job *j = arg;
     for (int32_t m = ith; m < j->M; m += nth) {
@@ -340,10 +353,7 @@ static void cpu_rmsnorm(struct kvr_compute_backend *be, float *y, const float *x
                         int32_t dim, const float *w, float eps)
 {
     struct norm_job j = {y, x, M, dim, w, eps};
-    if (M < 16)
-        norm_task(&j, 0, 1);
-    else
-        kvr_tp_run(cpu(be)->tp, norm_task, &j);
+    kvr_tp_run(cpu(be)->tp, norm_task, &j, chunks_for(cpu(be), (double)M * dim * 4, M));
 }
 
 static void cpu_rope(struct kvr_compute_backend *be, float *x, int32_t M, int32_t n_heads,
@@ -392,14 +402,14 @@ struct attn_job {
     float *out;
 };
 
-KVR_CLONES static void attn_task(void *arg, int ith, int nth)
+KVR_CLONES static void attn_task(void *arg, int ith, int nth, int tid)
 {
     const struct attn_job *j = arg;
     const struct kvr_attn_args *a = j->a;
     const struct kvr_kv_layout *l = a->layout;
     const int32_t H = a->n_heads, hd = l->head_dim, bs = l->block_size;
     const int32_t group = H / l->n_kv_heads;
-    float *sc = j->c->scores + (size_t)ith * (size_t)j->c->p.max_seq_len;
+    float *sc = j->c->scores + (size_t)tid * (size_t)j->c->p.max_seq_len;
     int32_t n_pairs = a->n_rows * H;
     for (int32_t pi = ith; pi < n_pairs; pi += nth) {
         int32_t r = pi / H, h = pi % H, kvh = h / group;
@@ -447,7 +457,12 @@ static void cpu_attention(struct kvr_compute_backend *be, const struct kvr_attn_
                           const float *q, float *out)
 {
     struct attn_job j = {cpu(be), a, q, out};
-    kvr_tp_run(cpu(be)->tp, attn_task, &j);
+    /* work: every row attends to up to pos + 1 keys, per head */
+    double work = 0;
+    for (int32_t r = 0; r < a->n_rows; r++)
+        work += (double)(a->pos[r] + 1);
+    work *= 4.0 * a->n_heads * a->layout->head_dim;
+    kvr_tp_run(cpu(be)->tp, attn_task, &j, chunks_for(cpu(be), work, a->n_rows * a->n_heads));
 }
 
 struct swiglu_job {
@@ -456,7 +471,7 @@ struct swiglu_job {
     size_t n;
 };
 
-KVR_CLONES static void swiglu_task(void *arg, int ith, int nth)
+KVR_CLONES static void swiglu_task(void *arg, int ith, int nth, int tid)
 {
     const struct swiglu_job *j = arg;
     size_t per = (j->n + (size_t)nth - 1) / (size_t)nth;
@@ -470,10 +485,7 @@ KVR_CLONES static void swiglu_task(void *arg, int ith, int nth)
 static void cpu_swiglu(struct kvr_compute_backend *be, float *g, const float *u, size_t n)
 {
     struct swiglu_job j = {g, u, n};
-    if (n < 16384)
-        swiglu_task(&j, 0, 1);
-    else
-        kvr_tp_run(cpu(be)->tp, swiglu_task, &j);
+    kvr_tp_run(cpu(be)->tp, swiglu_task, &j, chunks_for(cpu(be), (double)n * 16, (int)(n / 1024)));
 }
 
 /* ------------------------------------------------------------ lifetime */

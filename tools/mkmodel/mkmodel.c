@@ -245,6 +245,7 @@ static FILE *open_out(const char *dir, const char *name, char *path, size_t cap)
     return f;
 }
 
+#if !KVR_MKMODEL_HAVE_TOKGEN
 /* Fallback tokenizer.json (until engine/tokenizer_gen.c exists): the 256
  * ByteLevel byte tokens, no merges, special tokens, reserved padding. */
 static int write_byte_tokenizer(const char *path, int vocab)
@@ -307,14 +308,18 @@ static int write_byte_tokenizer(const char *path, int vocab)
     fprintf(f, "},\"merges\":[]}}\n");
     return fclose(f) == 0 ? 0 : -1;
 }
+#endif
 
 /* Ids of <|begin_of_text|> and <|end_of_text|> in the written tokenizer.json. */
-static void special_ids(const char *path, int *bos, int *eos)
+static int special_ids(const char *path, int *bos, int *eos)
 {
     kvr_json_doc_t *d = NULL;
+    char err[512];
     *bos = *eos = -1;
-    if (kvr_json_parse_file(path, &d, NULL, 0) != KVR_OK)
-        return;
+    if (kvr_json_parse_file(path, &d, err, sizeof(err)) != KVR_OK) {
+        fprintf(stderr, "kvrail-mkmodel: the generated tokenizer is not valid JSON: %s\n", err);
+        return -1;
+    }
     const kvr_json_t *at = kvr_json_get(kvr_json_root(d), "added_tokens");
     for (size_t i = 0; at && i < at->n; i++) {
         const char *c = kvr_json_get_str(at->items[i], "content", "", NULL);
@@ -325,6 +330,14 @@ static void special_ids(const char *path, int *bos, int *eos)
             *eos = id;
     }
     kvr_json_free(d);
+    if (*bos < 0 || *eos < 0) {
+        fprintf(stderr,
+                "kvrail-mkmodel: %s: added_tokens lack <|begin_of_text|> or "
+                "<|end_of_text|>\n",
+                path);
+        return -1;
+    }
+    return 0;
 }
 
 static void usage(FILE *f)
@@ -523,7 +536,8 @@ int main(int argc, char **argv)
     }
 #endif
     int bos, eos;
-    special_ids(path, &bos, &eos);
+    if (special_ids(path, &bos, &eos) != 0)
+        return 1;
 
     FILE *f = open_out(o.out, "config.json", path, sizeof(path));
     if (!f)

@@ -1,0 +1,176 @@
+/*
+ * engine_bench.c - kvrail-engine-bench, the engine half of tools/bench-engine:
+ * times prefill and batched decode on a model directory, and OpenBLAS's own
+ * sgemm, printing one JSON object per line.  Best of --reps repetitions.
+ *
+ *   kvrail-engine-bench prefill MODEL N_TOKENS [REPS] [THREADS]
+ *   kvrail-engine-bench decode  MODEL BATCH CONTEXT STEPS [REPS] [THREADS]
+ *   kvrail-engine-bench sgemm   M N K [REPS]
+ */
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvr_clock.h"
+#include "kvr_engine.h"
+
+#define BS 16
+
+static kvr_model_t *load(const char *dir)
+{
+    char err[512];
+    kvr_model_t *m;
+    if (kvr_model_load(dir, &m, err, sizeof(err)) != KVR_OK) {
+        fprintf(stderr, "kvrail-engine-bench: %s\n", err);
+        exit(1);
+    }
+    return m;
+}
+
+static kvr_ctx_t *ctx_new(kvr_model_t *m, int threads, int batch, int tokens)
+{
+    char err[512];
+    kvr_ctx_t *c;
+    struct kvr_ctx_opts o = {.n_threads = threads, .max_batch = batch, .max_tokens = tokens};
+    if (kvr_ctx_create(m, &o, &c, err, sizeof(err)) != KVR_OK) {
+        fprintf(stderr, "kvrail-engine-bench: %s\n", err);
+        exit(1);
+    }
+    return c;
+}
+
+static void pool_new(kvr_model_t *m, int n_blocks, struct kvr_kv_pool *p)
+{
+    kvr_kv_layout_init(m, BS, &p->layout);
+    p->n_blocks = n_blocks;
+    int L = kvr_model_n_layers(m);
+    p->layer_base = calloc((size_t)L, sizeof(float *));
+    for (int l = 0; l < L; l++)
+        p->layer_base[l] = calloc(1, kvr_kv_layer_bytes(&p->layout, n_blocks));
+}
+
+static void fill_tokens(int32_t *t, int n, int32_t V, unsigned seed)
+{
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1103515245u + 12345u;
+        t[i] = (int32_t)((seed >> 8) % (unsigned)V);
+    }
+}
+
+static int bench_prefill(const char *dir, int n, int reps, int threads)
+{
+    kvr_model_t *m = load(dir);
+    kvr_ctx_t *c = ctx_new(m, threads, 1, 0);
+    int nb = (n + BS - 1) / BS;
+    struct kvr_kv_pool p;
+    pool_new(m, nb, &p);
+    int32_t *t = malloc((size_t)n * 4), *bt = malloc((size_t)nb * 4);
+    float *lg = malloc((size_t)kvr_model_vocab(m) * 4);
+    fill_tokens(t, n, kvr_model_vocab(m), 1);
+    for (int i = 0; i < nb; i++)
+        bt[i] = i;
+    struct kvr_prefill_req r = {.tokens = t, .n_tokens = n, .block_table = bt, .n_blocks = nb};
+    double best = 1e30;
+    for (int i = 0; i < reps; i++) {
+        uint64_t t0 = kvr_now_ns();
+        if (kvr_engine_prefill(c, &p, &r, lg) != KVR_OK)
+            return 1;
+        double s = (double)(kvr_now_ns() - t0) / 1e9;
+        if (s < best)
+            best = s;
+    }
+    /* matmul flops: 2 * tokens * (layer matrices) + the last row's lm_head */
+    double d = kvr_model_hidden(m), f = kvr_model_intermediate(m);
+    double qd = (double)kvr_model_n_heads(m) * kvr_model_head_dim(m),
+           kd = (double)kvr_model_n_kv_heads(m) * kvr_model_head_dim(m);
+    double per_tok = 2.0 * kvr_model_n_layers(m) * (d * qd * 2 + d * kd * 2 + 3 * d * f);
+    double flops = per_tok * n + 2.0 * d * kvr_model_vocab(m);
+    printf("{\"mode\": \"prefill\", \"tokens\": %d, \"seconds\": %.6f, \"tok_s\": %.1f, "
+           "\"matmul_gflops\": %.2f}\n",
+           n, best, n / best, flops / best / 1e9);
+    return 0;
+}
+
+static int bench_decode(const char *dir, int B, int ctxlen, int steps, int reps, int threads)
+{
+    kvr_model_t *m = load(dir);
+    kvr_ctx_t *c = ctx_new(m, threads, B, 0);
+    int nb1 = (ctxlen + steps * reps + BS) / BS;
+    struct kvr_kv_pool p;
+    pool_new(m, nb1 * B, &p);
+    int32_t V = kvr_model_vocab(m);
+    int32_t *t = malloc((size_t)ctxlen * 4), *bt = malloc((size_t)nb1 * (size_t)B * 4);
+    float *lg = malloc((size_t)V * 4 * (size_t)B);
+    for (int i = 0; i < nb1 * B; i++)
+        bt[i] = i;
+    for (int s = 0; s < B; s++) {
+        fill_tokens(t, ctxlen, V, 7u + (unsigned)s);
+        struct kvr_prefill_req r = {
+            .tokens = t, .n_tokens = ctxlen, .block_table = bt + s * nb1, .n_blocks = nb1};
+        if (kvr_engine_prefill(c, &p, &r, lg) != KVR_OK)
+            return 1;
+    }
+    struct kvr_decode_seq *q = calloc((size_t)B, sizeof(*q));
+    int pos = ctxlen;
+    double best = 1e30;
+    for (int rep = 0; rep < reps; rep++) {
+        uint64_t t0 = kvr_now_ns();
+        for (int st = 0; st < steps; st++, pos++) {
+            for (int s = 0; s < B; s++)
+                q[s] = (struct kvr_decode_seq){.token = (pos * 31 + s) % V,
+                                               .pos = pos,
+                                               .block_table = bt + s * nb1,
+                                               .n_blocks = nb1};
+            if (kvr_engine_decode(c, &p, q, B, lg) != KVR_OK)
+                return 1;
+        }
+        double s = (double)(kvr_now_ns() - t0) / 1e9;
+        if (s < best)
+            best = s;
+    }
+    printf("{\"mode\": \"decode\", \"batch\": %d, \"context\": %d, \"steps\": %d, \"seconds\": "
+           "%.6f, \"tok_s\": %.1f, \"step_ms\": %.3f}\n",
+           B, ctxlen, steps, best, (double)B * steps / best, best / steps * 1e3);
+    return 0;
+}
+
+static int bench_sgemm(int M, int N, int K, int reps)
+{
+    float *a = malloc((size_t)M * (size_t)K * 4), *b = malloc((size_t)N * (size_t)K * 4),
+          *cc = malloc((size_t)M * (size_t)N * 4);
+    for (size_t i = 0; i < (size_t)M * (size_t)K; i++)
+        a[i] = (float)(i % 7) * 0.1f;
+    for (size_t i = 0; i < (size_t)N * (size_t)K; i++)
+        b[i] = (float)(i % 5) * 0.1f;
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        uint64_t t0 = kvr_now_ns();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a, K, b, K, 0.0f, cc,
+                    N);
+        double s = (double)(kvr_now_ns() - t0) / 1e9;
+        if (s < best)
+            best = s;
+    }
+    printf("{\"mode\": \"sgemm\", \"M\": %d, \"N\": %d, \"K\": %d, \"gflops\": %.2f}\n", M, N, K,
+           2.0 * M * N * K / best / 1e9);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 4 && strcmp(argv[1], "prefill") == 0)
+        return bench_prefill(argv[2], atoi(argv[3]), argc > 4 ? atoi(argv[4]) : 3,
+                             argc > 5 ? atoi(argv[5]) : 0);
+    if (argc >= 6 && strcmp(argv[1], "decode") == 0)
+        return bench_decode(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]),
+                            argc > 6 ? atoi(argv[6]) : 3, argc > 7 ? atoi(argv[7]) : 0);
+    if (argc >= 5 && strcmp(argv[1], "sgemm") == 0)
+        return bench_sgemm(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]),
+                           argc > 5 ? atoi(argv[5]) : 5);
+    fprintf(stderr, "usage: kvrail-engine-bench prefill MODEL N [REPS] [THREADS]\n"
+                    "       kvrail-engine-bench decode MODEL BATCH CONTEXT STEPS [REPS] "
+                    "[THREADS]\n"
+                    "       kvrail-engine-bench sgemm M N K [REPS]\n");
+    return 2;
+}
