@@ -94,9 +94,7 @@ static kvr_status_t stub_dlist_prepare(kvr_xfer_dlist_t *d)
     return KVR_OK;
 }
 
-static void stub_dlist_release(kvr_xfer_dlist_t *d)
-{
-}
+static void stub_dlist_release(kvr_xfer_dlist_t *d) {}
 
 static kvr_status_t stub_event_fd(kvr_xfer_engine_t *e, int *fd_p)
 {
@@ -116,9 +114,8 @@ static void registry_init(void)
         if (!o->event_fd)
             o->event_fd = stub_event_fd;
         usable[i] = o->name && o->engine_init && o->engine_fini && o->address && o->mem_reg &&
-                    o->mem_dereg && o->mem_pack && o->connect && o->disconnect &&
-                    o->rmem_unpack && o->rmem_release && o->post && o->notify &&
-                    o->peer_idle && o->progress &&
+                    o->mem_dereg && o->mem_pack && o->connect && o->disconnect && o->rmem_unpack &&
+                    o->rmem_release && o->post && o->notify && o->peer_idle && o->progress &&
                     o->engine_size >= sizeof(struct kvr_xfer_engine) &&
                     o->mem_size >= sizeof(struct kvr_xfer_mem) &&
                     o->peer_size >= sizeof(struct kvr_xfer_peer) &&
@@ -225,9 +222,8 @@ kvr_status_t kvr_xfer_blob_frame(uint16_t backend_id, uint16_t kind, const void 
     return KVR_OK;
 }
 
-kvr_status_t kvr_xfer_blob_parse(uint16_t backend_id, uint16_t kind, const void *blob,
-                                 size_t len, const void **payload_p, size_t *payload_len_p,
-                                 const char **why_p)
+kvr_status_t kvr_xfer_blob_parse(uint16_t backend_id, uint16_t kind, const void *blob, size_t len,
+                                 const void **payload_p, size_t *payload_len_p, const char **why_p)
 {
     const uint8_t *b = blob;
     const char *why;
@@ -491,8 +487,7 @@ kvr_status_t kvr_xfer_connect(kvr_xfer_engine_t *e, const void *blob, size_t len
     kvr_status_t s =
         kvr_xfer_blob_parse(e->ops->id, KVR_XFER_BLOB_ADDRESS, blob, len, &pl, &pl_len, &why);
     if (s != KVR_OK) {
-        KVR_LOG_ERROR(COMP, "%s: connect: address blob refused (%zu bytes): %s", e->name, len,
-                      why);
+        KVR_LOG_ERROR(COMP, "%s: connect: address blob refused (%zu bytes): %s", e->name, len, why);
         return s;
     }
     kvr_xfer_peer_t *p = calloc(1, e->ops->peer_size);
@@ -628,7 +623,9 @@ kvr_status_t kvr_xfer_dlist_prepare(kvr_xfer_peer_t *p, enum kvr_xfer_op op,
     }
     if (n == 0 || !descs || n > UINT32_MAX) {
         KVR_LOG_ERROR(COMP, "%s: dlist_prepare: %s", e->name,
-                      n == 0 ? "empty list" : !descs ? "NULL descriptors" : "too many descriptors");
+                      n == 0   ? "empty list"
+                      : !descs ? "NULL descriptors"
+                               : "too many descriptors");
         return KVR_ERR_INVALID;
     }
     /* validate everything first, count the segments after coalescing */
@@ -638,8 +635,8 @@ kvr_status_t kvr_xfer_dlist_prepare(kvr_xfer_peer_t *p, enum kvr_xfer_op op,
         const struct kvr_xfer_desc *d = &descs[i];
         if (!d->lmem || !d->rmem || d->len == 0 || d->lmem->engine != e || d->rmem->peer != p) {
             KVR_LOG_ERROR(COMP, "%s: dlist_prepare: descriptor %zu: %s", e->name, i,
-                          !d->lmem || !d->rmem  ? "NULL region"
-                          : d->len == 0         ? "zero length"
+                          !d->lmem || !d->rmem   ? "NULL region"
+                          : d->len == 0          ? "zero length"
                           : d->lmem->engine != e ? "local region of another engine"
                                                  : "remote region of another peer");
             return KVR_ERR_INVALID;

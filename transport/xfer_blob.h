@@ -27,10 +27,10 @@
 
 #include "kvr_status.h"
 
-#define KVR_XFER_BLOB_MAGIC    0x5852564bu /* "KVRX" little-endian */
-#define KVR_XFER_BLOB_HDR_LEN  24u
-#define KVR_XFER_BLOB_MAX      (16u << 20) /* sanity bound on a payload */
-#define KVR_XFER_RKEY_HDR_LEN  24u
+#define KVR_XFER_BLOB_MAGIC   0x5852564bu /* "KVRX" little-endian */
+#define KVR_XFER_BLOB_HDR_LEN 24u
+#define KVR_XFER_BLOB_MAX     (16u << 20) /* sanity bound on a payload */
+#define KVR_XFER_RKEY_HDR_LEN 24u
 
 enum kvr_xfer_blob_kind {
     KVR_XFER_BLOB_ADDRESS = 1,
@@ -47,9 +47,8 @@ kvr_status_t kvr_xfer_blob_frame(uint16_t backend_id, uint16_t kind, const void 
  *          kind); KVR_ERR_CORRUPT (bad magic or checksum); KVR_ERR_VERSION;
  *          KVR_ERR_MISMATCH (blob of another backend).  why_p, when not NULL,
  *          gets a constant description of the failure. */
-kvr_status_t kvr_xfer_blob_parse(uint16_t backend_id, uint16_t kind, const void *blob,
-                                 size_t len, const void **payload_p, size_t *payload_len_p,
-                                 const char **why_p);
+kvr_status_t kvr_xfer_blob_parse(uint16_t backend_id, uint16_t kind, const void *blob, size_t len,
+                                 const void **payload_p, size_t *payload_len_p, const char **why_p);
 
 /** XXH64 checksum as stored in the header (for tests that craft blobs). */
 uint64_t kvr_xfer_blob_checksum(const void *blob, size_t len);

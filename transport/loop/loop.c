@@ -52,16 +52,16 @@ struct loop_peer;
 struct loop_engine {
     struct kvr_xfer_engine base;
     uint64_t id;
-    struct loop_engine *next;          /* registry (g_lock) */
+    struct loop_engine *next;               /* registry (g_lock) */
     struct loop_notif *inbox, **inbox_tail; /* g_lock */
-    struct loop_peer *inbound;         /* peers connected to this engine (g_lock) */
-    int efd;                           /* -1 until event_fd is asked for */
-    struct loop_dlist *pend, **pend_tail; /* posted, not yet copied (owner thread) */
+    struct loop_peer *inbound;              /* peers connected to this engine (g_lock) */
+    int efd;                                /* -1 until event_fd is asked for */
+    struct loop_dlist *pend, **pend_tail;   /* posted, not yet copied (owner thread) */
 };
 
 struct loop_peer {
     struct kvr_xfer_peer base;
-    struct loop_engine *target;        /* g_lock; NULL once the target is gone */
+    struct loop_engine *target; /* g_lock; NULL once the target is gone */
     atomic_int gone;
     struct loop_peer *in_next, *in_prev; /* target->inbound (g_lock) */
 };
@@ -248,8 +248,8 @@ static kvr_status_t loop_connect(kvr_xfer_peer_t *base, const void *addr, size_t
     struct loop_peer *p = lp(base);
     uint64_t a[2];
     if (len != sizeof(a)) {
-        KVR_LOG_ERROR(COMP, "%s: connect: loop address of %zu bytes, want %zu",
-                      base->engine->name, len, sizeof(a));
+        KVR_LOG_ERROR(COMP, "%s: connect: loop address of %zu bytes, want %zu", base->engine->name,
+                      len, sizeof(a));
         return KVR_ERR_INVALID;
     }
     memcpy(a, addr, sizeof(a));
@@ -346,8 +346,8 @@ static kvr_status_t loop_rmem_unpack(kvr_xfer_rmem_t *base, const void *buf, siz
     pthread_mutex_unlock(&g_lock);
     if (s != KVR_OK)
         KVR_LOG_ERROR(COMP, "%s: rmem_unpack: %s", base->peer->engine->name,
-                      s == KVR_ERR_MISMATCH   ? "rkey of another engine than this peer"
-                      : s == KVR_ERR_CORRUPT  ? "rkey disagrees with the region it names"
+                      s == KVR_ERR_MISMATCH    ? "rkey of another engine than this peer"
+                      : s == KVR_ERR_CORRUPT   ? "rkey disagrees with the region it names"
                       : s == KVR_ERR_NOT_FOUND ? "no such registered region at the peer"
                                                : "peer gone");
     return s;

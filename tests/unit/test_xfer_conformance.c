@@ -1,0 +1,429 @@
+/*
+ * test_xfer_conformance.c - the one contract every transfer backend is held to.
+ *
+ *   test_xfer_conformance BACKEND      (loop, ucx, verbs, ...)
+ *
+ * Two engines of the named backend in this process (initiator and target),
+ * driven from one thread: verified WRITE and READ over scattered and
+ * adjacent descriptors, coalescing and telemetry, a notification checked
+ * against the data the moment it arrives, bad input of every kind, bounded
+ * waits, and a target that disappears mid-transfer followed by a transfer
+ * to a new target.  Exits 77 when the backend is not built or has no device.
+ * The environment picks the backend's transports (UCX_TLS=..., ...).
+ */
+#include "kvr_xfer.h"
+#include "kvr_clock.h"
+#include "kvr_test.h"
+
+#include <poll.h>
+#include <stdint.h>
+
+#define REGION (8u << 20)
+
+static const char *backend;
+static int notifs_seen, notifs_bad;
+static uint8_t *t_dst; /* target region, checked by the notification callback */
+static uint8_t expect_seed;
+static size_t expect_len;
+
+static uint8_t pattern(size_t i, uint8_t seed)
+{
+    return (uint8_t)((i * 131u + seed * 7u + (i >> 12)) ^ seed);
+}
+
+static void fill(uint8_t *p, size_t n, uint8_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = pattern(i, seed);
+}
+
+static void notif_cb(void *arg, const void *msg, size_t len)
+{
+    uint8_t seed;
+    notifs_seen++;
+    if (len != 1 + 8) {
+        notifs_bad++;
+        return;
+    }
+    memcpy(&seed, msg, 1);
+    /* the data the notification follows must be visible now */
+    for (size_t i = 0; i < expect_len; i += 509)
+        if (t_dst[i] != pattern(i, seed)) {
+            notifs_bad++;
+            return;
+        }
+    if (t_dst[expect_len - 1] != pattern(expect_len - 1, seed))
+        notifs_bad++;
+}
+
+struct side {
+    kvr_xfer_engine_t *eng;
+    uint8_t *buf;
+    kvr_xfer_mem_t *mem;
+};
+
+static kvr_status_t make_engine(const char *name, int with_cb, kvr_xfer_engine_t **e_p)
+{
+    struct kvr_xfer_config cfg;
+    kvr_xfer_config_init(&cfg);
+    cfg.backend = backend;
+    cfg.name = name;
+    if (with_cb)
+        cfg.notif_cb = notif_cb;
+    return kvr_xfer_engine_create(&cfg, e_p);
+}
+
+static void side_init(struct side *s, const char *name, int with_cb)
+{
+    kvr_status_t st = make_engine(name, with_cb, &s->eng);
+    if (st == KVR_ERR_NO_RDMA || st == KVR_ERR_NOT_FOUND)
+        KVR_SKIP("backend %s: no usable device here (%s)", backend, kvr_status_str(st));
+    KVR_CHECK_STATUS(st, KVR_OK);
+    KVR_CHECK(strcmp(kvr_xfer_engine_backend(s->eng), backend) == 0);
+    s->buf = aligned_alloc(4096, REGION);
+    KVR_CHECK(s->buf);
+    memset(s->buf, 0, REGION);
+    KVR_CHECK_STATUS(kvr_xfer_mem_reg(s->eng, s->buf, REGION, KVR_MEM_HOST, 0, &s->mem), KVR_OK);
+}
+
+static void side_fini(struct side *s)
+{
+    kvr_xfer_engine_destroy(s->eng);
+    free(s->buf);
+}
+
+/* initiator a connects to target b and unpacks b's region */
+static void connect_to(struct side *a, struct side *b, kvr_xfer_peer_t **p_p, kvr_xfer_rmem_t **r_p)
+{
+    void *blob;
+    size_t len;
+    KVR_CHECK_STATUS(kvr_xfer_address(b->eng, &blob, &len), KVR_OK);
+    KVR_CHECK_STATUS(kvr_xfer_connect(a->eng, blob, len, p_p), KVR_OK);
+    free(blob);
+    KVR_CHECK(kvr_xfer_peer_status(*p_p) == KVR_OK);
+    KVR_CHECK(strlen(kvr_xfer_peer_transports(*p_p)) > 0);
+    KVR_CHECK_STATUS(kvr_xfer_mem_pack(b->mem, &blob, &len), KVR_OK);
+    KVR_CHECK_STATUS(kvr_xfer_rmem_unpack(*p_p, blob, len, r_p), KVR_OK);
+    free(blob);
+    KVR_CHECK_EQ(kvr_xfer_rmem_len(*r_p), REGION);
+}
+
+/* progresses both engines until the list completes; bounded */
+static kvr_status_t finish(kvr_xfer_dlist_t *dl, kvr_xfer_engine_t *target, int timeout_ms)
+{
+    uint64_t deadline = kvr_deadline_ns(timeout_ms);
+    for (;;) {
+        if (target)
+            kvr_xfer_progress(target);
+        kvr_status_t s = kvr_xfer_wait(dl, 1);
+        if (s != KVR_ERR_TIMEOUT)
+            return s;
+        if (kvr_now_ns() > deadline)
+            return KVR_ERR_TIMEOUT;
+    }
+}
+
+static void pump_until(kvr_xfer_engine_t *a, kvr_xfer_engine_t *b, int *counter, int want,
+                       int timeout_ms)
+{
+    uint64_t deadline = kvr_deadline_ns(timeout_ms);
+    while (*counter < want && kvr_now_ns() < deadline) {
+        kvr_xfer_progress(a);
+        kvr_xfer_progress(b);
+    }
+}
+
+static void test_write_read(struct side *a, struct side *b, kvr_xfer_peer_t *p, kvr_xfer_rmem_t *r)
+{
+    /* 64 scattered 16 KiB descriptors: local i*32K -> remote (63-i)*64K + 4K */
+    struct kvr_xfer_desc d[64];
+    fill(a->buf, REGION, 3);
+    memset(b->buf, 0, REGION);
+    for (int i = 0; i < 64; i++)
+        d[i] = (struct kvr_xfer_desc){a->mem, (uint64_t)i * 32768, r,
+                                      (uint64_t)(63 - i) * 65536 + 4096, 16384};
+    kvr_xfer_dlist_t *dl;
+    KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(p, KVR_XFER_WRITE, d, 64, &dl), KVR_OK);
+    size_t co;
+    KVR_CHECK_EQ(kvr_xfer_dlist_count(dl, &co), 64);
+    KVR_CHECK_EQ(co, 64);               /* nothing adjacent */
+    for (int rep = 0; rep < 3; rep++) { /* posted many times */
+        kvr_status_t s = kvr_xfer_post(dl);
+        KVR_CHECK(s == KVR_OK || s == KVR_INPROGRESS);
+        if (s == KVR_INPROGRESS)
+            KVR_CHECK_STATUS(kvr_xfer_post(dl), KVR_ERR_BUSY);
+        KVR_CHECK_STATUS(finish(dl, b->eng, 10000), KVR_OK);
+        KVR_CHECK_STATUS(kvr_xfer_test(dl), KVR_OK);
+    }
+    for (int i = 0; i < 64; i++) {
+        size_t ro = (size_t)(63 - i) * 65536 + 4096;
+        KVR_CHECK(memcmp(b->buf + ro, a->buf + (size_t)i * 32768, 16384) == 0);
+        for (size_t k = ro - 4096; k < ro; k++) /* the gaps stay untouched */
+            KVR_CHECK_EQ(b->buf[k], 0);
+    }
+    struct kvr_xfer_stats st;
+    kvr_xfer_dlist_stats(dl, &st);
+    KVR_CHECK_EQ(st.ndesc, 64);
+    KVR_CHECK_EQ(st.ndesc_coalesced, 64);
+    KVR_CHECK_EQ(st.bytes, 64 * 16384);
+    KVR_CHECK(st.complete_ns > 0);
+    KVR_CHECK(st.post_ns > 0 && st.post_ns <= st.complete_ns + 1000000);
+    kvr_xfer_dlist_release(dl);
+
+    /* READ: target fills, initiator reads 3 MiB in 1000 adjacent pieces (coalesced to 1) */
+    fill(b->buf, REGION, 9);
+    memset(a->buf, 0, REGION);
+    static struct kvr_xfer_desc rd[1000];
+    size_t piece = 3145728 / 1000 / 8 * 8;
+    for (int i = 0; i < 1000; i++)
+        rd[i] = (struct kvr_xfer_desc){a->mem, 4096 + i * piece, r, 8192 + i * piece, piece};
+    KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(p, KVR_XFER_READ, rd, 1000, &dl), KVR_OK);
+    KVR_CHECK_EQ(kvr_xfer_dlist_count(dl, &co), 1000);
+    KVR_CHECK_EQ(co, 1);
+    kvr_status_t s = kvr_xfer_post(dl);
+    KVR_CHECK(s == KVR_OK || s == KVR_INPROGRESS);
+    KVR_CHECK_STATUS(finish(dl, b->eng, 10000), KVR_OK);
+    KVR_CHECK(memcmp(a->buf + 4096, b->buf + 8192, 1000 * piece) == 0);
+    KVR_CHECK_EQ(a->buf[4095], 0);
+    KVR_CHECK_EQ(a->buf[4096 + 1000 * piece], 0);
+    kvr_xfer_dlist_stats(dl, &st);
+    KVR_CHECK_EQ(st.ndesc, 1000);
+    KVR_CHECK_EQ(st.ndesc_coalesced, 1);
+    kvr_xfer_dlist_release(dl);
+}
+
+/* each notification, sent right after posting (not waiting), must find its data */
+static void test_notify_after_data(struct side *a, struct side *b, kvr_xfer_peer_t *p,
+                                   kvr_xfer_rmem_t *r)
+{
+    expect_len = 4u << 20;
+    t_dst = b->buf;
+    struct kvr_xfer_desc d[256];
+    for (int i = 0; i < 256; i++) /* 16 KiB pieces, every other one adjacent */
+        d[i] = (struct kvr_xfer_desc){a->mem, (uint64_t)i * 16384, r, (uint64_t)i * 16384, 16384};
+    kvr_xfer_dlist_t *dl;
+    KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(p, KVR_XFER_WRITE, d, 256, &dl), KVR_OK);
+    notifs_seen = notifs_bad = 0;
+    for (int it = 0; it < 12; it++) {
+        uint8_t seed = (uint8_t)(40 + it);
+        fill(a->buf, expect_len, seed);
+        expect_seed = seed;
+        kvr_status_t s = kvr_xfer_post(dl);
+        KVR_CHECK(s == KVR_OK || s == KVR_INPROGRESS);
+        uint8_t msg[9] = {seed};
+        memcpy(msg + 1, &it, sizeof(it));
+        KVR_CHECK_STATUS(kvr_xfer_notify(p, msg, sizeof(msg)), KVR_OK);
+        pump_until(a->eng, b->eng, &notifs_seen, it + 1, 10000);
+        KVR_CHECK_EQ(notifs_seen, it + 1);
+        KVR_CHECK_EQ(notifs_bad, 0);
+        KVR_CHECK_STATUS(finish(dl, b->eng, 10000), KVR_OK);
+    }
+    /* an empty and a maximal notification are legal */
+    static uint8_t big[KVR_XFER_NOTIF_MAX];
+    KVR_CHECK_STATUS(kvr_xfer_notify(p, big, 0), KVR_OK);
+    KVR_CHECK_STATUS(kvr_xfer_notify(p, big, sizeof(big)), KVR_OK);
+    int before = notifs_seen;
+    pump_until(a->eng, b->eng, &notifs_seen, before + 2, 10000);
+    KVR_CHECK_EQ(notifs_seen, before + 2);
+    notifs_bad = 0; /* those two do not follow the seed protocol */
+    uint64_t deadline = kvr_deadline_ns(5000);
+    kvr_status_t fs;
+    while ((fs = kvr_xfer_flush(p, 1)) == KVR_ERR_TIMEOUT && kvr_now_ns() < deadline)
+        kvr_xfer_progress(b->eng);
+    KVR_CHECK_STATUS(fs, KVR_OK);
+    kvr_xfer_dlist_release(dl);
+
+    struct kvr_xfer_engine_stats es;
+    kvr_xfer_engine_stats(a->eng, &es);
+    KVR_CHECK(es.notifs_sent >= 14);
+    KVR_CHECK(es.posts >= 12);
+    KVR_CHECK(es.bytes_written >= 12 * expect_len);
+    kvr_xfer_engine_stats(b->eng, &es);
+    KVR_CHECK(es.notifs_received >= 14);
+}
+
+static void test_bad_input(struct side *a, struct side *b, kvr_xfer_peer_t *p, kvr_xfer_rmem_t *r)
+{
+    kvr_xfer_dlist_t *dl = NULL;
+    struct kvr_xfer_desc d = {a->mem, 0, r, 0, 4096};
+    KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(p, KVR_XFER_WRITE, &d, 0, &dl), KVR_ERR_INVALID);
+    d.len = 0;
+    KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(p, KVR_XFER_WRITE, &d, 1, &dl), KVR_ERR_INVALID);
+    d.len = 4096;
+    d.roff = REGION - 4095;
+    KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(p, KVR_XFER_WRITE, &d, 1, &dl), KVR_ERR_OUT_OF_RANGE);
+    d.roff = 0;
+    d.loff = REGION;
+    KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(p, KVR_XFER_READ, &d, 1, &dl), KVR_ERR_OUT_OF_RANGE);
+    d.loff = UINT64_MAX - 100; /* overflow must not wrap into range */
+    KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(p, KVR_XFER_WRITE, &d, 1, &dl), KVR_ERR_OUT_OF_RANGE);
+    d.loff = 0;
+    d.lmem = b->mem; /* a region of the other engine */
+    KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(p, KVR_XFER_WRITE, &d, 1, &dl), KVR_ERR_INVALID);
+    d.lmem = NULL;
+    KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(p, KVR_XFER_WRITE, &d, 1, &dl), KVR_ERR_INVALID);
+    d.lmem = a->mem;
+    KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(p, (enum kvr_xfer_op)7, &d, 1, &dl), KVR_ERR_INVALID);
+    KVR_CHECK(dl == NULL); /* outputs set only on success */
+
+    static uint8_t big[KVR_XFER_NOTIF_MAX + 1];
+    KVR_CHECK_STATUS(kvr_xfer_notify(p, big, sizeof(big)), KVR_ERR_INVALID);
+    kvr_xfer_mem_t *m = NULL;
+    KVR_CHECK_STATUS(kvr_xfer_mem_reg(a->eng, NULL, 4096, KVR_MEM_HOST, 0, &m), KVR_ERR_INVALID);
+    KVR_CHECK_STATUS(kvr_xfer_mem_reg(a->eng, a->buf, 0, KVR_MEM_HOST, 0, &m), KVR_ERR_INVALID);
+    KVR_CHECK(m == NULL);
+
+    /* damaged blobs: address and rkey */
+    void *blob;
+    size_t len;
+    kvr_xfer_peer_t *q = NULL;
+    kvr_xfer_rmem_t *rr = NULL;
+    KVR_CHECK_STATUS(kvr_xfer_address(b->eng, &blob, &len), KVR_OK);
+    KVR_CHECK_STATUS(kvr_xfer_connect(a->eng, blob, len - 1, &q), KVR_ERR_INVALID);
+    KVR_CHECK_STATUS(kvr_xfer_connect(a->eng, blob, 3, &q), KVR_ERR_INVALID);
+    KVR_CHECK_STATUS(kvr_xfer_connect(a->eng, NULL, 0, &q), KVR_ERR_INVALID);
+    ((uint8_t *)blob)[len - 1] ^= 0x10;
+    KVR_CHECK_STATUS(kvr_xfer_connect(a->eng, blob, len, &q), KVR_ERR_CORRUPT);
+    ((uint8_t *)blob)[len - 1] ^= 0x10;
+    ((uint8_t *)blob)[4] = KVR_XFER_BLOB_VERSION + 1;
+    KVR_CHECK_STATUS(kvr_xfer_connect(a->eng, blob, len, &q), KVR_ERR_VERSION);
+    ((uint8_t *)blob)[4] = KVR_XFER_BLOB_VERSION;
+    /* an address blob is not an rkey */
+    KVR_CHECK_STATUS(kvr_xfer_rmem_unpack(p, blob, len, &rr), KVR_ERR_INVALID);
+    free(blob);
+    KVR_CHECK_STATUS(kvr_xfer_mem_pack(b->mem, &blob, &len), KVR_OK);
+    KVR_CHECK_STATUS(kvr_xfer_rmem_unpack(p, blob, len / 2, &rr), KVR_ERR_INVALID);
+    ((uint8_t *)blob)[30] ^= 1;
+    KVR_CHECK_STATUS(kvr_xfer_rmem_unpack(p, blob, len, &rr), KVR_ERR_CORRUPT);
+    KVR_CHECK_STATUS(kvr_xfer_connect(a->eng, blob, len, &q), KVR_ERR_CORRUPT);
+    ((uint8_t *)blob)[30] ^= 1;
+    KVR_CHECK_STATUS(kvr_xfer_connect(a->eng, blob, len, &q),
+                     KVR_ERR_INVALID); /* rkey != address */
+    free(blob);
+    KVR_CHECK(q == NULL && rr == NULL);
+    KVR_CHECK(kvr_xfer_peer_status(p) == KVR_OK); /* none of it hurt the good peer */
+}
+
+static void test_timeouts(struct side *a, struct side *b, kvr_xfer_peer_t *p, kvr_xfer_rmem_t *r)
+{
+    struct kvr_xfer_desc d = {a->mem, 0, r, 0, REGION};
+    kvr_xfer_dlist_t *dl;
+    KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(p, KVR_XFER_WRITE, &d, 1, &dl), KVR_OK);
+    KVR_CHECK_STATUS(kvr_xfer_wait(dl, 0), KVR_OK); /* never posted: nothing to wait for */
+    KVR_CHECK_STATUS(kvr_xfer_wait(dl, -1), KVR_ERR_INVALID); /* no infinite waits */
+    KVR_CHECK_STATUS(kvr_xfer_flush(p, -1), KVR_ERR_INVALID);
+    fill(a->buf, REGION, 77);
+    uint64_t t0 = kvr_now_ns();
+    kvr_status_t s = kvr_xfer_post(dl);
+    KVR_CHECK(s == KVR_OK || s == KVR_INPROGRESS);
+    s = kvr_xfer_wait(dl, 0); /* the target is not progressed here */
+    KVR_CHECK(s == KVR_OK || s == KVR_ERR_TIMEOUT);
+    s = kvr_xfer_wait(dl, 20);
+    KVR_CHECK(s == KVR_OK || s == KVR_ERR_TIMEOUT);
+    KVR_CHECK(kvr_now_ns() - t0 < 2000000000ull); /* bounded, not hung */
+    KVR_CHECK_STATUS(finish(dl, b->eng, 10000), KVR_OK);
+    KVR_CHECK(memcmp(a->buf, b->buf, REGION) == 0);
+    kvr_xfer_dlist_release(dl);
+}
+
+static void test_event_fd(struct side *a, struct side *b, kvr_xfer_peer_t *p)
+{
+    int fd;
+    kvr_status_t s = kvr_xfer_event_fd(b->eng, &fd);
+    if (s == KVR_ERR_UNSUPPORTED)
+        return;
+    KVR_CHECK_STATUS(s, KVR_OK);
+    while (kvr_xfer_progress(b->eng) > 0) /* drain and arm */
+        ;
+    int before = notifs_seen;
+    KVR_CHECK_STATUS(kvr_xfer_notify(p, "x", 1), KVR_OK);
+    int readable = 0;
+    uint64_t deadline = kvr_deadline_ns(5000);
+    while (!readable && kvr_now_ns() < deadline) {
+        kvr_xfer_progress(a->eng);
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        readable = poll(&pf, 1, 5) > 0;
+    }
+    KVR_CHECK(readable);
+    pump_until(a->eng, b->eng, &notifs_seen, before + 1, 5000);
+    KVR_CHECK_EQ(notifs_seen, before + 1);
+    notifs_bad = 0;
+}
+
+/* the target disappears with a transfer in flight; then a new target */
+static void test_peer_gone(struct side *a, struct side *b, kvr_xfer_peer_t *p, kvr_xfer_rmem_t *r)
+{
+    struct kvr_xfer_desc d = {a->mem, 0, r, 0, REGION};
+    kvr_xfer_dlist_t *dl;
+    KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(p, KVR_XFER_WRITE, &d, 1, &dl), KVR_OK);
+    kvr_status_t s = kvr_xfer_post(dl);
+    kvr_xfer_engine_destroy(b->eng); /* the target's memory stays allocated */
+    b->eng = NULL;
+    uint64_t t0 = kvr_now_ns();
+    if (s == KVR_INPROGRESS || s == KVR_OK) {
+        s = kvr_xfer_wait(dl, 3000);
+        KVR_CHECK(s == KVR_OK || s == KVR_ERR_PEER_FAILURE || s == KVR_ERR_TIMEOUT);
+        s = kvr_xfer_post(dl); /* a new post on the dead peer */
+        if (s == KVR_INPROGRESS)
+            s = kvr_xfer_wait(dl, 3000);
+        else if (s == KVR_ERR_BUSY)
+            s = KVR_ERR_TIMEOUT;
+    }
+    KVR_CHECK(s == KVR_ERR_PEER_FAILURE || s == KVR_ERR_TIMEOUT);
+    KVR_CHECK(kvr_now_ns() - t0 < 7000000000ull);
+    fprintf(stderr, "peer gone: %s after %.0f ms\n", kvr_status_name(s),
+            (double)(kvr_now_ns() - t0) / 1e6);
+    uint64_t t1 = kvr_now_ns();
+    kvr_xfer_disconnect(p); /* bounded, also releases dl and r */
+    KVR_CHECK(kvr_now_ns() - t1 < 4000000000ull);
+
+    /* a fresh target */
+    struct side c;
+    side_init(&c, "target2", 1);
+    kvr_xfer_peer_t *p2;
+    kvr_xfer_rmem_t *r2;
+    connect_to(a, &c, &p2, &r2);
+    fill(a->buf, REGION, 123);
+    d = (struct kvr_xfer_desc){a->mem, 0, r2, 0, REGION};
+    KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(p2, KVR_XFER_WRITE, &d, 1, &dl), KVR_OK);
+    s = kvr_xfer_post(dl);
+    KVR_CHECK(s == KVR_OK || s == KVR_INPROGRESS);
+    KVR_CHECK_STATUS(finish(dl, c.eng, 10000), KVR_OK);
+    KVR_CHECK(memcmp(a->buf, c.buf, REGION) == 0);
+    kvr_xfer_disconnect(p2);
+    side_fini(&c);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s BACKEND\n", argv[0]);
+        return 2;
+    }
+    backend = argv[1];
+    int built = 0;
+    for (const char *const *n = kvr_xfer_backends(); *n; n++)
+        built |= strcmp(*n, backend) == 0;
+    if (!built)
+        KVR_SKIP("backend %s is not built into this binary", backend);
+
+    struct side a, b;
+    side_init(&a, "initiator", 0);
+    side_init(&b, "target", 1);
+    kvr_xfer_peer_t *p;
+    kvr_xfer_rmem_t *r;
+    connect_to(&a, &b, &p, &r);
+    fprintf(stderr, "%s: transports %s\n", backend, kvr_xfer_peer_transports(p));
+
+    test_write_read(&a, &b, p, r);
+    test_notify_after_data(&a, &b, p, r);
+    test_bad_input(&a, &b, p, r);
+    test_timeouts(&a, &b, p, r);
+    test_event_fd(&a, &b, p);
+    test_peer_gone(&a, &b, p, r);
+
+    free(b.buf);
+    side_fini(&a);
+    fprintf(stderr, "conformance %s: all checks passed\n", backend);
+    return 0;
+}
