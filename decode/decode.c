@@ -586,6 +586,8 @@ static void on_notif(void *arg, const void *msg, size_t len)
         KVR_LOG_DEBUG(COMP, "notification for unknown request %" PRIu64, n.request_id);
         return;
     }
+    if (n.kind == KVR_NOTIF_KV_READY)
+        d->kv_bytes += n.bytes; /* received, whether still wanted or not */
     if (r->state == DR_QUARANTINE) {
         req_end(d, r, false); /* the writes are over: the blocks are free to reuse */
         return;
@@ -617,7 +619,6 @@ static void on_notif(void *arg, const void *msg, size_t len)
         req_fail(d, r, KVR_ERR_INVALID, "prefill node sent a first token outside the vocabulary");
         return;
     }
-    d->kv_bytes += n.bytes;
     d->n_remote++;
     kvr_sampler_add_generated(r->smp, &n.first_token, 1);
     start_decoding(d, r, n.first_token, n.logprob);

@@ -15,7 +15,8 @@
  * blocks adjacent on both sides coalesced into one write).  After the last
  * layer the first token is sampled and a KV_READY notification {request,
  * first token} is sent on the same transport peer, so it arrives after the
- * data; PrefillDone goes to the router once the writes have completed.
+ * data, and PrefillDone to the router; the staging blocks are reused once
+ * the writes have completed.
  *
  * If the target is not known yet when a layer finishes, that layer is
  * posted as soon as it arrives (the control socket is drained from inside
@@ -72,7 +73,7 @@ struct preq {
     uint32_t cached_p;     /* blocks taken from the local prefix cache */
     kvr_xfer_dlist_t **dl; /* [n_layers] */
     int32_t layers_done, layers_posted;
-    bool prepared, notified, canceled;
+    bool prepared, notified, canceled, done_sent;
     kvr_status_t err;
     char errmsg[200];
     int32_t first_token;
@@ -624,6 +625,11 @@ static void finish_computed(struct prefill *p, struct preq *r)
         req_fail(p, r, s, r->errmsg);
         return;
     }
+    /* PrefillDone now, not at write completion: the router streams the
+     * first token from it and frees this node's load a little sooner */
+    r->t_done = kvr_now_ns();
+    send_done(p, r, KVR_OK, "");
+    r->done_sent = true;
     r->state = PQ_DRAINING;
 }
 
@@ -749,25 +755,22 @@ static void check_active(struct prefill *p)
             continue;
         unlink_req(&p->active, r);
         if (st != KVR_OK) {
-            char msg[200];
-            snprintf(msg, sizeof msg, "KV transfer to '%s' failed", r->peer->name);
+            /* PrefillDone went out already; the decode node never gets a
+             * usable KV_READY and its lease fails the request there */
+            KVR_LOG_WARN(COMP, "request %" PRIu64 ": KV transfer to '%s' failed: %s", r->id,
+                         r->peer->name, kvr_status_str(st));
             r->peer->failed = true;
-            req_fail(p, r, st, msg);
+            p->n_failed++;
+            req_free(p, r);
             continue;
-        }
-        r->t_done = kvr_now_ns();
-        for (int32_t l = 0; r->dl && l < p->node.layout.n_layers; l++) {
-            struct kvr_xfer_stats xs;
-            kvr_xfer_dlist_stats(r->dl[l], &xs);
-            (void)xs;
         }
         p->n_ok++;
         p->bytes_pushed += r->bytes;
         p->ndesc_raw += r->ndesc_raw;
         p->ndesc_posted += r->ndesc_posted;
         if (r->t_first_post)
-            p->transfer_ns += r->t_done - r->t_first_post;
-        send_done(p, r, KVR_OK, "");
+            p->transfer_ns += kvr_now_ns() - r->t_first_post;
+        p->stats_dirty = true;
         /* keep the prompt's full blocks in the local prefix cache */
         uint32_t bs = (uint32_t)p->node.layout.block_size;
         size_t nh = 0;
