@@ -113,11 +113,15 @@ kvr_status_t kvr_detok_flush(kvr_detok_t *detok, const char **text_p, size_t *le
  *  special tokens <|begin_of_text|>, <|end_of_text|>, ...) has vocab_size
  *  entries, the Llama 3 pre-tokenizer regex and ByteLevel decoder.  seed
  *  breaks ties between equally frequent pairs; the same seed gives the same
- *  file.  Writes nothing else (bos = <|begin_of_text|>, eos = <|end_of_text|>
- *  are marked special there; the caller may write tokenizer_config.json).
- *  @return KVR_OK; KVR_ERR_INVALID (vocab_size < 256 + specials, or above
- *          what the sample can yield is fine: merges stop early and the rest
- *          is padded with reserved tokens); KVR_ERR_IO. */
+ *  file.  Ids: 0-255 the bytes, 256 <|begin_of_text|> (bos), 257
+ *  <|end_of_text|> (eos), 258 <|eot_id|>, then the merges.  Writes nothing
+ *  else (the post-processor prepends bos; without a tokenizer_config.json the
+ *  loader takes these two as bos/eos; the caller may write one).
+ *  When the sample yields fewer merges than vocab_size needs, the rest of
+ *  the ids are <|reserved_special_token_N|> added tokens, so the file always
+ *  has exactly vocab_size ids.
+ *  @return KVR_OK; KVR_ERR_INVALID (vocab_size < 259 or > 2^22, NULL path);
+ *          KVR_ERR_IO (the file cannot be written); KVR_ERR_NO_MEMORY. */
 kvr_status_t kvr_tokenizer_gen_bytelevel(const char *path, int vocab_size, uint64_t seed);
 
 #endif

@@ -28,6 +28,7 @@
 #include "kvr_tokenizer.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,10 +62,14 @@ struct strmap {
     size_t pool_len, pool_cap;
 };
 
+struct pair_ent {
+    uint64_t key; /* (a << 32 | b), UINT64_MAX empty */
+    int32_t rank, out;
+};
+
 struct pairmap {
     size_t cap;
-    uint64_t *key; /* (a << 32 | b), UINT64_MAX empty */
-    int32_t *rank, *out;
+    struct pair_ent *e; /* one cache line holds four: one miss a lookup */
 };
 
 struct added {
@@ -259,32 +264,27 @@ static bool pairmap_init(struct pairmap *m, size_t expect)
     while (cap < expect * 2)
         cap <<= 1;
     m->cap = cap;
-    m->key = malloc(cap * sizeof(uint64_t));
-    m->rank = malloc(cap * sizeof(int32_t));
-    m->out = malloc(cap * sizeof(int32_t));
-    if (!m->key || !m->rank || !m->out)
+    m->e = malloc(cap * sizeof(struct pair_ent));
+    if (!m->e)
         return false;
-    memset(m->key, 0xff, cap * sizeof(uint64_t));
+    for (size_t i = 0; i < cap; i++)
+        m->e[i].key = UINT64_MAX;
     return true;
 }
 
 static void pairmap_free(struct pairmap *m)
 {
-    free(m->key);
-    free(m->rank);
-    free(m->out);
+    free(m->e);
 }
 
 static void pairmap_put(struct pairmap *m, int32_t a, int32_t b, int32_t rank, int32_t out)
 {
     uint64_t k = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
     size_t i = pair_hash(k) & (m->cap - 1);
-    for (; m->key[i] != UINT64_MAX; i = (i + 1) & (m->cap - 1))
-        if (m->key[i] == k)
+    for (; m->e[i].key != UINT64_MAX; i = (i + 1) & (m->cap - 1))
+        if (m->e[i].key == k)
             return; /* the lower rank stays */
-    m->key[i] = k;
-    m->rank[i] = rank;
-    m->out[i] = out;
+    m->e[i] = (struct pair_ent){k, rank, out};
 }
 
 static inline bool pairmap_get(const struct pairmap *m, int32_t a, int32_t b, int32_t *rank_p,
@@ -294,12 +294,13 @@ static inline bool pairmap_get(const struct pairmap *m, int32_t a, int32_t b, in
         return false;
     uint64_t k = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
     for (size_t i = pair_hash(k) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
-        if (m->key[i] == k) {
-            *rank_p = m->rank[i];
-            *out_p = m->out[i];
+        const struct pair_ent *e = &m->e[i];
+        if (e->key == k) {
+            *rank_p = e->rank;
+            *out_p = e->out;
             return true;
         }
-        if (m->key[i] == UINT64_MAX)
+        if (e->key == UINT64_MAX)
             return false;
     }
 }
@@ -353,10 +354,8 @@ static bool ids_put(struct ids *v, int32_t id)
 static uint32_t byte_to_cp[256];
 static int16_t cp_to_byte[324];
 
-static void bytelevel_init(void)
+static void bytelevel_build(void)
 {
-    if (byte_to_cp['!'] == '!')
-        return; /* built (idempotent, and the same values from any thread) */
     int n = 0;
     for (int b = 0; b < 256; b++) {
         bool keep = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
@@ -366,6 +365,12 @@ static void bytelevel_init(void)
         cp_to_byte[i] = -1;
     for (int b = 0; b < 256; b++)
         cp_to_byte[byte_to_cp[b]] = (int16_t)b;
+}
+
+static void bytelevel_init(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, bytelevel_build);
 }
 
 /* Raw bytes of a ByteLevel piece into out (room for len bytes); false when

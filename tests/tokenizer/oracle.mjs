@@ -83,6 +83,40 @@ function benchCorpus() {
   return out;
 }
 
+// Random strings over a weighted set of assigned characters (Unicode <= 14):
+// what the hand-written regex matchers and NFC must agree on.
+function chaosCorpus() {
+  let s = 0x1234567;
+  const rnd = (n) => {
+    s ^= s << 13;
+    s ^= s >>> 17;
+    s ^= s << 5;
+    return (s >>> 0) % n;
+  };
+  const pools = [
+    [0x61, 0x7a], [0x41, 0x5a], [0x30, 0x39], [0x20, 0x20], [0x20, 0x20], [0x21, 0x2f],
+    [0x3a, 0x40], [0x5b, 0x60], [0x7b, 0x7e], [0x09, 0x0a], [0x0d, 0x0d], [0xa0, 0xff],
+    [0x100, 0x17f], [0x300, 0x36f], [0x391, 0x3a9], [0x410, 0x44f], [0x5d0, 0x5ea],
+    [0x627, 0x64a], [0x64b, 0x652], [0x660, 0x669], [0x905, 0x939], [0x93e, 0x94d],
+    [0xe01, 0xe30], [0xe31, 0xe3a], [0x1100, 0x1112], [0x1161, 0x1175], [0x11a8, 0x11c2],
+    [0x2000, 0x200a], [0x200d, 0x200d], [0x2018, 0x201f], [0x2070, 0x2079], [0x2160, 0x216f],
+    [0x3000, 0x3002], [0x3041, 0x3096], [0x30a1, 0x30fa], [0x4e00, 0x4fff], [0xac00, 0xacff],
+    [0xff01, 0xff5e], [0x1f300, 0x1f5ff], [0x1f600, 0x1f64f], [0x1f3fb, 0x1f3ff],
+    [0xfe0f, 0xfe0f], [0x1f1e6, 0x1f1ff], [0x27, 0x27], [0x27, 0x27],
+  ];
+  const out = [];
+  for (let k = 0; k < 1500; k++) {
+    const n = 1 + rnd(60);
+    let t = "";
+    for (let i = 0; i < n; i++) {
+      const [a, b] = pools[rnd(pools.length)];
+      t += String.fromCodePoint(a + rnd(b - a + 1));
+    }
+    out.push(t);
+  }
+  return out;
+}
+
 let failures = 0;
 const rows = [];
 for (const spec of TOKENIZERS) {
@@ -131,13 +165,38 @@ for (const spec of TOKENIZERS) {
     (bad ? `, ${bad} failures` : ""));
   failures += bad;
 
+  // generated corpora: ids, decode and streaming must agree on every line
+  const gen = [["words", benchCorpus()], ["chaos", chaosCorpus()]];
+  let genBad = 0;
+  const genResults = {};
+  for (const [gname, gc] of gen) {
+    const gfile = path.join(args.out, `${gname}_corpus.json`);
+    fs.writeFileSync(gfile, JSON.stringify(gc));
+    const gout = path.join(args.out, `${spec.name}_${gname}.json`);
+    const reps = args.bench && gname === "words" ? "5" : "0";
+    execFileSync(args.tokcheck, [dir, gfile, gout, reps], { stdio: "inherit" });
+    const res = JSON.parse(fs.readFileSync(gout, "utf8"));
+    genResults[gname] = res;
+    gc.forEach((text, i) => {
+      const r = res.results[i];
+      const want = hf.encode(text, { add_special_tokens: false }).ids;
+      let why = null;
+      if (!eqIds(r.ids_nospecial, want)) why = `ids differ\n  mine ${JSON.stringify(r.ids_nospecial)}\n  hf   ${JSON.stringify(want)}`;
+      else if (r.decoded !== hfDecode(hf, want, false)) why = `decode differs: ${JSON.stringify(r.decoded)}`;
+      else if (!r.stream_ok) why = "streaming != decode";
+      if (why) {
+        genBad++;
+        if (genBad <= 5) console.error(`FAIL ${spec.name} ${gname}[${i}] ${JSON.stringify(text).slice(0, 160)}: ${why}`);
+      }
+    });
+  }
+  console.log(`${spec.name}: generated corpora (${gen.map(([n, c]) => `${c.length} ${n}`).join(", ")}): ` +
+    (genBad ? `${genBad} failures` : "all agree"));
+  failures += genBad;
+
   if (args.bench) {
-    const bc = benchCorpus();
-    const bfile = path.join(args.out, "bench_corpus.json");
-    fs.writeFileSync(bfile, JSON.stringify(bc));
-    const bout = path.join(args.out, `${spec.name}_bench.json`);
-    execFileSync(args.tokcheck, [dir, bfile, bout, "5"], { stdio: "inherit" });
-    const b = JSON.parse(fs.readFileSync(bout, "utf8")).bench;
+    const bc = gen[0][1];
+    const b = genResults.words.bench;
     let best = 1e9;
     let tokens = 0;
     for (let rep = 0; rep < 5; rep++) {
