@@ -159,6 +159,23 @@ for (const spec of TOKENIZERS) {
     }
     if (!r.stream_ok) report(i, "streaming detokenization != decode (or split a character)", "");
   });
+  // every vocabulary id, decoded in chunks: the decoder on every piece
+  let vbad = 0;
+  for (const ch of mine.vocab_chunks) {
+    const want = hfDecode(hf, ch.ids, false);
+    if (ch.decoded !== want) {
+      vbad++;
+      if (vbad <= 3)
+        console.error(`FAIL ${spec.name} vocabulary chunk decode differs\n  mine ${JSON.stringify(ch.decoded).slice(0, 300)}\n  hf   ${JSON.stringify(want).slice(0, 300)}`);
+    }
+  }
+  if (!mine.vocab_stream_ok) {
+    vbad++;
+    console.error(`FAIL ${spec.name}: streaming the vocabulary != decode`);
+  }
+  console.log(`${spec.name}: decode of all ${mine.vocab_chunks.reduce((a, c) => a + c.ids.length, 0)} ids in ` +
+    `${mine.vocab_chunks.length} chunks: ${vbad ? vbad + " failures" : "agrees"}`);
+  bad += vbad;
   const total = corpus.length;
   console.log(`${spec.name}: ${total - Math.min(bad, total)}/${total} strings agree` +
     ` (kind ${mine.kind}, vocab ${mine.vocab_size}, bos ${mine.bos}, eos ${mine.eos})` +

@@ -160,6 +160,41 @@ int main(int argc, char **argv)
         free(dec);
         free(dec_skip);
     }
+    /* every id of the vocabulary, in chunks of 256 of a stride permutation:
+     * decode() of each chunk (the oracle compares it) and streaming of all */
+    {
+        int32_t nv = kvr_tokenizer_vocab_size(tok);
+        int64_t stride = 7919;
+        while (nv % stride == 0)
+            stride += 2;
+        int32_t *perm = malloc((size_t)nv * sizeof(int32_t));
+        size_t np = 0;
+        for (int64_t i = 0; perm && i < nv; i++) {
+            int32_t id = (int32_t)((i * stride + 13) % nv);
+            if (kvr_tokenizer_id_to_piece(tok, id, NULL))
+                perm[np++] = id;
+        }
+        fprintf(f, "\n],\"vocab_chunks\":[");
+        int all_ok = perm != NULL;
+        for (size_t c = 0; perm && c < np; c += 256) {
+            size_t m = np - c < 256 ? np - c : 256;
+            char *dec;
+            size_t dl;
+            if (kvr_tokenizer_decode(tok, perm + c, m, false, &dec, &dl) != KVR_OK) {
+                fprintf(stderr, "tokcheck: decode of vocabulary chunk %zu failed\n", c / 256);
+                return 1;
+            }
+            all_ok = all_ok && stream_check(tok, perm + c, m, false, dec, dl);
+            fprintf(f, "%s\n{\"ids\":", c ? "," : "");
+            put_ids(f, perm + c, m);
+            fprintf(f, ",\"decoded\":");
+            put_str(f, dec, dl);
+            fputc('}', f);
+            free(dec);
+        }
+        fprintf(f, "],\"vocab_stream_ok\":%s", all_ok ? "true" : "false");
+        free(perm);
+    }
     /* throughput: encode (no specials added) over the corpus, best of REPEAT */
     double best = 1e9;
     size_t total_ids = 0;
@@ -178,7 +213,7 @@ int main(int argc, char **argv)
         if (dt < best)
             best = dt;
     }
-    fprintf(f, "\n],\"bench\":{\"bytes\":%zu,\"tokens\":%zu,\"best_s\":%.6f}}\n", bytes, total_ids,
+    fprintf(f, ",\"bench\":{\"bytes\":%zu,\"tokens\":%zu,\"best_s\":%.6f}}\n", bytes, total_ids,
             best);
     fclose(f);
     kvr_json_free(doc);
