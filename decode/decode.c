@@ -215,10 +215,23 @@ static void send_resync(struct decode *d)
 
 /* ---- requests ---- */
 
+/* The live request with this id (a quarantined one is the remains of a
+ * canceled dispatch: a new Reserve with its id is a new request). */
 static struct dreq *find_req(struct decode *d, uint64_t id)
 {
     for (struct dreq *r = d->reqs; r; r = r->next)
-        if (r->id == id)
+        if (r->id == id && r->state != DR_QUARANTINE)
+            return r;
+    return NULL;
+}
+
+/* The request a notification is about: same id and the same first
+ * uncached block (two dispatches of one request never share it). */
+static struct dreq *find_req_notif(struct decode *d, uint64_t id, uint32_t first_block)
+{
+    for (struct dreq *r = d->reqs; r; r = r->next)
+        if (r->id == id && r->n_cached_blocks < r->n_blocks &&
+            r->blocks[r->n_cached_blocks] == first_block)
             return r;
     return NULL;
 }
@@ -581,7 +594,7 @@ static void on_notif(void *arg, const void *msg, size_t len)
         on_hello(d, &n);
         return;
     }
-    struct dreq *r = find_req(d, n.request_id);
+    struct dreq *r = find_req_notif(d, n.request_id, n.first_block);
     if (!r) {
         KVR_LOG_DEBUG(COMP, "notification for unknown request %" PRIu64, n.request_id);
         return;

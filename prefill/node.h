@@ -50,8 +50,10 @@ struct kvr_notif {
     float logprob;
     uint32_t n_tokens; /* prompt tokens */
     uint32_t cached_tokens;
-    uint64_t bytes; /* bytes written for the request */
-    int32_t status; /* KV_ABORT: why */
+    uint64_t bytes;       /* bytes written for the request */
+    int32_t status;       /* KV_ABORT: why */
+    uint32_t first_block; /* KV_READY/KV_ABORT: the decode node's block id of the first
+                             uncached block: tells two dispatches of one request apart */
 };
 
 /* ---- the node ---- */

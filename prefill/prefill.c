@@ -108,10 +108,10 @@ struct prefill {
 static struct preq *find_req(struct prefill *p, uint64_t id)
 {
     for (struct preq *r = p->queue; r; r = r->next)
-        if (r->id == id)
+        if (r->id == id && !r->canceled)
             return r;
     for (struct preq *r = p->active; r; r = r->next)
-        if (r->id == id)
+        if (r->id == id && !r->canceled)
             return r;
     return NULL;
 }
@@ -310,6 +310,7 @@ static void notify_abort(struct prefill *p, struct preq *r, kvr_status_t why)
     n.incarnation = p->node.incarnation;
     snprintf(n.node, sizeof n.node, "%s", p->node.name);
     n.status = why;
+    n.first_block = r->dblocks ? r->dblocks[r->cached_d] : UINT32_MAX;
     (void)kvr_xfer_notify(r->peer->peer, &n, sizeof n);
     r->notified = true;
 }
@@ -326,7 +327,8 @@ static void req_fail(struct prefill *p, struct preq *r, kvr_status_t code, const
                 (void)kvr_xfer_wait(r->dl[l], 1000);
     if (r->peer && kvr_xfer_peer_status(r->peer->peer) != KVR_OK)
         r->peer->failed = true;
-    send_done(p, r, code, msg);
+    if (!r->canceled && !r->done_sent) /* a cancel came from the router: it knows */
+        send_done(p, r, code, msg);
     if (code == KVR_ERR_CANCELED)
         p->n_canceled++;
     else
@@ -412,6 +414,7 @@ static kvr_status_t send_ready(struct prefill *p, struct preq *r)
     n.n_tokens = (uint32_t)r->n_tokens;
     n.cached_tokens = r->cached_d * (uint32_t)p->node.layout.block_size;
     n.bytes = r->bytes;
+    n.first_block = r->dblocks[r->cached_d];
     kvr_status_t s = kvr_xfer_notify(r->peer->peer, &n, sizeof n);
     if (s == KVR_OK)
         r->notified = true;
@@ -575,7 +578,8 @@ static void on_cancel(struct prefill *p, const Kvrail__NodeCancel *c)
         unlink_req(&p->active, r);
         req_fail(p, r, KVR_ERR_CANCELED, "canceled");
     }
-    /* computing: stops at the next layer; draining: the data is out already */
+    /* computing: stops at the next layer; draining: the data is out already
+     * (marked canceled, so that a new dispatch of the same id is a new request) */
 }
 
 static void on_msg(void *arg, unsigned method, ProtobufCMessage *m)

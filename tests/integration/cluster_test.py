@@ -167,7 +167,9 @@ def case_cancel(args, bins, wd):
         ds = c.wait_idle(timeout=15)
         baseline_ok(c, ds)
         s = ds[c.decodes[0]]
-        check(s["canceled"] >= 8, "decode node saw %d cancels after the disconnect, want 8" % s["canceled"])
+        check(s["canceled"] > 4, "decode node saw no cancel after the disconnect")
+        check(s["done"] == 0, "%d requests ran to their end instead of stopping" % s["done"])
+        check(s["tokens_out"] < 4 * 2000, "the decode node generated %d tokens" % s["tokens_out"])
         st = c.status()
         print("router: canceled %d" % st["router"]["canceled"])
         check(st["router"]["active"] == 0, "router still has %d active requests" % st["router"]["active"])
@@ -197,22 +199,22 @@ def case_exhaust(args, bins, wd):
         baseline_ok(c, c.wait_idle())
         print("12 requests through a pool of 3: %.1f s" % dt)
         c.stop()
-        # short queue timeout, long outputs: the late ones get an overload status
-        c = Cluster(bins, wd, model, n_prefill=1, n_decode=1, pool_blocks=48, queue_ms=800)
+        # short queue timeout, long outputs: 100 + 3000 tokens = 194 blocks of a
+        # 200-block pool, one request at a time; the late ones get an overload status
+        c = Cluster(bins, wd, model, n_prefill=1, n_decode=1, pool_blocks=200, queue_ms=300)
         c.start()
-        # 100 prompt + 400 output tokens = 32 blocks: one request at a time
-        prompts = [([rng.randrange(4, 512) for _ in range(100)], 400) for _ in range(8)]
+        prompts = [([rng.randrange(4, 512) for _ in range(100)], 3000) for _ in range(6)]
         t0 = time.time()
-        rc, outs, log = c.loadgen(prompts, ["--concurrency", "8"], name="overload", timeout=120)
+        rc, outs, log = c.loadgen(prompts, ["--concurrency", "6"], name="overload", timeout=120)
         print(log)
-        check(len(outs) == 8 and all(o["status"] in (0, KVR_ERR_OVERLOAD) for o in outs.values()),
+        check(len(outs) == 6 and all(o["status"] in (0, KVR_ERR_OVERLOAD) for o in outs.values()),
               "each request completes or is overloaded: %s" % [(o["status"], o["message"]) for o in outs.values()])
         n_over = sum(o["status"] == KVR_ERR_OVERLOAD for o in outs.values())
         n_ok = sum(o["status"] == 0 for o in outs.values())
         msgs = {o["message"] for o in outs.values() if o["status"] == KVR_ERR_OVERLOAD}
         print("ok %d, overloaded %d (%s) in %.1f s" % (n_ok, n_over, msgs, time.time() - t0))
         check(n_ok >= 1, "nothing completed")
-        check(n_over >= 1, "nothing was overloaded with an 800 ms queue timeout")
+        check(n_over >= 1, "nothing was overloaded with a 300 ms queue timeout")
         check(all(m for m in msgs), "an overload status without a message")
         baseline_ok(c, c.wait_idle())
         c.check_alive()
