@@ -243,6 +243,7 @@ def main():
     os.makedirs(resdir, exist_ok=True)
     if args.mode != "test":
         args.force = True
+        args.vm_timeout = max(args.vm_timeout, 1500)
         args.result = args.result or "verbs_bench"
     inputs = [args.guest] + args.input
     with open(os.path.join(cache, "lock"), "w") as lock:
