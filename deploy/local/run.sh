@@ -18,7 +18,8 @@ BIN=$ROOT/build
 
 MODEL=.models/tiny
 if [ ! -f "$MODEL/config.json" ]; then
-    "$BIN/tools/mkmodel/kvrail-mkmodel" --out "$MODEL" --seed 1
+    mkdir -p "$MODEL"
+    "$BIN/tools/mkmodel/kvrail-mkmodel" --out "$MODEL" --seed 1 >/dev/null
 fi
 
 CLIENT=$(python3 -c "import yaml;print(yaml.safe_load(open('$CONFIG'))['router']['client'])" 2>/dev/null || echo tcp://127.0.0.1:7700)
