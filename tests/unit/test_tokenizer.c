@@ -357,6 +357,71 @@ static void test_sentencepiece(void)
     kvr_tokenizer_destroy(t);
 }
 
+/* random bytes (invalid UTF-8, NULs, partial sequences) and random ids:
+ * never a crash; streaming equals decode; valid byte-level text round-trips */
+static void fuzz_one(const kvr_tokenizer_t *t, uint64_t *rng, bool bytelevel)
+{
+    unsigned char text[96];
+    for (int round = 0; round < 400; round++) {
+        size_t n = (size_t)(*rng % sizeof(text));
+        for (size_t i = 0; i < n; i++) {
+            *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+            unsigned r = (unsigned)(*rng >> 33);
+            /* mostly ASCII and UTF-8 lead/continuation bytes, some '<' for added tokens */
+            text[i] = (unsigned char)(r % 4 == 0   ? 0x80 + r % 0x80
+                                      : r % 4 == 1 ? 0xC0 + r % 0x40
+                                      : r % 7 == 0 ? '<'
+                                                   : r % 0x80);
+        }
+        int32_t *ids;
+        size_t nid;
+        KVR_CHECK_STATUS(kvr_tokenizer_encode(t, (const char *)text, n, true, &ids, &nid), KVR_OK);
+        for (size_t i = 0; i < nid; i++)
+            KVR_CHECK(ids[i] >= 0 && ids[i] < kvr_tokenizer_vocab_size(t));
+        check_stream(t, ids, nid, false);
+        check_stream(t, ids, nid, true);
+        /* valid UTF-8 without '<' (no added tokens) round-trips on byte-level */
+        bool valid = true;
+        for (size_t k = 0; k < n && valid;) {
+            uint32_t cp;
+            int st;
+            k += kvr_utf8_scan(text + k, n - k, &cp, &st);
+            valid = st == KVR_UTF8_OK && cp != '<';
+        }
+        if (bytelevel && valid) {
+            char *dec;
+            size_t dl;
+            KVR_CHECK_STATUS(kvr_tokenizer_decode(t, ids, nid, true, &dec, &dl), KVR_OK);
+            KVR_CHECK(dl == n && !memcmp(dec, text, n));
+            free(dec);
+        }
+        free(ids);
+        /* random ids */
+        int32_t rid[24];
+        for (int k = 0; k < 24; k++) {
+            *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+            rid[k] = (int32_t)((*rng >> 33) % (uint64_t)kvr_tokenizer_vocab_size(t));
+        }
+        check_stream(t, rid, 24, false);
+        check_stream(t, rid, 24, true);
+    }
+}
+
+static void test_fuzz(void)
+{
+    char p[512], err[512];
+    uint64_t rng = 42;
+    kvr_tokenizer_t *t;
+    snprintf(p, sizeof(p), "%s/gen1.json", dir);
+    KVR_CHECK_STATUS(kvr_tokenizer_load(p, &t, err, sizeof(err)), KVR_OK);
+    fuzz_one(t, &rng, true);
+    kvr_tokenizer_destroy(t);
+    snprintf(p, sizeof(p), "%s/sp.json", dir);
+    KVR_CHECK_STATUS(kvr_tokenizer_load(p, &t, err, sizeof(err)), KVR_OK);
+    fuzz_one(t, &rng, false);
+    kvr_tokenizer_destroy(t);
+}
+
 struct pieces {
     char buf[1024];
     size_t len;
@@ -434,6 +499,7 @@ int main(void)
     test_broken();
     test_generated();
     test_sentencepiece();
+    test_fuzz();
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     KVR_CHECK(system(cmd) == 0);
