@@ -91,7 +91,7 @@ cmd_of() {
     verbs_mismatch) echo "$BIN/test_verbs_pair --case mismatch --dev-a rxe0 --dev-b rxe1" ;;
     verbs_kvrail_bench) echo "$BUILD/tools/bench/kvrail-bench --backend verbs --devices rxe_lo --pool-size 64M \
         --sizes 4K,64K,1M --batch 1,64 --duration 0.3 --check --quiet" ;;
-    verbs_bench) echo "sh tests/rdma/bench-vm.sh $BUILD" ;;
+    verbs_bench) echo "python3 tests/rdma/bench-vm.py $BUILD" ;;
     esac
 }
 
