@@ -116,6 +116,7 @@ def main():
                if outs.get(i) is None or outs[i]["status"] != 0 or outs[i]["tokens"] != ref[i]]
         check(not bad, "outputs differ or failed for prompts %s: %s" % (
             bad, [outs.get(i) for i in bad[:3]]))
+        c.wait_idle()
         pushed = c.stats("prefill0")["bytes_pushed"]
         check(pushed > 0, "no KV moved between the namespaces")
         print("%d prompts over veth/UCX TCP, %d KV bytes prefill -> decode, all equal to kvrail run"
