@@ -2,6 +2,7 @@
  * tokcheck.c - the C side of the tokenizer oracle test (oracle.mjs).
  *
  *   tokcheck DIR CORPUS.json OUT.json [REPEAT]
+ *   tokcheck --gen FILE VOCAB_SIZE SEED   (writes kvr_tokenizer_gen_bytelevel's file)
  *
  * Loads the tokenizer in DIR, reads CORPUS.json (an array of strings), and
  * writes OUT.json: for every string the ids with and without special tokens,
@@ -91,6 +92,15 @@ static int stream_check(const kvr_tokenizer_t *tok, const int32_t *ids, size_t n
 
 int main(int argc, char **argv)
 {
+    if (argc == 5 && !strcmp(argv[1], "--gen")) {
+        /* tokcheck --gen FILE VOCAB_SIZE SEED: the generator's output, for
+         * the oracle to load too */
+        kvr_status_t gs =
+            kvr_tokenizer_gen_bytelevel(argv[2], atoi(argv[3]), strtoull(argv[4], NULL, 10));
+        if (gs != KVR_OK)
+            fprintf(stderr, "tokcheck: gen %s: %s\n", argv[2], kvr_status_name(gs));
+        return gs == KVR_OK ? 0 : 1;
+    }
     if (argc < 4) {
         fprintf(stderr, "usage: tokcheck DIR CORPUS.json OUT.json [REPEAT]\n");
         return 1;
