@@ -246,6 +246,8 @@ kvr_status_t kvr_ctx_create(const kvr_model_t *m, const struct kvr_ctx_opts *opt
         .max_rows = ctx->T,
         .max_cols = c->intermediate > c->hidden ? c->intermediate : c->hidden,
         .max_seq_len = o.max_seq_len,
+        .max_head_dim = c->head_dim,
+        .gemv_max_rows = o.max_batch > 32 ? o.max_batch : 32,
     };
     if (qd > bp.max_cols)
         bp.max_cols = qd;

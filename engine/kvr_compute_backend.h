@@ -33,6 +33,12 @@ struct kvr_backend_params {
     int32_t max_rows;    /* most rows (tokens) any op sees */
     int32_t max_cols;    /* largest weight cols (K) */
     int32_t max_seq_len; /* longest sequence attention reads */
+    int32_t max_head_dim;
+    /* matmuls of up to this many rows use the backend's batch-invariant
+     * kernel (each output row computed the same way whatever M): decode
+     * steps of up to max_batch sequences give the logits of decoding each
+     * alone, bit for bit. */
+    int32_t gemv_max_rows;
 };
 
 /* Attention over the paged pool for n_rows query rows.  Row r is a token at

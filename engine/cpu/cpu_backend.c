@@ -2,7 +2,7 @@
  * cpu_backend.c - the CPU compute backend.
  *
  * matmul, y[M][N] = x[M][K] W[N][K]^T:
- *  - M <= GEMV_MAX_M (decode, last-token logits): our own kernel, the N
+ *  - M <= gemv_max_rows (decode, last-token logits): our own kernel, the N
  *    weight rows split over the thread pool; each weight row is read once
  *    in its file dtype (f32, f16 or bf16, widened in registers) and dotted
  *    with up to 4 activation rows at a time, so small batches cost one pass
@@ -26,8 +26,9 @@
 #include "kvr_log.h"
 #include "threadpool.h"
 
-#define GEMV_MAX_M  8
-#define CONV_FLOATS (4u << 20) /* f32 scratch for widened weight rows: 16 MiB */
+#define CONV_FLOATS   (4u << 20) /* f32 scratch for widened weight rows: 16 MiB */
+#define ATTN_S_FLOATS (4u << 20) /* score tile of the GEMM attention: 16 MiB */
+#define ATTN_ROWS     128        /* query rows per score tile */
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define KVR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -50,6 +51,9 @@ struct cpu_backend {
     struct kvr_backend_params p;
     float *conv;   /* [CONV_FLOATS] widened weight rows for sgemm */
     float *scores; /* [n_threads][max_seq_len] attention scores */
+    float *kbuf;   /* [max_seq_len][head_dim] one kv head's K, gathered (prefill) */
+    float *vbuf;   /* [max_seq_len][head_dim] and its V */
+    float *sbuf;   /* [ATTN_S_FLOATS] score tile of the GEMM attention */
 };
 
 static struct cpu_backend *cpu(struct kvr_compute_backend *be)
@@ -120,6 +124,50 @@ static inline __attribute__((always_inline)) v16f ldx(const float *x)
     return f;
 }
 
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+/* exp(x) for 16 lanes: 2^n * 2^f with n = round(x log2 e), |f| <= 1/2, and
+ * 2^f by its Taylor series to degree 7 (relative error < 2e-8 + float
+ * rounding).  Inputs below -87 give 0, above 88 are clamped. */
+static inline __attribute__((always_inline)) v16f vexp(v16f x)
+{
+    const v16f hi = (v16f){0} + 88.0f, lo = (v16f){0} - 87.0f;
+    v16i mhi = x > hi, mlo = x < lo;
+    x = (v16f)(((v16i)x & ~mhi) | ((v16i)hi & mhi));
+    v16f t = x * 1.44269504088896341f;
+    const v16f magic = (v16f){0} + 12582912.0f; /* 1.5 * 2^23: rounds to integer */
+    v16f n = (t + magic) - magic;
+    v16f f = (t - n) * 0.69314718055994531f; /* 2^(t-n) = e^f, |f| <= ln2/2 */
+    v16f p = (v16f){0} + (1.0f / 5040.0f);
+    p = p * f + (1.0f / 720.0f);
+    p = p * f + (1.0f / 120.0f);
+    p = p * f + (1.0f / 24.0f);
+    p = p * f + (1.0f / 6.0f);
+    p = p * f + 0.5f;
+    p = p * f + 1.0f;
+    p = p * f + 1.0f;
+    v16i e = (__builtin_convertvector(n, v16i) + 127) << 23;
+    v16f r = p * (v16f)e;
+    return (v16f)((v16i)r & ~mlo); /* x < -87: 0 */
+}
+
+static inline __attribute__((always_inline)) void vexp_inplace(float *v, size_t n, float sub)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        v16f x = ldx(v + i) - sub;
+        x = vexp(x);
+        memcpy(v + i, &x, 64);
+    }
+    if (i < n) {
+        float tail[16] = {0};
+        memcpy(tail, v + i, (n - i) * 4);
+        v16f x = ldx(tail) - sub;
+        x = vexp(x);
+        memcpy(v + i, &x, (n - i) * 4);
+    }
+}
+
 /* R weight rows x C activation rows, R*C accumulators. */
 static inline __attribute__((always_inline)) void micro(const int R, const int C, int32_t dtype,
                                                         const void *w, size_t ldw, const float *x,
@@ -164,6 +212,10 @@ struct gemv_job {
     bool accumulate;
 };
 
+/* Rows n0..n1 of y: 4 weight rows at a time (tail: 1), each group dotted
+ * with 4 activation rows at a time (tail: 1..3) while it sits in L1.  Every
+ * y element is one dot product summed in the same order whatever M, the
+ * tile or the thread: a row's result does not depend on the batch. */
 static inline __attribute__((always_inline)) void gemv_rows(const struct gemv_job *j, int32_t dtype,
                                                             int32_t n0, int32_t n1)
 {
@@ -171,60 +223,45 @@ static inline __attribute__((always_inline)) void gemv_rows(const struct gemv_jo
     const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
     const char *W = j->w->data;
     float tmp[4 * 4];
-    int32_t n = n0;
-    if (j->M == 1) {
-        for (; n < n1; n += 4) {
-            int R = n1 - n < 4 ? n1 - n : 4;
-            const void *wr = W + (size_t)n * K * esz;
-            if (R == 4)
-                micro(4, 1, dtype, wr, K, j->x, K, K, tmp, 4);
-            else
-                for (int r = 0; r < R; r++)
-                    micro(1, 1, dtype, W + (size_t)(n + r) * K * esz, K, j->x, K, K, tmp + r, 4);
-            for (int r = 0; r < R; r++) {
-                float v = tmp[r] + (j->bias ? j->bias[n + r] : 0.0f);
-                j->y[n + r] = j->accumulate ? j->y[n + r] + v : v;
-            }
-        }
-        return;
-    }
-    for (; n < n1; n += 2) {
-        int R = n1 - n < 2 ? 1 : 2;
+    for (int32_t n = n0; n < n1;) {
+        int R = n1 - n >= 4 ? 4 : 1;
         const void *wr = W + (size_t)n * K * esz;
         for (int32_t m = 0; m < j->M; m += 4) {
             int C = j->M - m < 4 ? j->M - m : 4;
             const float *xr = j->x + (size_t)m * K;
-            if (R == 2) {
+#define MICRO(r, c) micro(r, c, dtype, wr, K, xr, K, K, tmp, 4)
+            if (R == 4) {
                 switch (C) {
                 case 4:
-                    micro(2, 4, dtype, wr, K, xr, K, K, tmp, 4);
+                    MICRO(4, 4);
                     break;
                 case 3:
-                    micro(2, 3, dtype, wr, K, xr, K, K, tmp, 4);
+                    MICRO(4, 3);
                     break;
                 case 2:
-                    micro(2, 2, dtype, wr, K, xr, K, K, tmp, 4);
+                    MICRO(4, 2);
                     break;
                 default:
-                    micro(2, 1, dtype, wr, K, xr, K, K, tmp, 4);
+                    MICRO(4, 1);
                     break;
                 }
             } else {
                 switch (C) {
                 case 4:
-                    micro(1, 4, dtype, wr, K, xr, K, K, tmp, 4);
+                    MICRO(1, 4);
                     break;
                 case 3:
-                    micro(1, 3, dtype, wr, K, xr, K, K, tmp, 4);
+                    MICRO(1, 3);
                     break;
                 case 2:
-                    micro(1, 2, dtype, wr, K, xr, K, K, tmp, 4);
+                    MICRO(1, 2);
                     break;
                 default:
-                    micro(1, 1, dtype, wr, K, xr, K, K, tmp, 4);
+                    MICRO(1, 1);
                     break;
                 }
             }
+#undef MICRO
             for (int c = 0; c < C; c++) {
                 for (int r = 0; r < R; r++) {
                     float v = tmp[c * 4 + r] + (j->bias ? j->bias[n + r] : 0.0f);
@@ -233,6 +270,7 @@ static inline __attribute__((always_inline)) void gemv_rows(const struct gemv_jo
                 }
             }
         }
+        n += R;
     }
 }
 
@@ -286,7 +324,7 @@ static void cpu_matmul(struct kvr_compute_backend *be, float *y, const float *x,
 {
     struct cpu_backend *c = cpu(be);
     const int32_t N = w->rows, K = w->cols;
-    if (M <= GEMV_MAX_M) {
+    if (M <= c->p.gemv_max_rows) {
         struct gemv_job j = {y, x, M, w, bias, accumulate};
         kvr_tp_run(c->tp, gemv_task, &j, chunks_for(c, (double)M * N * K, N / 16));
         return;
@@ -436,11 +474,9 @@ KVR_CLONES static void attn_task(void *arg, int ith, int nth, int tid)
                 mx = s;
         }
         float sum = 0;
-        for (int32_t t = lo; t <= p; t++) {
-            float e = expf(sc[t - lo] - mx);
-            sc[t - lo] = e;
-            sum += e;
-        }
+        vexp_inplace(sc, (size_t)(p - lo + 1), mx);
+        for (int32_t t = lo; t <= p; t++)
+            sum += sc[t - lo];
         float inv = 1.0f / sum;
         float *o = j->out + ((size_t)r * (size_t)H + (size_t)h) * (size_t)hd;
         memset(o, 0, (size_t)hd * 4);
@@ -453,9 +489,101 @@ KVR_CLONES static void attn_task(void *arg, int ith, int nth, int tid)
     }
 }
 
+/* Prefill attention with two GEMMs per head and row tile: S = Q K^T * scale
+ * over the keys up to the tile's last row, a masked softmax per row, O = S V.
+ * K and V of the kv head are first gathered from the blocks. */
+struct smax_job {
+    float *s;
+    int32_t ld, first_pos, lo_key, window, n_rows;
+};
+
+static inline __attribute__((always_inline)) void smax_row(const struct smax_job *j, int32_t r)
+{
+    float *row = j->s + (size_t)r * (size_t)j->ld;
+    int32_t pos = j->first_pos + r; /* absolute position of this query */
+    int32_t b = pos - j->lo_key;    /* last key index in the tile */
+    int32_t a = 0;
+    if (j->window > 0 && pos - j->window + 1 - j->lo_key > 0)
+        a = pos - j->window + 1 - j->lo_key;
+    float mx = -INFINITY;
+    for (int32_t t = a; t <= b; t++)
+        mx = row[t] > mx ? row[t] : mx;
+    vexp_inplace(row + a, (size_t)(b - a + 1), mx);
+    float sum = 0;
+    for (int32_t t = a; t <= b; t++)
+        sum += row[t];
+    float inv = 1.0f / sum;
+    for (int32_t t = a; t <= b; t++)
+        row[t] *= inv;
+    if (a > 0)
+        memset(row, 0, (size_t)a * 4);
+    if (b + 1 < j->ld)
+        memset(row + b + 1, 0, (size_t)(j->ld - b - 1) * 4);
+}
+
+KVR_CLONES static void smax_task(void *arg, int chunk, int n_chunks, int tid)
+{
+    const struct smax_job *j = arg;
+    for (int32_t r = chunk; r < j->n_rows; r += n_chunks)
+        smax_row(j, r);
+}
+
+static bool attn_gemm(struct cpu_backend *c, const struct kvr_attn_args *a, const float *q,
+                      float *out)
+{
+    const struct kvr_kv_layout *l = a->layout;
+    const int32_t M = a->n_rows, H = a->n_heads, hd = l->head_dim, bs = l->block_size;
+    const int32_t group = H / l->n_kv_heads;
+    if (M < 16)
+        return false;
+    for (int32_t r = 1; r < M; r++)
+        if (a->block_table[r] != a->block_table[0] || a->pos[r] != a->pos[0] + r)
+            return false;
+    const int32_t p0 = a->pos[0], n_keys = p0 + M;
+    int32_t lo = a->window > 0 && p0 - a->window + 1 > 0 ? p0 - a->window + 1 : 0;
+    int32_t nk = n_keys - lo;
+    int32_t rows = ATTN_ROWS < M ? ATTN_ROWS : M;
+    if ((size_t)rows * (size_t)nk > ATTN_S_FLOATS)
+        rows = (int32_t)(ATTN_S_FLOATS / (size_t)nk);
+    if (rows < 1 || nk > c->p.max_seq_len)
+        return false;
+    const int32_t *bt = a->block_table[0];
+    const size_t ldq = (size_t)H * (size_t)hd;
+    for (int32_t kvh = 0; kvh < l->n_kv_heads; kvh++) {
+        for (int32_t t = lo; t < n_keys; t++) {
+            size_t off = kvr_kv_offset(l, bt[t / bs], 0, kvh, t % bs);
+            memcpy(c->kbuf + (size_t)(t - lo) * (size_t)hd, a->layer_base + off, (size_t)hd * 4);
+            off = kvr_kv_offset(l, bt[t / bs], 1, kvh, t % bs);
+            memcpy(c->vbuf + (size_t)(t - lo) * (size_t)hd, a->layer_base + off, (size_t)hd * 4);
+        }
+        for (int32_t g = 0; g < group; g++) {
+            int32_t h = kvh * group + g;
+            for (int32_t r0 = 0; r0 < M; r0 += rows) {
+                int32_t mr = M - r0 < rows ? M - r0 : rows;
+                /* keys this tile needs: from the window start of its first
+                 * row to its last row's position */
+                int32_t k0 =
+                    a->window > 0 && p0 + r0 - a->window + 1 > lo ? p0 + r0 - a->window + 1 : lo;
+                int32_t nkk = p0 + r0 + mr - k0;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mr, nkk, hd, a->scale,
+                            q + (size_t)r0 * ldq + (size_t)h * (size_t)hd, (int)ldq,
+                            c->kbuf + (size_t)(k0 - lo) * (size_t)hd, hd, 0.0f, c->sbuf, nkk);
+                struct smax_job sj = {c->sbuf, nkk, p0 + r0, k0, a->window, mr};
+                kvr_tp_run(c->tp, smax_task, &sj, chunks_for(c, (double)mr * nkk * 8, mr));
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mr, hd, nkk, 1.0f, c->sbuf,
+                            nkk, c->vbuf + (size_t)(k0 - lo) * (size_t)hd, hd, 0.0f,
+                            out + (size_t)r0 * ldq + (size_t)h * (size_t)hd, (int)ldq);
+            }
+        }
+    }
+    return true;
+}
+
 static void cpu_attention(struct kvr_compute_backend *be, const struct kvr_attn_args *a,
                           const float *q, float *out)
 {
+    if (attn_gemm(cpu(be), a, q, out))
+        return;
     struct attn_job j = {cpu(be), a, q, out};
     /* work: every row attends to up to pos + 1 keys, per head */
     double work = 0;
@@ -476,7 +604,13 @@ KVR_CLONES static void swiglu_task(void *arg, int ith, int nth, int tid)
     const struct swiglu_job *j = arg;
     size_t per = (j->n + (size_t)nth - 1) / (size_t)nth;
     size_t i0 = (size_t)ith * per, i1 = i0 + per < j->n ? i0 + per : j->n;
-    for (size_t i = i0; i < i1; i++) {
+    size_t i = i0;
+    for (; i + 16 <= i1; i += 16) {
+        v16f g = ldx(j->g + i), u = ldx(j->u + i);
+        v16f r = g / (1.0f + vexp(-g)) * u;
+        memcpy(j->g + i, &r, 64);
+    }
+    for (; i < i1; i++) {
         float g = j->g[i];
         j->g[i] = g / (1.0f + expf(-g)) * j->u[i];
     }
@@ -512,6 +646,9 @@ static void cpu_destroy(struct kvr_compute_backend *be)
     kvr_tp_destroy(c->tp);
     free(c->conv);
     free(c->scores);
+    free(c->kbuf);
+    free(c->vbuf);
+    free(c->sbuf);
     free(c);
 }
 
@@ -527,8 +664,13 @@ static kvr_status_t cpu_create(const struct kvr_backend_params *p,
     c->conv = aligned_alloc(64, CONV_FLOATS * sizeof(float));
     c->scores =
         aligned_alloc(64, ((size_t)p->n_threads * (size_t)p->max_seq_len * 4 + 63) & ~(size_t)63);
+    size_t kv_bytes = ((size_t)p->max_seq_len * (size_t)p->max_head_dim * 4 + 63) & ~(size_t)63;
+    c->kbuf = aligned_alloc(64, kv_bytes);
+    c->vbuf = aligned_alloc(64, kv_bytes);
+    c->sbuf = aligned_alloc(64, ATTN_S_FLOATS * sizeof(float));
     kvr_status_t st = KVR_ERR_NO_MEMORY;
-    if (!c->conv || !c->scores || (st = kvr_tp_create(p->n_threads, &c->tp)) != KVR_OK) {
+    if (!c->conv || !c->scores || !c->kbuf || !c->vbuf || !c->sbuf ||
+        (st = kvr_tp_create(p->n_threads, &c->tp)) != KVR_OK) {
         cpu_destroy(&c->base);
         return st;
     }

@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ref_forward  # noqa: E402
 
-# name, mkmodel flags, block size, max_tokens (prefill chunk), bound
+# name, mkmodel flags, block size, max_tokens (prefill chunk), bound[, prompt length]
 CASES = [
     ("llama-f32-gqa1", "--arch llama --heads 4 --kv-heads 4", 16, 0, 1e-3),
     ("llama-f32-gqa4-llama3rope-tied", "--arch llama --heads 8 --kv-heads 2 --hidden 64 "
@@ -36,9 +36,14 @@ CASES = [
      0, 1e-3),
     ("llama-bf16-gqa4", "--arch llama --heads 8 --kv-heads 2 --dtype bf16", 16, 0, 2e-3),
     ("qwen2-f16-gqa4", "--arch qwen2 --heads 4 --kv-heads 1 --dtype f16", 16, 0, 2e-3),
+    # long prompts: sgemm (with bf16 widening) and GEMM attention in row tiles
+    ("llama-bf16-gqa4-long", "--arch llama --heads 8 --kv-heads 2 --dtype bf16", 16, 0, 2e-3,
+     150),
+    ("mistral-f32-gqa1-window-long", "--arch mistral --heads 4 --kv-heads 4 --sliding-window 40",
+     16, 100, 1e-3, 150),
 ]
 
-N_PROMPT = 37
+N_PROMPT_DEFAULT = 37
 N_DECODE = 32
 
 
@@ -46,7 +51,9 @@ def main():
     mkmodel, dump = sys.argv[1], sys.argv[2]
     worst = 0.0
     with tempfile.TemporaryDirectory(prefix="kvr-engine-ref-") as tmp:
-        for i, (name, flags, bs, max_tokens, bound) in enumerate(CASES):
+        for i, case in enumerate(CASES):
+            name, flags, bs, max_tokens, bound = case[:5]
+            N_PROMPT = case[5] if len(case) > 5 else N_PROMPT_DEFAULT
             mdir = os.path.join(tmp, name)
             subprocess.run([mkmodel, "--out", mdir, "--seed", str(100 + i)] + flags.split(),
                            check=True)

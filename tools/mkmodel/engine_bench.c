@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "kvr_clock.h"
+#include "kvr_compute_backend.h"
 #include "kvr_engine.h"
 
 #define BS 16
@@ -157,8 +158,52 @@ static int bench_sgemm(int M, int N, int K, int reps)
     return 0;
 }
 
+/* The CPU backend's matmul (GEMV kernel up to its M threshold, sgemm above)
+ * on an f32 weight, beside raw sgemm on the same operands. */
+static int bench_matmul(int M, int N, int K, int reps, int threads, int gemv_max)
+{
+    struct kvr_backend_params bp = {.n_threads = threads,
+                                    .max_rows = M,
+                                    .max_cols = K,
+                                    .max_seq_len = 16,
+                                    .max_head_dim = 64,
+                                    .gemv_max_rows = gemv_max};
+    struct kvr_compute_backend *be;
+    if (kvr_cpu_ops.create(&bp, &be) != KVR_OK)
+        return 1;
+    float *x = malloc((size_t)M * (size_t)K * 4), *w = malloc((size_t)N * (size_t)K * 4),
+          *y = malloc((size_t)M * (size_t)N * 4);
+    for (size_t i = 0; i < (size_t)M * (size_t)K; i++)
+        x[i] = (float)(i % 7) * 0.1f;
+    for (size_t i = 0; i < (size_t)N * (size_t)K; i++)
+        w[i] = (float)(i % 5) * 0.1f;
+    struct kvr_weight wt = {.data = w, .dtype = KVR_DT_F32, .rows = N, .cols = K};
+    double best = 1e30, best_blas = 1e30;
+    for (int r = 0; r < reps; r++) {
+        uint64_t t0 = kvr_now_ns();
+        kvr_cpu_ops.matmul(be, y, x, M, &wt, NULL, false);
+        double s = (double)(kvr_now_ns() - t0) / 1e9;
+        if (s < best)
+            best = s;
+        t0 = kvr_now_ns();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
+        s = (double)(kvr_now_ns() - t0) / 1e9;
+        if (s < best_blas)
+            best_blas = s;
+    }
+    printf("{\"mode\": \"matmul\", \"M\": %d, \"N\": %d, \"K\": %d, \"gflops\": %.2f, "
+           "\"sgemm_gflops\": %.2f}\n",
+           M, N, K, 2.0 * M * N * K / best / 1e9, 2.0 * M * N * K / best_blas / 1e9);
+    kvr_cpu_ops.destroy(be);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc >= 5 && strcmp(argv[1], "matmul") == 0)
+        return bench_matmul(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]),
+                            argc > 5 ? atoi(argv[5]) : 20, argc > 6 ? atoi(argv[6]) : 2,
+                            argc > 7 ? atoi(argv[7]) : 64);
     if (argc >= 4 && strcmp(argv[1], "prefill") == 0)
         return bench_prefill(argv[2], atoi(argv[3]), argc > 4 ? atoi(argv[4]) : 3,
                              argc > 5 ? atoi(argv[5]) : 0);
