@@ -1,17 +1,20 @@
 /*
  * sample.c - the token sampler (see kvr_sample.h for the semantics).
  *
- * sample(): copy the logits into scratch applying the repetition penalty
- * (a bitmap of the tokens seen), then
- *  - greedy: argmax;
- *  - otherwise divide by the temperature, find the candidates that survive
- *    top-k / top-p / min-p, and walk them in descending order with a uniform
- *    number u drawn from (seed, step).  The candidates are found without
- *    sorting the whole vocabulary: quickselect the best K (K = top_k, or a
- *    guess that doubles until the nucleus fits), sort only those.  With no
- *    filter at all the walk is over the whole vocabulary in id order.
- * Every order is total (logit descending, then id ascending), so the result
- * does not depend on the selection's internals: same seed, same tokens.
+ * sample(): the temperature-scaled logits go to scratch, the repetition
+ * penalty is applied to the tokens seen (kept as a list and a bitmap), and
+ * the maximum is found; greedy stops there.  Otherwise a second pass turns the scratch into
+ * unnormalized probabilities e_i = exp(z_i - z_max) (so e_max = 1), and the filters work on those
+ * without sorting the vocabulary:
+ *  - top-k: quickselect of the k best;
+ *  - top-p: a quickselect by mass - partition around a pivot, keep the
+ *    better side whole when its mass is below what is still needed, recurse
+ *    into the side that holds the boundary - expected O(V);
+ *  - min-p: e_i >= min_p (e_max = 1).
+ * The uniform number u of (seed, step) then walks the survivors.  Every
+ * comparison uses one total order (probability descending, then id
+ * ascending), and every pass is deterministic, so the same seed gives the
+ * same tokens.
  */
 #include "kvr_sample.h"
 
@@ -24,9 +27,11 @@ struct kvr_sampler {
     struct kvr_sample_params p;
     int32_t n_vocab;
     uint64_t step;
-    uint64_t *seen; /* bitmap [n_vocab] of prompt + generated tokens */
-    float *z;       /* [n_vocab] processed logits */
-    int32_t *cand;  /* [n_vocab] candidate ids */
+    uint64_t *seen;    /* bitmap [n_vocab] of prompt + generated tokens */
+    int32_t *seen_ids; /* [n_vocab] the same tokens as a list */
+    int32_t n_seen;
+    float *z;      /* [n_vocab] processed logits */
+    int32_t *cand; /* [n_vocab] candidate ids */
 };
 
 void kvr_sample_params_default(struct kvr_sample_params *p)
@@ -90,7 +95,8 @@ kvr_status_t kvr_sampler_create(const struct kvr_sample_params *p, int32_t vocab
     s->seen = calloc(((size_t)vocab_size + 63) / 64, sizeof(uint64_t));
     s->z = malloc((size_t)vocab_size * sizeof(float));
     s->cand = malloc((size_t)vocab_size * sizeof(int32_t));
-    if (!s->seen || !s->z || !s->cand)
+    s->seen_ids = malloc((size_t)vocab_size * sizeof(int32_t));
+    if (!s->seen || !s->z || !s->cand || !s->seen_ids)
         goto err_free;
     *sampler_p = s;
     return KVR_OK;
@@ -110,6 +116,7 @@ void kvr_sampler_destroy(kvr_sampler_t *s)
     free(s->seen);
     free(s->z);
     free(s->cand);
+    free(s->seen_ids);
     free(s);
 }
 
@@ -117,8 +124,13 @@ static void mark_seen(kvr_sampler_t *s, const int32_t *ids, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         int32_t id = ids[i];
-        if (id >= 0 && id < s->n_vocab)
-            s->seen[(uint32_t)id / 64] |= 1ull << ((uint32_t)id % 64);
+        if (id < 0 || id >= s->n_vocab)
+            continue;
+        uint64_t bit = 1ull << ((uint32_t)id % 64);
+        if (!(s->seen[(uint32_t)id / 64] & bit)) {
+            s->seen[(uint32_t)id / 64] |= bit;
+            s->seen_ids[s->n_seen++] = id;
+        }
     }
 }
 
@@ -153,7 +165,8 @@ float kvr_sample_logprob(const float *logits, int32_t n, int32_t id)
         return -INFINITY;
     double sum = 0.0;
     for (int32_t i = 0; i < n; i++)
-        sum += exp((double)logits[i] - m);
+        if (logits[i] > -INFINITY)
+            sum += expf(logits[i] - m);
     return (float)((double)logits[id] - m - log(sum));
 }
 
@@ -172,92 +185,90 @@ static double uniform01(uint64_t seed, uint64_t step)
     return (double)(x >> 11) * (1.0 / 9007199254740992.0);
 }
 
-/* Total order: a before b when z[a] > z[b], or equal and a < b. */
-static inline int better(const float *z, int32_t a, int32_t b)
+/* Total order: a before b when e[a] > e[b], or equal and a < b. */
+static inline int better(const float *e, int32_t a, int32_t b)
 {
-    return z[a] > z[b] || (z[a] == z[b] && a < b);
+    return e[a] > e[b] || (e[a] == e[b] && a < b);
 }
 
-/* Partitions c[0..n) so that the best k come first (in any order). */
-static void select_best(const float *z, int32_t *c, int32_t n, int32_t k)
+static inline void swap32(int32_t *c, int32_t i, int32_t j)
 {
-    int32_t lo = 0, hi = n - 1;
-    while (lo < hi) {
-        int32_t pv = c[lo + (hi - lo) / 2];
-        int32_t i = lo, j = hi;
-        while (i <= j) {
-            while (better(z, c[i], pv))
-                i++;
-            while (better(z, pv, c[j]))
-                j--;
-            if (i <= j) {
-                int32_t t = c[i];
-                c[i] = c[j];
-                c[j] = t;
-                i++;
-                j--;
-            }
+    int32_t t = c[i];
+    c[i] = c[j];
+    c[j] = t;
+}
+
+/* Median of three candidates as the pivot index (deterministic). */
+static int32_t pivot_of(const float *e, const int32_t *c, int32_t lo, int32_t hi)
+{
+    int32_t a = lo, b = lo + (hi - lo) / 2, d = hi - 1;
+    if (better(e, c[a], c[b])) {
+        if (better(e, c[b], c[d]))
+            return b;
+        return better(e, c[a], c[d]) ? d : a;
+    }
+    if (better(e, c[a], c[d]))
+        return a;
+    return better(e, c[b], c[d]) ? d : b;
+}
+
+/* Lomuto partition of c[lo..hi) around the candidate at index pv: the
+ * better ones first; returns the pivot's final index; *mass_p = mass of
+ * the better side. */
+static int32_t partition(const float *e, int32_t *c, int32_t lo, int32_t hi, int32_t pv,
+                         double *mass_p)
+{
+    swap32(c, pv, hi - 1);
+    int32_t p = c[hi - 1], w = lo;
+    double mass = 0.0;
+    for (int32_t i = lo; i < hi - 1; i++) {
+        if (better(e, c[i], p)) {
+            mass += e[c[i]];
+            swap32(c, i, w++);
         }
-        if (k - 1 <= j)
-            hi = j;
-        else if (k - 1 >= i)
-            lo = i;
+    }
+    swap32(c, w, hi - 1);
+    *mass_p = mass;
+    return w;
+}
+
+/* Moves the best k of c[0..n) to the front. */
+static void select_k(const float *e, int32_t *c, int32_t n, int32_t k)
+{
+    int32_t lo = 0, hi = n;
+    while (hi - lo > 1) {
+        double m;
+        int32_t q = partition(e, c, lo, hi, pivot_of(e, c, lo, hi), &m);
+        if (q == k || q == k - 1)
+            return;
+        if (q > k)
+            hi = q;
         else
-            break;
+            lo = q + 1;
     }
 }
 
-static void sort_best(const float *z, int32_t *c, int32_t n)
+/* Moves the smallest best-first prefix of c[0..n) whose mass reaches need
+ * to the front; returns its length (>= 1). */
+static int32_t select_mass(const float *e, int32_t *c, int32_t n, double need)
 {
-    /* insertion sort for short runs, else a simple heap sort (no qsort_r
-     * context needed, deterministic under the total order) */
-    if (n <= 32) {
-        for (int32_t i = 1; i < n; i++) {
-            int32_t v = c[i], j = i - 1;
-            while (j >= 0 && better(z, v, c[j])) {
-                c[j + 1] = c[j];
-                j--;
-            }
-            c[j + 1] = v;
+    int32_t lo = 0, hi = n, kept = 0; /* c[0..kept) are in; the boundary is in [lo, hi) */
+    while (hi > lo) {
+        double m;
+        int32_t q = partition(e, c, lo, hi, pivot_of(e, c, lo, hi), &m);
+        if (m >= need) {
+            hi = q; /* the boundary is among the better side */
+            if (hi == lo)
+                return kept > 0 ? kept : 1;
+            continue;
         }
-        return;
+        need -= m + e[c[q]];
+        kept = q + 1;
+        if (need <= 0.0)
+            return kept;
+        lo = q + 1;
     }
-    /* min-heap on "better" so that popping the worst to the end leaves best first */
-    for (int32_t start = n / 2 - 1; start >= 0; start--) {
-        int32_t r = start;
-        for (;;) {
-            int32_t ch = 2 * r + 1;
-            if (ch >= n)
-                break;
-            if (ch + 1 < n && better(z, c[ch], c[ch + 1]))
-                ch++;
-            if (!better(z, c[r], c[ch]))
-                break;
-            int32_t t = c[r];
-            c[r] = c[ch];
-            c[ch] = t;
-            r = ch;
-        }
-    }
-    for (int32_t end = n - 1; end > 0; end--) {
-        int32_t t = c[0];
-        c[0] = c[end];
-        c[end] = t;
-        int32_t r = 0;
-        for (;;) {
-            int32_t ch = 2 * r + 1;
-            if (ch >= end)
-                break;
-            if (ch + 1 < end && better(z, c[ch], c[ch + 1]))
-                ch++;
-            if (!better(z, c[r], c[ch]))
-                break;
-            t = c[r];
-            c[r] = c[ch];
-            c[ch] = t;
-            r = ch;
-        }
-    }
+    return kept > 0 ? kept : n;
 }
 
 kvr_status_t kvr_sampler_sample(kvr_sampler_t *s, const float *logits, int32_t *token_p,
@@ -267,72 +278,67 @@ kvr_status_t kvr_sampler_sample(kvr_sampler_t *s, const float *logits, int32_t *
         return KVR_ERR_INVALID;
     const int32_t n = s->n_vocab;
     const float pen = s->p.repetition_penalty;
+    const float inv_t = s->p.temperature > 0.0f ? 1.0f / s->p.temperature : 1.0f;
     float *z = s->z;
+    for (int32_t i = 0; i < n; i++)
+        z[i] = logits[i] * inv_t;
+    if (pen != 1.0f) {
+        for (int32_t k = 0; k < s->n_seen; k++) {
+            float v = logits[s->seen_ids[k]];
+            z[s->seen_ids[k]] = (v > 0.0f ? v / pen : v * pen) * inv_t;
+        }
+    }
+    /* argmax, lowest id on ties; NaN and -inf never win */
     int32_t best = -1;
+    float bv = -INFINITY;
     for (int32_t i = 0; i < n; i++) {
-        float v = logits[i];
-        if (isnan(v))
-            v = -INFINITY;
-        if (pen != 1.0f && (s->seen[(uint32_t)i / 64] >> ((uint32_t)i % 64) & 1))
-            v = v > 0.0f ? v / pen : v * pen;
-        z[i] = v;
-        if (v != -INFINITY && (best < 0 || v > z[best]))
+        if (z[i] > bv) {
+            bv = z[i];
             best = i;
+        }
     }
     if (best < 0)
         return KVR_ERR_INVALID; /* nothing finite to choose from */
 
     int32_t tok = best;
     if (s->p.temperature > 0.0f) {
-        const float inv_t = 1.0f / s->p.temperature;
-        const float zmax = z[best] * inv_t;
-        double total = 0.0; /* normalizer over the whole vocabulary */
-        for (int32_t i = 0; i < n; i++) {
-            z[i] = z[i] == -INFINITY ? -INFINITY : z[i] * inv_t;
-            total += exp((double)z[i] - zmax);
-        }
-        /* min-p: a logit threshold relative to the best */
-        float zmin = -INFINITY;
-        if (s->p.min_p > 0.0f)
-            zmin = zmax + logf(s->p.min_p);
+        /* e_i = exp(z_i - z_max) in place; e_max = 1 */
+        const float zmax = z[best];
         int32_t nc = 0;
-        for (int32_t i = 0; i < n; i++)
-            if (z[i] != -INFINITY && z[i] >= zmin)
+        double total = 0.0;
+        for (int32_t i = 0; i < n; i++) {
+            float e = z[i] > -INFINITY ? expf(z[i] - zmax) : 0.0f; /* NaN -> 0 */
+            z[i] = e;
+            if (e > 0.0f) {
                 s->cand[nc++] = i;
-        const int filtered = s->p.top_k > 0 || s->p.top_p < 1.0f;
-        int32_t keep = nc;
-        if (filtered) {
-            int32_t k = s->p.top_k > 0 && s->p.top_k < nc ? s->p.top_k : nc;
-            int32_t guess = s->p.top_k > 0 ? k : (nc < 256 ? nc : 256);
-            for (;;) {
-                select_best(z, s->cand, nc, guess);
-                sort_best(z, s->cand, guess);
-                keep = guess < k ? guess : k;
-                if (s->p.top_p >= 1.0f)
-                    break;
-                double cum = 0.0;
-                int32_t i = 0;
-                for (; i < keep; i++) {
-                    cum += exp((double)z[s->cand[i]] - zmax) / total;
-                    if (cum >= (double)s->p.top_p) {
-                        i++;
-                        break;
-                    }
-                }
-                if (cum >= (double)s->p.top_p || guess >= k) {
-                    keep = i < keep ? i : keep;
-                    break;
-                }
-                guess = guess * 4 < nc ? guess * 4 : nc;
+                total += e;
             }
+        }
+        const float *e = z;
+        int32_t keep = nc;
+        if (s->p.top_k > 0 && s->p.top_k < keep) {
+            select_k(e, s->cand, keep, s->p.top_k);
+            keep = s->p.top_k;
+            total = 0.0;
+            for (int32_t i = 0; i < keep; i++)
+                total += e[s->cand[i]];
+        }
+        if (s->p.top_p < 1.0f && keep > 1)
+            keep = select_mass(e, s->cand, keep, (double)s->p.top_p * total);
+        if (s->p.min_p > 0.0f) {
+            int32_t w = 0;
+            for (int32_t i = 0; i < keep; i++)
+                if (e[s->cand[i]] >= s->p.min_p || s->cand[i] == best)
+                    s->cand[w++] = s->cand[i];
+            keep = w;
         }
         double mass = 0.0;
         for (int32_t i = 0; i < keep; i++)
-            mass += exp((double)z[s->cand[i]] - zmax);
+            mass += e[s->cand[i]];
         double target = uniform01(s->p.seed, s->step) * mass, acc = 0.0;
         tok = s->cand[keep - 1];
         for (int32_t i = 0; i < keep; i++) {
-            acc += exp((double)z[s->cand[i]] - zmax);
+            acc += e[s->cand[i]];
             if (target < acc) {
                 tok = s->cand[i];
                 break;
