@@ -294,6 +294,13 @@ static void send_done(struct prefill *p, struct preq *r, kvr_status_t code, cons
     d.computed_tokens =
         (uint32_t)(r->n_tokens - (int32_t)(r->cached_p * p->node.layout.block_size));
     d.node_name = p->node.name;
+    KVR_LOG_DEBUG(COMP,
+                  "request %" PRIu64 ": %d tokens (%u cached here, %u on the decode node), queue "
+                  "%" PRIu64 " us, compute %" PRIu64 " us, posting %" PRIu64 " us, %" PRIu64
+                  " bytes in %u/%u descriptors",
+                  r->id, r->n_tokens, r->cached_p * (uint32_t)p->node.layout.block_size,
+                  r->cached_d * (uint32_t)p->node.layout.block_size, d.queue_us, d.compute_us,
+                  d.transfer_us, r->bytes, r->ndesc_posted, r->ndesc_raw);
     kvr_node_send(&p->node, KVRAIL__METHOD__PREFILL_DONE, &d.base);
     p->stats_dirty = true;
 }
