@@ -9,7 +9,7 @@ PKGS="build-essential meson ninja-build pkg-config
       libzmq3-dev protobuf-c-compiler libprotobuf-c-dev
       libopenblas-dev libxxhash-dev libyaml-dev python3 python3-yaml"
 TEST_PKGS="python3-numpy python3-torch iproute2 procps psmisc clang-format
-      qemu-system-x86 linux-image-amd64 busybox-static kmod cpio ibverbs-utils perftest
+      qemu-system-x86 linux-image-amd64 busybox-static kmod cpio ibverbs-utils perftest gnuplot-nox
 "
 case "$1" in
 --test)
