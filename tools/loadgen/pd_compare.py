@@ -113,6 +113,10 @@ def main():
             "colocated" if m == "coloc" else "disaggregated 1P+1D", s["ttft_ms"]["p50"],
             s["ttft_ms"]["p90"], s["ttft_ms"]["p99"], s["tpot_ms"]["p50"], s["itl_ms"]["p99"],
             s["out_tok_per_s"], s["kv_bytes"] // max(1, s["ok"])))
+    for m in ("coloc", "disagg"):
+        rs = best[m].get("router", {})
+        print("router overhead per request (%s): p50 %.1f us, p99 %.1f us" % (
+            m, rs.get("overhead_p50_ns", 0) / 1e3, rs.get("overhead_p99_ns", 0) / 1e3))
     ratio = best["disagg"]["ttft_ms"]["p50"] / best["coloc"]["ttft_ms"]["p50"]
     print("TTFT p50 disaggregated / colocated = %.3f (target <= 1.10)" % ratio)
     print("all runs (TTFT p50 ms): colocated %s, disaggregated %s" % (
