@@ -109,8 +109,24 @@ kvr_status_t kvr_xfer_address(kvr_xfer_engine_t *engine, void **blob_p, size_t *
 kvr_status_t kvr_xfer_mem_reg(kvr_xfer_engine_t *engine, void *addr, size_t len,
                               enum kvr_mem_kind kind, int device, kvr_xfer_mem_t **mem_p);
 
-/** Deregisters a region.  Lists that use it must have been released. */
+/** Deregisters a region.  Lists that use it must have been released.
+ *  A region from kvr_xfer_mem_alloc is freed too. */
 void kvr_xfer_mem_dereg(kvr_xfer_mem_t *mem);
+
+/** Allocates len bytes that the backend can reach fastest, registered
+ *  (released with kvr_xfer_mem_dereg).  With UCX on one host this is shared
+ *  memory the peer maps directly, which makes puts one-sided memcpys (plain
+ *  malloc'd memory falls back to copies through the target's progress); the
+ *  target's KV pool should come from here.  Other backends: page-aligned
+ *  host memory, registered.
+ *  @return KVR_OK; KVR_ERR_INVALID (zero length); KVR_ERR_UNSUPPORTED (kind);
+ *          KVR_ERR_NO_MEMORY; KVR_ERR_IO. */
+kvr_status_t kvr_xfer_mem_alloc(kvr_xfer_engine_t *engine, size_t len, enum kvr_mem_kind kind,
+                                int device, kvr_xfer_mem_t **mem_p);
+
+/** Start of a registered region (the address given to kvr_xfer_mem_reg, or
+ *  the memory kvr_xfer_mem_alloc allocated). */
+void *kvr_xfer_mem_addr(const kvr_xfer_mem_t *mem);
 
 /** Packs a region's remote key (address, length, kind, backend key) into a
  *  versioned blob (malloc'd, caller frees).

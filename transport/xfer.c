@@ -438,7 +438,56 @@ void kvr_xfer_mem_dereg(kvr_xfer_mem_t *m)
         return;
     m->engine->ops->mem_dereg(m);
     link_del(&m->link);
+    free(m->core_alloc);
     free(m);
+}
+
+kvr_status_t kvr_xfer_mem_alloc(kvr_xfer_engine_t *e, size_t len, enum kvr_mem_kind kind,
+                                int device, kvr_xfer_mem_t **mem_p)
+{
+    if (!e || !mem_p || len == 0) {
+        KVR_LOG_ERROR(COMP, "%s: mem_alloc: %s", e ? e->name : "?",
+                      len == 0 ? "zero length" : "NULL argument");
+        return KVR_ERR_INVALID;
+    }
+    if (!e->ops->mem_alloc) {
+        if (kind != KVR_MEM_HOST)
+            return KVR_ERR_UNSUPPORTED;
+        size_t rounded = (len + 4095) & ~(size_t)4095;
+        void *p = aligned_alloc(4096, rounded);
+        if (!p)
+            return KVR_ERR_NO_MEMORY;
+        kvr_status_t s = kvr_xfer_mem_reg(e, p, len, kind, device, mem_p);
+        if (s != KVR_OK) {
+            free(p);
+            return s;
+        }
+        (*mem_p)->core_alloc = p;
+        return KVR_OK;
+    }
+    kvr_xfer_mem_t *m = calloc(1, e->ops->mem_size);
+    if (!m)
+        return KVR_ERR_NO_MEMORY;
+    m->engine = e;
+    m->len = len;
+    m->kind = kind;
+    m->device = device;
+    uint64_t t0 = kvr_now_ns();
+    kvr_status_t s = e->ops->mem_alloc(m);
+    if (s != KVR_OK) {
+        free(m);
+        return s;
+    }
+    link_add_tail(&e->mems, &m->link);
+    KVR_LOG_DEBUG(COMP, "%s: allocated and registered %zu bytes at %p in %.3f ms", e->name, len,
+                  m->addr, (double)(kvr_now_ns() - t0) / 1e6);
+    *mem_p = m;
+    return KVR_OK;
+}
+
+void *kvr_xfer_mem_addr(const kvr_xfer_mem_t *m)
+{
+    return m->addr;
 }
 
 kvr_status_t kvr_xfer_mem_pack(kvr_xfer_mem_t *m, void **blob_p, size_t *len_p)

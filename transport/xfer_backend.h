@@ -50,6 +50,7 @@ struct kvr_xfer_mem {
     enum kvr_mem_kind kind;
     int device;
     struct kvr_xfer_link link; /* core-private */
+    void *core_alloc;          /* core-private: memory the core allocated for mem_alloc */
 };
 
 struct kvr_xfer_peer {
@@ -125,6 +126,10 @@ struct kvr_xfer_ops {
     bool (*peer_idle)(kvr_xfer_peer_t *p);
     int (*progress)(kvr_xfer_engine_t *e);
     kvr_status_t (*event_fd)(kvr_xfer_engine_t *e, int *fd_p); /* optional: default unsupported */
+    /* allocates and registers m->len bytes of m->kind, sets m->addr; mem_dereg
+     * frees it.  optional: default the core allocates page-aligned host
+     * memory, calls mem_reg, and frees it after mem_dereg */
+    kvr_status_t (*mem_alloc)(kvr_xfer_mem_t *m);
 };
 
 /* --- services of the core, for backends --- */

@@ -73,23 +73,40 @@ static kvr_status_t make_engine(const char *name, int with_cb, kvr_xfer_engine_t
     return kvr_xfer_engine_create(&cfg, e_p);
 }
 
-static void side_init(struct side *s, const char *name, int with_cb)
+/* with_alloc: the region comes from kvr_xfer_mem_alloc (freed with the engine) */
+static void side_init2(struct side *s, const char *name, int with_cb, int with_alloc)
 {
     kvr_status_t st = make_engine(name, with_cb, &s->eng);
     if (st == KVR_ERR_NO_RDMA || st == KVR_ERR_NOT_FOUND)
         KVR_SKIP("backend %s: no usable device here (%s)", backend, kvr_status_str(st));
     KVR_CHECK_STATUS(st, KVR_OK);
     KVR_CHECK(strcmp(kvr_xfer_engine_backend(s->eng), backend) == 0);
+    if (with_alloc) {
+        KVR_CHECK_STATUS(kvr_xfer_mem_alloc(s->eng, REGION, KVR_MEM_HOST, 0, &s->mem), KVR_OK);
+        s->buf = kvr_xfer_mem_addr(s->mem);
+        KVR_CHECK(s->buf);
+        memset(s->buf, 0, REGION);
+        kvr_xfer_mem_t *m = NULL;
+        KVR_CHECK_STATUS(kvr_xfer_mem_alloc(s->eng, 0, KVR_MEM_HOST, 0, &m), KVR_ERR_INVALID);
+        return;
+    }
     s->buf = aligned_alloc(4096, REGION);
     KVR_CHECK(s->buf);
     memset(s->buf, 0, REGION);
     KVR_CHECK_STATUS(kvr_xfer_mem_reg(s->eng, s->buf, REGION, KVR_MEM_HOST, 0, &s->mem), KVR_OK);
+    KVR_CHECK(kvr_xfer_mem_addr(s->mem) == s->buf);
 }
 
-static void side_fini(struct side *s)
+static void side_init(struct side *s, const char *name, int with_cb)
+{
+    side_init2(s, name, with_cb, 0);
+}
+
+static void side_fini(struct side *s, int with_alloc)
 {
     kvr_xfer_engine_destroy(s->eng);
-    free(s->buf);
+    if (!with_alloc)
+        free(s->buf);
 }
 
 /* initiator a connects to target b and unpacks b's region */
@@ -377,9 +394,9 @@ static void test_peer_gone(struct side *a, struct side *b, kvr_xfer_peer_t *p, k
     kvr_xfer_disconnect(p); /* bounded, also releases dl and r */
     KVR_CHECK(kvr_now_ns() - t1 < 4000000000ull);
 
-    /* a fresh target */
+    /* a fresh target, its region allocated by the engine */
     struct side c;
-    side_init(&c, "target2", 1);
+    side_init2(&c, "target2", 1, 1);
     kvr_xfer_peer_t *p2;
     kvr_xfer_rmem_t *r2;
     connect_to(a, &c, &p2, &r2);
@@ -391,7 +408,7 @@ static void test_peer_gone(struct side *a, struct side *b, kvr_xfer_peer_t *p, k
     KVR_CHECK_STATUS(finish(dl, c.eng, 10000), KVR_OK);
     KVR_CHECK(memcmp(a->buf, c.buf, REGION) == 0);
     kvr_xfer_disconnect(p2);
-    side_fini(&c);
+    side_fini(&c, 1);
 }
 
 int main(int argc, char **argv)
@@ -423,7 +440,7 @@ int main(int argc, char **argv)
     test_peer_gone(&a, &b, p, r);
 
     free(b.buf);
-    side_fini(&a);
+    side_fini(&a, 0);
     fprintf(stderr, "conformance %s: all checks passed\n", backend);
     return 0;
 }

@@ -439,6 +439,35 @@ static kvr_status_t ucx_mem_reg(kvr_xfer_mem_t *base)
     return KVR_OK;
 }
 
+static kvr_status_t ucx_mem_alloc(kvr_xfer_mem_t *base)
+{
+    struct ucx_mem *m = container_of(base, struct ucx_mem, base);
+    struct ucx_engine *e = ue(base->engine);
+    if (base->kind != KVR_MEM_HOST)
+        return KVR_ERR_UNSUPPORTED;
+    ucp_mem_map_params_t mp = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS,
+        .address = NULL,
+        .length = base->len,
+        .flags = UCP_MEM_MAP_ALLOCATE,
+    };
+    ucs_status_t st = ucp_mem_map(e->ctx, &mp, &m->memh);
+    if (st != UCS_OK) {
+        KVR_LOG_ERROR(COMP, "%s: ucp_mem_map(allocate %zu): %s", base->engine->name, base->len,
+                      ucs_status_string(st));
+        return ucx_status(st);
+    }
+    ucp_mem_attr_t attr = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH};
+    st = ucp_mem_query(m->memh, &attr);
+    if (st != UCS_OK || attr.length < base->len) {
+        ucp_mem_unmap(e->ctx, m->memh);
+        return st != UCS_OK ? ucx_status(st) : KVR_ERR_IO;
+    }
+    base->addr = attr.address;
+    return KVR_OK;
+}
+
 static void ucx_mem_dereg(kvr_xfer_mem_t *base)
 {
     struct ucx_mem *m = container_of(base, struct ucx_mem, base);
@@ -468,6 +497,7 @@ static kvr_status_t ucx_mem_pack(kvr_xfer_mem_t *base, void **buf_p, size_t *len
 /* peers                                                                     */
 
 static void peer_failed(struct ucx_peer *p, kvr_status_t s, const char *why);
+static int watch_peers(struct ucx_engine *e);
 
 static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t st)
 {
@@ -738,6 +768,12 @@ static kvr_status_t ucx_post(kvr_xfer_dlist_t *base)
     const struct kvr_xfer_seg *end = g + base->nseg;
     ucs_status_ptr_t r;
 
+    if (ue(p->base.engine)->nwatch && p->pidfd >= 0) {
+        /* shared-memory puts may complete inline, so that progress never runs */
+        watch_peers(ue(p->base.engine));
+        if (p->base.status != KVR_OK)
+            return p->base.status;
+    }
     if (base->op == KVR_XFER_WRITE) {
         for (; g < end; g++) {
             prm.memh = container_of(g->lmem, struct ucx_mem, base)->memh;
@@ -942,28 +978,35 @@ static bool ucx_peer_idle(kvr_xfer_peer_t *base)
     return base->inflight == 0 || base->status != KVR_OK;
 }
 
+/* polls the pidfds of watched local peers, at most every KVR_UCX_WATCH_MS */
+static int watch_peers(struct ucx_engine *e)
+{
+    int n = 0;
+    uint64_t now = kvr_now_ns();
+    if (now < e->next_watch_ns)
+        return 0;
+    e->next_watch_ns = now + KVR_UCX_WATCH_MS * 1000000ull;
+    for (struct kvr_xfer_link *l = e->base.peers.next; l != &e->base.peers; l = l->next) {
+        struct ucx_peer *p = up(container_of(l, kvr_xfer_peer_t, link));
+        if (p->pidfd < 0 || p->base.status != KVR_OK)
+            continue;
+        struct pollfd pf = {.fd = p->pidfd, .events = POLLIN};
+        if (poll(&pf, 1, 0) > 0) {
+            char why[64];
+            snprintf(why, sizeof(why), "process %d exited", (int)p->pid);
+            peer_failed(p, KVR_ERR_PEER_FAILURE, why);
+            n++;
+        }
+    }
+    return n;
+}
+
 static int ucx_progress(kvr_xfer_engine_t *base)
 {
     struct ucx_engine *e = ue(base);
     int n = (int)ucp_worker_progress(e->worker);
-    if (e->nwatch) {
-        uint64_t now = kvr_now_ns();
-        if (now >= e->next_watch_ns) {
-            e->next_watch_ns = now + KVR_UCX_WATCH_MS * 1000000ull;
-            for (struct kvr_xfer_link *l = base->peers.next; l != &base->peers; l = l->next) {
-                struct ucx_peer *p = up(container_of(l, kvr_xfer_peer_t, link));
-                if (p->pidfd < 0 || p->base.status != KVR_OK)
-                    continue;
-                struct pollfd pf = {.fd = p->pidfd, .events = POLLIN};
-                if (poll(&pf, 1, 0) > 0) {
-                    char why[64];
-                    snprintf(why, sizeof(why), "process %d exited", (int)p->pid);
-                    peer_failed(p, KVR_ERR_PEER_FAILURE, why);
-                    n++;
-                }
-            }
-        }
-    }
+    if (e->nwatch)
+        n += watch_peers(e);
     if (n == 0 && e->armed && ucp_worker_arm(e->worker) == UCS_ERR_BUSY)
         n = 1;
     return n;
@@ -994,4 +1037,5 @@ const struct kvr_xfer_ops kvr_xfer_ucx_ops = {
     .peer_idle = ucx_peer_idle,
     .progress = ucx_progress,
     .event_fd = ucx_event_fd,
+    .mem_alloc = ucx_mem_alloc,
 };
