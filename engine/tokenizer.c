@@ -1,32 +1,17 @@
 /*
- * tokenizer.c - tokenizer.json loading, encoding (added-token split,
- * normalizer, pre-tokenizer, BPE) and decoding / streaming detokenization.
+ * tokenizer.c - loading a Hugging Face tokenizer.json (+ tokenizer_config.json
+ * and generation_config.json for bos/eos), and the lookups.
  *
- * Encoding follows Hugging Face's pipeline:
- *   1. the text is split on added tokens (leftmost-longest; lstrip/rstrip
- *      trim the neighbouring text);
- *   2. each other section is normalized (NFC, Prepend, Replace - as listed);
- *   3. pre-tokenized: byte-level models by their Split regex
- *      (tokenizer_pretok.c), sentencepiece models by Metaspace or not at all;
- *   4. each word is merged by BPE: symbols start as single bytes (byte-level:
- *      the word's raw bytes, the vocabulary being keyed by the raw bytes its
- *      ByteLevel pieces stand for) or single characters (sentencepiece: a
- *      character not in the vocabulary falls back to its <0xXX> byte
- *      tokens); a min-heap of (rank, position) over adjacent pairs with lazy
- *      invalidation merges the lowest rank first, leftmost on ties -
- *      O(n log n) a word;
- *   5. bos/eos from the post-processor template (or tokenizer_config.json).
- *
- * Decoding runs every id through one streaming machine (struct kvr_detok):
- * vocabulary pieces contribute bytes to a lossy UTF-8 decoder that emits a
- * character only once it is complete (invalid bytes become U+FFFD by the
- * maximal-subpart rule, as TextDecoder does); an added token, and a
- * sentencepiece text piece after byte-fallback bytes, first flush it, as the
- * Hugging Face decoders decode such runs separately.  decode() is "feed all,
- * flush", so streaming output concatenated equals decode() by construction.
+ * Loading parses the JSON once (common/json.c), checks every part it relies
+ * on - model type BPE, vocab, merges, added tokens, normalizer,
+ * pre-tokenizer, post-processor, decoder - and turns them into flat tables:
+ * id -> piece and id -> decoded bytes, piece -> id (and, for byte-level
+ * models, raw bytes -> id) hash maps, and a (left id, right id) -> (rank,
+ * merged id) merge map.  What it cannot honour exactly it refuses with
+ * KVR_ERR_UNSUPPORTED and a message naming the key, instead of tokenizing
+ * differently.  Encoding is in tokenizer_bpe.c, decoding in
+ * tokenizer_detok.c; the object is read-only once loaded.
  */
-#include "kvr_tokenizer.h"
-
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -37,83 +22,8 @@
 
 #include "kvr_json.h"
 #include "kvr_log.h"
-#include "tokenizer_pretok.h"
+#include "tokenizer_internal.h"
 #include "tokenizer_unicode.h"
-
-enum kind { KIND_BYTELEVEL, KIND_SP };
-
-enum norm_op { NORM_NFC, NORM_PREPEND, NORM_REPLACE };
-
-struct norm {
-    enum norm_op op;
-    char *a; /* prepend text / replace pattern */
-    char *b; /* replace content */
-    size_t alen, blen;
-};
-
-/* string -> int32 open-addressing map; keys are copied into its pool */
-struct strmap {
-    size_t cap; /* power of two */
-    size_t n;
-    uint64_t *hash;
-    uint32_t *off, *len;
-    int32_t *val; /* -1 = empty */
-    char *pool;
-    size_t pool_len, pool_cap;
-};
-
-struct pair_ent {
-    uint64_t key; /* (a << 32 | b), UINT64_MAX empty */
-    int32_t rank, out;
-};
-
-struct pairmap {
-    size_t cap;
-    struct pair_ent *e; /* one cache line holds four: one miss a lookup */
-};
-
-struct added {
-    int32_t id;
-    char *content;
-    size_t len;
-    bool special, lstrip, rstrip, normalized;
-};
-
-struct kvr_tokenizer {
-    enum kind kind;
-    enum kvr_pretok pretok;
-    bool bl_prefix_space; /* ByteLevel add_prefix_space */
-    bool metaspace, ms_split;
-    int ms_prepend; /* 0 never, 1 first, 2 always */
-    char ms_repl[8];
-    size_t ms_repl_len;
-    struct norm *norms;
-    size_t n_norms;
-    bool ignore_merges, byte_fallback, fuse_unk;
-    int32_t unk_id;
-    int sp_strip; /* decoder: leading spaces stripped at the stream start */
-
-    int32_t n_ids;
-    char **piece;         /* [n_ids] original piece, NUL-terminated, or NULL */
-    uint32_t *piece_len;  /* [n_ids] */
-    char **dec;           /* [n_ids] bytes a vocabulary piece decodes to */
-    uint32_t *dec_len;    /* [n_ids] */
-    int16_t *byte_tok;    /* [n_ids] byte value of <0xXX> tokens (SP), else -1 */
-    int32_t *added_ix;    /* [n_ids] index into added[], or -1 */
-    struct strmap pieces; /* piece -> id (vocabulary, then added tokens) */
-    struct strmap raw;    /* byte-level: raw bytes -> id */
-    struct pairmap merges;
-    int32_t byte_id[256]; /* byte-level: id of each single byte; SP: <0xXX> */
-
-    struct added *added;
-    size_t n_added;
-    int32_t *added_by_first[256]; /* indices, longest content first, -1 ended */
-
-    int32_t bos_id, eos_id;
-    bool add_bos, add_eos;
-    int32_t *eos_ids;
-    size_t n_eos;
-};
 
 /* ---- errors ---- */
 
@@ -170,7 +80,7 @@ static void strmap_free(struct strmap *m)
     free(m->pool);
 }
 
-static int32_t strmap_get(const struct strmap *m, const char *k, size_t n)
+int32_t kvr_tok_strmap_get(const struct strmap *m, const char *k, size_t n)
 {
     if (!m->cap)
         return -1;
@@ -250,14 +160,6 @@ static bool strmap_put(struct strmap *m, const char *k, size_t n, int32_t v)
     return true;
 }
 
-static inline uint64_t pair_hash(uint64_t k)
-{
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 33;
-    return k;
-}
-
 static bool pairmap_init(struct pairmap *m, size_t expect)
 {
     size_t cap = 64;
@@ -287,32 +189,9 @@ static void pairmap_put(struct pairmap *m, int32_t a, int32_t b, int32_t rank, i
     m->e[i] = (struct pair_ent){k, rank, out};
 }
 
-static inline bool pairmap_get(const struct pairmap *m, int32_t a, int32_t b, int32_t *rank_p,
-                               int32_t *out_p)
-{
-    if (a < 0 || b < 0 || !m->cap)
-        return false;
-    uint64_t k = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
-    for (size_t i = pair_hash(k) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
-        const struct pair_ent *e = &m->e[i];
-        if (e->key == k) {
-            *rank_p = e->rank;
-            *out_p = e->out;
-            return true;
-        }
-        if (e->key == UINT64_MAX)
-            return false;
-    }
-}
-
 /* ---- growable byte / id buffers ---- */
 
-struct buf {
-    char *p;
-    size_t n, cap;
-};
-
-static bool buf_put(struct buf *b, const void *s, size_t n)
+bool kvr_tok_buf_put(struct buf *b, const void *s, size_t n)
 {
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap * 2 : 256;
@@ -330,12 +209,7 @@ static bool buf_put(struct buf *b, const void *s, size_t n)
     return true;
 }
 
-struct ids {
-    int32_t *p;
-    size_t n, cap;
-};
-
-static bool ids_put(struct ids *v, int32_t id)
+bool kvr_tok_ids_put(struct ids *v, int32_t id)
 {
     if (v->n == v->cap) {
         size_t cap = v->cap ? v->cap * 2 : 64;
@@ -647,7 +521,7 @@ static void parse_post(struct loader *L, const kvr_json_t *p)
         const char *name = kvr_json_get_str(sp, "id", NULL, NULL);
         if (!name)
             continue;
-        int32_t id = strmap_get(&L->t->pieces, name, strlen(name));
+        int32_t id = kvr_tok_strmap_get(&L->t->pieces, name, strlen(name));
         const kvr_json_t *st = kvr_json_get(kvr_json_get(p, "special_tokens"), name);
         const kvr_json_t *ids = kvr_json_get(st, "ids");
         if (ids && ids->type == KVR_JSON_ARRAY && ids->n == 1 && ids->items[0]->is_int)
@@ -757,12 +631,12 @@ static kvr_status_t load_configs(kvr_tokenizer_t *t, const char *dir, char *err,
         const char *bos = token_name(kvr_json_get(r, "bos_token"));
         const char *eos = token_name(kvr_json_get(r, "eos_token"));
         if (bos) {
-            int32_t id = strmap_get(&t->pieces, bos, strlen(bos));
+            int32_t id = kvr_tok_strmap_get(&t->pieces, bos, strlen(bos));
             if (id >= 0)
                 t->bos_id = id;
         }
         if (eos) {
-            int32_t id = strmap_get(&t->pieces, eos, strlen(eos));
+            int32_t id = kvr_tok_strmap_get(&t->pieces, eos, strlen(eos));
             if (id >= 0)
                 t->eos_id = id;
         }
@@ -779,12 +653,12 @@ static kvr_status_t load_configs(kvr_tokenizer_t *t, const char *dir, char *err,
     static const char *const bos_names[] = {"<|begin_of_text|>", "<s>"};
     static const char *const eos_names[] = {"<|end_of_text|>", "</s>", "<|endoftext|>"};
     for (size_t i = 0; t->bos_id < 0 && i < sizeof(bos_names) / sizeof(bos_names[0]); i++) {
-        int32_t id = strmap_get(&t->pieces, bos_names[i], strlen(bos_names[i]));
+        int32_t id = kvr_tok_strmap_get(&t->pieces, bos_names[i], strlen(bos_names[i]));
         if (kvr_tokenizer_is_special(t, id))
             t->bos_id = id;
     }
     for (size_t i = 0; t->eos_id < 0 && i < sizeof(eos_names) / sizeof(eos_names[0]); i++) {
-        int32_t id = strmap_get(&t->pieces, eos_names[i], strlen(eos_names[i]));
+        int32_t id = kvr_tok_strmap_get(&t->pieces, eos_names[i], strlen(eos_names[i]));
         if (kvr_tokenizer_is_special(t, id))
             t->eos_id = id;
     }
@@ -964,10 +838,10 @@ static kvr_status_t build(struct loader *L, const kvr_json_t *root)
             snprintf(p, sizeof(p), "<0x%02X>", b);
             pl = 6;
         }
-        t->byte_id[b] = strmap_get(&t->pieces, p, pl);
+        t->byte_id[b] = kvr_tok_strmap_get(&t->pieces, p, pl);
     }
     const char *unk = kvr_json_get_str(model, "unk_token", NULL, NULL);
-    t->unk_id = unk ? strmap_get(&t->pieces, unk, strlen(unk)) : -1;
+    t->unk_id = unk ? kvr_tok_strmap_get(&t->pieces, unk, strlen(unk)) : -1;
 
     /* merges */
     size_t n_merges = merges ? merges->n : 0;
@@ -1002,13 +876,14 @@ static kvr_status_t build(struct loader *L, const kvr_json_t *root)
             return fail(L->err, L->err_len, KVR_ERR_INVALID,
                         "%s: model.merges[%zu] is neither \"a b\" nor [\"a\", \"b\"]", L->file, i);
         }
-        int32_t ia = strmap_get(&t->pieces, a, al), ib = strmap_get(&t->pieces, b, bl);
+        int32_t ia = kvr_tok_strmap_get(&t->pieces, a, al),
+                ib = kvr_tok_strmap_get(&t->pieces, b, bl);
         cat.n = 0;
-        if (!buf_put(&cat, a, al) || !buf_put(&cat, b, bl)) {
+        if (!kvr_tok_buf_put(&cat, a, al) || !kvr_tok_buf_put(&cat, b, bl)) {
             free(cat.p);
             return KVR_ERR_NO_MEMORY;
         }
-        int32_t io = strmap_get(&t->pieces, cat.p, cat.n);
+        int32_t io = kvr_tok_strmap_get(&t->pieces, cat.p, cat.n);
         if (ia < 0 || ib < 0 || io < 0) {
             skipped++;
             continue;
@@ -1163,579 +1038,6 @@ void kvr_tokenizer_destroy(kvr_tokenizer_t *t)
     free(t);
 }
 
-/* ---- BPE ---- */
-
-struct heap_ent {
-    int32_t rank, pos, left, right;
-};
-
-struct bpe {
-    const kvr_tokenizer_t *t;
-    struct ids *out;
-    /* scratch, grown as words need */
-    int32_t *id, *prev, *next;
-    uint32_t *start, *len; /* byte span of each symbol in the word (SP unknowns) */
-    struct heap_ent *heap;
-    size_t cap;
-    size_t section; /* index of the current added-token section (Metaspace "first") */
-};
-
-static inline bool heap_less(const struct heap_ent *a, const struct heap_ent *b)
-{
-    return a->rank < b->rank || (a->rank == b->rank && a->pos < b->pos);
-}
-
-static void heap_push(struct heap_ent *h, size_t *n, struct heap_ent e)
-{
-    size_t i = (*n)++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!heap_less(&e, &h[p]))
-            break;
-        h[i] = h[p];
-        i = p;
-    }
-    h[i] = e;
-}
-
-static struct heap_ent heap_pop(struct heap_ent *h, size_t *n)
-{
-    struct heap_ent top = h[0], last = h[--(*n)];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= *n)
-            break;
-        if (c + 1 < *n && heap_less(&h[c + 1], &h[c]))
-            c++;
-        if (!heap_less(&h[c], &last))
-            break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (*n)
-        h[i] = last;
-    return top;
-}
-
-static bool bpe_reserve(struct bpe *b, size_t n)
-{
-    if (n <= b->cap)
-        return true;
-    size_t cap = b->cap ? b->cap : 64;
-    while (cap < n)
-        cap *= 2;
-    int32_t *id = realloc(b->id, cap * sizeof(int32_t));
-    if (id)
-        b->id = id;
-    int32_t *pr = realloc(b->prev, cap * sizeof(int32_t));
-    if (pr)
-        b->prev = pr;
-    int32_t *nx = realloc(b->next, cap * sizeof(int32_t));
-    if (nx)
-        b->next = nx;
-    uint32_t *st = realloc(b->start, cap * sizeof(uint32_t));
-    if (st)
-        b->start = st;
-    uint32_t *ln = realloc(b->len, cap * sizeof(uint32_t));
-    if (ln)
-        b->len = ln;
-    struct heap_ent *hp = realloc(b->heap, cap * 3 * sizeof(struct heap_ent));
-    if (hp)
-        b->heap = hp;
-    if (!id || !pr || !nx || !st || !ln || !hp)
-        return false;
-    b->cap = cap;
-    return true;
-}
-
-static void bpe_try(struct bpe *b, size_t *hn, int32_t pos)
-{
-    int32_t nx = b->next[pos];
-    if (nx < 0)
-        return;
-    int32_t rank, out;
-    if (pairmap_get(&b->t->merges, b->id[pos], b->id[nx], &rank, &out))
-        heap_push(b->heap, hn, (struct heap_ent){rank, pos, b->id[pos], b->id[nx]});
-}
-
-/* Merges symbols 0..n-1 (id/start/len filled) and emits the result. */
-static kvr_status_t bpe_merge_emit(struct bpe *b, const char *word, size_t n)
-{
-    const kvr_tokenizer_t *t = b->t;
-    size_t hn = 0;
-    for (size_t i = 0; i < n; i++) {
-        b->prev[i] = (int32_t)i - 1;
-        b->next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
-    }
-    for (size_t i = 0; i + 1 < n; i++)
-        bpe_try(b, &hn, (int32_t)i);
-    while (hn) {
-        struct heap_ent e = heap_pop(b->heap, &hn);
-        int32_t p = e.pos, nx = b->next[p];
-        if (b->id[p] != e.left || nx < 0 || b->id[nx] != e.right)
-            continue; /* stale */
-        int32_t rank = 0, out = -1;
-        pairmap_get(&t->merges, e.left, e.right, &rank, &out);
-        b->id[p] = out;
-        b->len[p] += b->len[nx];
-        b->id[nx] = -3; /* dead */
-        b->next[p] = b->next[nx];
-        if (b->next[nx] >= 0)
-            b->prev[b->next[nx]] = p;
-        if (b->prev[p] >= 0)
-            bpe_try(b, &hn, b->prev[p]);
-        bpe_try(b, &hn, p);
-    }
-    bool last_unk = false;
-    for (int32_t i = 0; i >= 0; i = b->next[i]) {
-        int32_t id = b->id[i];
-        if (id >= 0) {
-            last_unk = false;
-            if (!ids_put(b->out, id))
-                return KVR_ERR_NO_MEMORY;
-            continue;
-        }
-        /* a character outside the vocabulary */
-        bool all = t->byte_fallback;
-        for (uint32_t k = 0; all && k < b->len[i]; k++)
-            all = t->byte_id[(unsigned char)word[b->start[i] + k]] >= 0;
-        if (all) {
-            last_unk = false;
-            for (uint32_t k = 0; k < b->len[i]; k++)
-                if (!ids_put(b->out, t->byte_id[(unsigned char)word[b->start[i] + k]]))
-                    return KVR_ERR_NO_MEMORY;
-        } else if (t->unk_id >= 0) {
-            if (!(t->fuse_unk && last_unk) && !ids_put(b->out, t->unk_id))
-                return KVR_ERR_NO_MEMORY;
-            last_unk = true;
-        }
-    }
-    return KVR_OK;
-}
-
-static kvr_status_t bpe_word(void *ctx, const char *w, size_t len)
-{
-    struct bpe *b = ctx;
-    const kvr_tokenizer_t *t = b->t;
-    if (len == 0)
-        return KVR_OK;
-    if (t->ignore_merges) {
-        int32_t id = t->kind == KIND_BYTELEVEL ? strmap_get(&t->raw, w, len)
-                                               : strmap_get(&t->pieces, w, len);
-        if (id >= 0)
-            return ids_put(b->out, id) ? KVR_OK : KVR_ERR_NO_MEMORY;
-    }
-    if (!bpe_reserve(b, len))
-        return KVR_ERR_NO_MEMORY;
-    size_t n = 0;
-    if (t->kind == KIND_BYTELEVEL) {
-        for (size_t i = 0; i < len; i++) {
-            b->id[n] = t->byte_id[(unsigned char)w[i]];
-            b->start[n] = (uint32_t)i;
-            b->len[n] = 1;
-            n++;
-        }
-    } else {
-        for (size_t i = 0; i < len;) {
-            uint32_t cp;
-            size_t l = kvr_utf8_next((const unsigned char *)w + i, len - i, &cp);
-            b->id[n] = strmap_get(&t->pieces, w + i, l);
-            if (b->id[n] < 0)
-                b->id[n] = -1; /* unknown: byte fallback or unk when emitted */
-            b->start[n] = (uint32_t)i;
-            b->len[n] = (uint32_t)l;
-            n++;
-            i += l;
-        }
-    }
-    return bpe_merge_emit(b, w, n);
-}
-
-/* Metaspace: spaces -> replacement, prefix by the scheme, split before each
- * replacement when split is set. */
-static kvr_status_t metaspace_words(struct bpe *b, const char *s, size_t len)
-{
-    const kvr_tokenizer_t *t = b->t;
-    struct buf m = {0};
-    kvr_status_t st = KVR_OK;
-    bool starts = len >= t->ms_repl_len && !memcmp(s, t->ms_repl, t->ms_repl_len);
-    if (!starts && len && s[0] == ' ')
-        starts = true;
-    if (!starts && (t->ms_prepend == 2 || (t->ms_prepend == 1 && b->section == 0)))
-        if (!buf_put(&m, t->ms_repl, t->ms_repl_len))
-            return KVR_ERR_NO_MEMORY;
-    for (size_t i = 0; i < len; i++) {
-        if (!(s[i] == ' ' ? buf_put(&m, t->ms_repl, t->ms_repl_len) : buf_put(&m, s + i, 1))) {
-            free(m.p);
-            return KVR_ERR_NO_MEMORY;
-        }
-    }
-    if (!t->ms_split) {
-        st = bpe_word(b, m.p, m.n);
-    } else {
-        size_t w0 = 0;
-        for (size_t i = 1; i <= m.n && st == KVR_OK; i++) {
-            if (i == m.n ||
-                (m.n - i >= t->ms_repl_len && !memcmp(m.p + i, t->ms_repl, t->ms_repl_len))) {
-                st = bpe_word(b, m.p + w0, i - w0);
-                w0 = i;
-            }
-        }
-    }
-    free(m.p);
-    return st;
-}
-
-/* Normalizes and encodes one section of text between added tokens. */
-static kvr_status_t encode_section(struct bpe *b, const char *s, size_t len)
-{
-    const kvr_tokenizer_t *t = b->t;
-    char *cur = NULL;
-    size_t cur_len = len;
-    kvr_status_t st = KVR_OK;
-    for (size_t k = 0; k < t->n_norms; k++) {
-        const struct norm *nm = &t->norms[k];
-        const char *src = cur ? cur : s;
-        char *o = NULL;
-        size_t ol = 0;
-        if (nm->op == NORM_NFC) {
-            if (!kvr_uni_nfc(src, cur_len, &o, &ol))
-                goto err_nomem;
-        } else if (nm->op == NORM_PREPEND) {
-            if (cur_len == 0)
-                continue;
-            o = malloc(cur_len + nm->alen + 1);
-            if (!o)
-                goto err_nomem;
-            memcpy(o, nm->a, nm->alen);
-            memcpy(o + nm->alen, src, cur_len);
-            ol = cur_len + nm->alen;
-        } else {
-            struct buf r = {0};
-            for (size_t i = 0; i < cur_len;) {
-                bool hit = cur_len - i >= nm->alen && !memcmp(src + i, nm->a, nm->alen);
-                if (!(hit ? buf_put(&r, nm->b, nm->blen) : buf_put(&r, src + i, 1))) {
-                    free(r.p);
-                    goto err_nomem;
-                }
-                i += hit ? nm->alen : 1;
-            }
-            o = r.p ? r.p : calloc(1, 1);
-            ol = r.n;
-            if (!o)
-                goto err_nomem;
-        }
-        free(cur);
-        cur = o;
-        cur_len = ol;
-    }
-    const char *text = cur ? cur : s;
-    if (cur_len == 0)
-        goto out;
-    if (t->kind == KIND_BYTELEVEL) {
-        if (t->bl_prefix_space && text[0] != ' ') {
-            char *p = malloc(cur_len + 2);
-            if (!p)
-                goto err_nomem;
-            p[0] = ' ';
-            memcpy(p + 1, text, cur_len);
-            free(cur);
-            cur = p;
-            text = p;
-            cur_len++;
-        }
-        st = kvr_pretok_split(t->pretok, text, cur_len, bpe_word, b);
-    } else if (t->metaspace) {
-        st = metaspace_words(b, text, cur_len);
-    } else {
-        st = bpe_word(b, text, cur_len);
-    }
-out:
-    free(cur);
-    return st;
-err_nomem:
-    free(cur);
-    return KVR_ERR_NO_MEMORY;
-}
-
-/* The added token starting at s[i], longest first; -1 if none. */
-static int32_t added_at(const kvr_tokenizer_t *t, const char *s, size_t len, size_t i)
-{
-    const int32_t *l = t->added_by_first[(unsigned char)s[i]];
-    if (!l)
-        return -1;
-    for (; *l >= 0; l++) {
-        const struct added *a = &t->added[*l];
-        if (a->len <= len - i && !memcmp(s + i, a->content, a->len))
-            return *l;
-    }
-    return -1;
-}
-
-static bool is_ws_at(const char *s, size_t n, size_t i, size_t *l_p)
-{
-    uint32_t cp;
-    size_t l = kvr_utf8_next((const unsigned char *)s + i, n - i, &cp);
-    *l_p = l;
-    return !(cp & 0x80000000u) && kvr_uni_is_space(cp);
-}
-
-/* Trims whitespace at the end of s[a..*e_p). */
-static void trim_end(const char *s, size_t a, size_t *e_p)
-{
-    size_t e = *e_p;
-    while (e > a) {
-        size_t k = e - 1; /* step back over continuation bytes */
-        while (k > a && ((unsigned char)s[k] & 0xC0) == 0x80)
-            k--;
-        size_t l;
-        if (!is_ws_at(s, e, k, &l) || k + l != e)
-            break;
-        e = k;
-    }
-    *e_p = e;
-}
-
-kvr_status_t kvr_tokenizer_encode(const kvr_tokenizer_t *t, const char *text, size_t len,
-                                  bool add_special, int32_t **ids_p, size_t *n_p)
-{
-    if (!t || (!text && len) || !ids_p || !n_p)
-        return KVR_ERR_INVALID;
-    struct ids out = {0};
-    struct bpe b = {.t = t, .out = &out};
-    kvr_status_t st = KVR_OK;
-    if (add_special && t->add_bos && t->bos_id >= 0 && !ids_put(&out, t->bos_id))
-        goto err_nomem;
-    /* sections between added tokens */
-    size_t sec_start = 0, section = 0;
-    bool strip_next = false; /* previous added token has rstrip */
-    for (size_t i = 0; i <= len;) {
-        int32_t a = i < len && t->n_added ? added_at(t, text, len, i) : -1;
-        if (a < 0 && i < len) {
-            i++;
-            continue;
-        }
-        size_t s0 = sec_start, s1 = i;
-        if (strip_next)
-            while (s0 < s1) {
-                size_t l;
-                if (!is_ws_at(text, s1, s0, &l))
-                    break;
-                s0 += l;
-            }
-        if (a >= 0 && t->added[a].lstrip)
-            trim_end(text, s0, &s1);
-        if (s1 > s0) {
-            b.section = section;
-            st = encode_section(&b, text + s0, s1 - s0);
-            if (st != KVR_OK)
-                goto out;
-        }
-        if (sec_start < i)
-            section++; /* the untrimmed section counts (as JS's split does) */
-        if (a < 0)
-            break;
-        if (!ids_put(&out, t->added[a].id))
-            goto err_nomem;
-        section++;
-        strip_next = t->added[a].rstrip;
-        i += t->added[a].len;
-        sec_start = i;
-    }
-    if (add_special && t->add_eos && t->eos_id >= 0 && !ids_put(&out, t->eos_id))
-        goto err_nomem;
-    *ids_p = out.p ? out.p : malloc(sizeof(int32_t));
-    if (!*ids_p)
-        goto err_nomem;
-    *n_p = out.n;
-    out.p = NULL;
-    goto out;
-err_nomem:
-    st = KVR_ERR_NO_MEMORY;
-out:
-    free(out.p);
-    free(b.id);
-    free(b.prev);
-    free(b.next);
-    free(b.start);
-    free(b.len);
-    free(b.heap);
-    return st;
-}
-
-/* ---- decoding ---- */
-
-struct kvr_detok {
-    const kvr_tokenizer_t *t;
-    bool skip_special;
-    bool at_start;  /* nothing but stripped spaces emitted yet */
-    int strip_left; /* leading spaces the sentencepiece Strip decoder still cuts */
-    unsigned char pend[4];
-    size_t npend;
-    struct buf out;
-};
-
-static bool emit(kvr_detok_t *d, const char *s, size_t n)
-{
-    if (n && d->at_start) {
-        /* Strip cuts up to `start` leading spaces of the whole text */
-        while (d->strip_left > 0 && n && s[0] == ' ') {
-            s++;
-            n--;
-            d->strip_left--;
-        }
-        if (!n)
-            return true;
-        d->at_start = false;
-    }
-    return buf_put(&d->out, s, n);
-}
-
-static const char REPL[] = "\xef\xbf\xbd";
-
-/* Feeds bytes to the lossy UTF-8 decoder. */
-static bool utf8_feed(kvr_detok_t *d, const char *s, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        d->pend[d->npend++] = (unsigned char)s[i];
-        while (d->npend) {
-            uint32_t cp;
-            int state;
-            size_t l = kvr_utf8_scan(d->pend, d->npend, &cp, &state);
-            if (state == KVR_UTF8_TRUNCATED)
-                break;
-            if (!(state == KVR_UTF8_OK ? emit(d, (const char *)d->pend, l) : emit(d, REPL, 3)))
-                return false;
-            memmove(d->pend, d->pend + l, d->npend - l);
-            d->npend -= l;
-        }
-    }
-    return true;
-}
-
-static bool utf8_flush(kvr_detok_t *d)
-{
-    if (!d->npend)
-        return true;
-    d->npend = 0;
-    return emit(d, REPL, 3);
-}
-
-kvr_status_t kvr_detok_create(const kvr_tokenizer_t *t, bool skip_special, kvr_detok_t **d_p)
-{
-    if (!t || !d_p)
-        return KVR_ERR_INVALID;
-    kvr_detok_t *d = calloc(1, sizeof(*d));
-    if (!d)
-        return KVR_ERR_NO_MEMORY;
-    d->t = t;
-    d->skip_special = skip_special;
-    d->at_start = true;
-    d->strip_left = t->sp_strip;
-    *d_p = d;
-    return KVR_OK;
-}
-
-void kvr_detok_destroy(kvr_detok_t *d)
-{
-    if (!d)
-        return;
-    free(d->out.p);
-    free(d);
-}
-
-static kvr_status_t detok_push(kvr_detok_t *d, int32_t id)
-{
-    const kvr_tokenizer_t *t = d->t;
-    if (id < 0 || id >= t->n_ids || !t->piece[id])
-        return KVR_ERR_OUT_OF_RANGE;
-    int32_t ax = t->added_ix[id];
-    if (ax >= 0) {
-        const struct added *a = &t->added[ax];
-        if (d->skip_special && a->special)
-            return KVR_OK;
-        if (t->kind == KIND_BYTELEVEL) {
-            /* the ByteLevel decoder passes added tokens through verbatim */
-            if (!utf8_flush(d) || !emit(d, a->content, a->len))
-                return KVR_ERR_NO_MEMORY;
-            return KVR_OK;
-        }
-    }
-    if (t->kind == KIND_SP && t->byte_tok[id] >= 0) {
-        char c = (char)t->byte_tok[id];
-        return utf8_feed(d, &c, 1) ? KVR_OK : KVR_ERR_NO_MEMORY;
-    }
-    if (t->kind == KIND_SP && !utf8_flush(d))
-        return KVR_ERR_NO_MEMORY;
-    if (t->dec[id])
-        return utf8_feed(d, t->dec[id], t->dec_len[id]) ? KVR_OK : KVR_ERR_NO_MEMORY;
-    /* an added token that is not in the vocabulary (sentencepiece) */
-    struct buf r = {0};
-    const char *p = t->piece[id];
-    size_t pl = t->piece_len[id];
-    for (size_t j = 0; j < pl;) {
-        bool hit = pl - j >= 3 && !memcmp(p + j, "\xe2\x96\x81", 3);
-        if (!(hit ? buf_put(&r, " ", 1) : buf_put(&r, p + j, 1))) {
-            free(r.p);
-            return KVR_ERR_NO_MEMORY;
-        }
-        j += hit ? 3 : 1;
-    }
-    bool ok = utf8_feed(d, r.p, r.n);
-    free(r.p);
-    return ok ? KVR_OK : KVR_ERR_NO_MEMORY;
-}
-
-kvr_status_t kvr_detok_feed(kvr_detok_t *d, int32_t id, const char **text_p, size_t *len_p)
-{
-    if (!d || !text_p || !len_p)
-        return KVR_ERR_INVALID;
-    d->out.n = 0;
-    kvr_status_t st = detok_push(d, id);
-    *text_p = d->out.p ? d->out.p : "";
-    *len_p = st == KVR_OK ? d->out.n : 0;
-    return st;
-}
-
-kvr_status_t kvr_detok_flush(kvr_detok_t *d, const char **text_p, size_t *len_p)
-{
-    if (!d || !text_p || !len_p)
-        return KVR_ERR_INVALID;
-    d->out.n = 0;
-    if (!utf8_flush(d))
-        return KVR_ERR_NO_MEMORY;
-    *text_p = d->out.p ? d->out.p : "";
-    *len_p = d->out.n;
-    d->at_start = true;
-    d->strip_left = d->t->sp_strip;
-    return KVR_OK;
-}
-
-kvr_status_t kvr_tokenizer_decode(const kvr_tokenizer_t *t, const int32_t *ids, size_t n,
-                                  bool skip_special, char **text_p, size_t *len_p)
-{
-    if (!t || (!ids && n) || !text_p)
-        return KVR_ERR_INVALID;
-    kvr_detok_t d = {
-        .t = t, .skip_special = skip_special, .at_start = true, .strip_left = t->sp_strip};
-    kvr_status_t st = KVR_OK;
-    for (size_t i = 0; i < n && st == KVR_OK; i++)
-        st = detok_push(&d, ids[i]);
-    if (st == KVR_OK && !utf8_flush(&d))
-        st = KVR_ERR_NO_MEMORY;
-    if (st == KVR_OK && !d.out.p && !buf_put(&d.out, "", 0))
-        st = KVR_ERR_NO_MEMORY;
-    if (st != KVR_OK) {
-        free(d.out.p);
-        return st;
-    }
-    *text_p = d.out.p;
-    if (len_p)
-        *len_p = d.out.n;
-    return KVR_OK;
-}
-
 /* ---- lookups ---- */
 
 int32_t kvr_tokenizer_vocab_size(const kvr_tokenizer_t *t)
@@ -1756,7 +1058,7 @@ int32_t kvr_tokenizer_piece_to_id(const kvr_tokenizer_t *t, const char *piece, s
 {
     if (!t || !piece)
         return -1;
-    return strmap_get(&t->pieces, piece, len);
+    return kvr_tok_strmap_get(&t->pieces, piece, len);
 }
 
 bool kvr_tokenizer_is_special(const kvr_tokenizer_t *t, int32_t id)
