@@ -668,6 +668,9 @@ static void local_prefill(struct decode *d, struct dreq *r)
     m.computed_tokens = r->n_prompt - (uint32_t)pr.n_cached;
     m.node_name = d->node.name;
     m.local = 1;
+    KVR_LOG_DEBUG(COMP,
+                  "request %" PRIu64 ": local prefill of %u tokens (%u cached) in %" PRIu64 " us",
+                  r->id, r->n_prompt, (uint32_t)pr.n_cached, m.compute_us);
     kvr_node_send(&d->node, KVRAIL__METHOD__PREFILL_DONE, &m.base);
     if (s != KVR_OK) {
         req_fail(d, r, s, "local prefill failed");
