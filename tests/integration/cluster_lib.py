@@ -216,6 +216,36 @@ class Cluster:
                     {n: (s.get("active"), s.get("queued")) for n, s in ps.items()}))
             time.sleep(0.2)
 
+    def kill(self, name, sig=signal.SIGKILL):
+        for n, p in self.procs:
+            if n == name and p.poll() is None:
+                os.killpg(p.pid, sig)
+                p.wait(timeout=10)
+
+    def loadgen_start(self, prompts, extra=(), name="load", timeout=240):
+        """Starts kvrail-loadgen in the background; finish with loadgen_wait."""
+        pf = os.path.join(self.dir, name + ".prompts.jsonl")
+        of = os.path.join(self.dir, name + ".outputs.jsonl")
+        with open(pf, "w") as f:
+            for i, (toks, mt) in enumerate(prompts):
+                f.write(json.dumps({"id": i, "tokens": toks, "max_tokens": mt}) + "\n")
+        argv = self._ns_client() + [self.bins.loadgen, "--router", self.client_ep, "--prompts", pf,
+                                    "--outputs", of, "--timeout-ms", str(int(timeout * 1000 - 5000))]
+        p = subprocess.Popen(argv + list(extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+        return (p, of, timeout)
+
+    def loadgen_wait(self, h):
+        p, of, timeout = h
+        out, _ = p.communicate(timeout=timeout)
+        outs = {}
+        if os.path.exists(of):
+            with open(of) as f:
+                for line in f:
+                    o = json.loads(line)
+                    outs[o["id"]] = o
+        return p.returncode, outs, out
+
     def check_alive(self):
         for name, p in self.procs:
             check(p.poll() is None, "%s died (exit %s):\n%s" % (name, p.returncode, self.tail(name)))
@@ -239,7 +269,7 @@ class Cluster:
                 p.wait(timeout=5)
 
 
-def reference(bins, model, prompts, jobs=2):
+def reference(bins, model, prompts, jobs=2, ignore_eos=False):
     """Greedy outputs of `kvrail run` for each (tokens, max_tokens)."""
     outs = [None] * len(prompts)
     running = []
@@ -249,7 +279,7 @@ def reference(bins, model, prompts, jobs=2):
             toks, mt = prompts[i]
             argv = [bins.kvrail, "run", "--model", model, "--prompt-tokens",
                     ",".join(map(str, toks)), "--max-tokens", str(mt), "--temperature", "0",
-                    "--json"]
+                    "--json"] + (["--ignore-eos"] if ignore_eos else [])
             running.append((i, subprocess.Popen(argv, stdout=subprocess.PIPE,
                                                 stderr=subprocess.PIPE, text=True)))
             i += 1

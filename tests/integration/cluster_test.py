@@ -10,6 +10,10 @@
                   the router's directory matches what the decode nodes hold.
   --case cancel   cancel mid-stream and client disconnect: both halves stop,
                   every reserved block returns (pool accounting at baseline).
+  --case failover 1P + 2D: kill -9 a decode node mid-stream: its requests
+                  move to the other decode node (prompt + streamed tokens)
+                  and complete with the output of `kvrail run`; the prefill
+                  node and the other decode node keep serving.
   --case exhaust  more concurrent requests than the pool holds: they wait and
                   complete, or get an overload status after the queue
                   timeout; none hangs.
@@ -223,10 +227,60 @@ def case_exhaust(args, bins, wd):
     return 0
 
 
+def case_failover(args, bins, wd):
+    model = make_model(bins, wd)
+    rng = random.Random(13)
+    prompts = [([rng.randrange(4, 512) for _ in range(rng.randrange(100, 400))], 400) for _ in range(8)]
+    ref = reference(bins, model, prompts, ignore_eos=True)
+    c = Cluster(bins, wd, model, n_prefill=1, n_decode=2)
+    try:
+        c.start()
+        h = c.loadgen_start(prompts, ["--concurrency", "8"], name="failover")
+        deadline = time.time() + 30
+        victim = None
+        while time.time() < deadline and not victim:
+            for n in c.decodes:
+                s = c.stats(n)
+                if s.get("batch", 0) >= 1 and s.get("tokens_out", 0) >= 20:
+                    victim = n
+                    break
+            time.sleep(0.02)
+        check(victim, "no decode node got busy")
+        held = c.stats(victim)["batch"]
+        c.kill(victim)
+        print("killed %s with %d sequences running" % (victim, held))
+        rc, outs, log = c.loadgen_wait(h)
+        print(log)
+        check(len(outs) == 8, "only %d requests ended" % len(outs))
+        bad = [(i, o["status"], o["message"]) for i, o in outs.items() if o["status"] != 0]
+        check(not bad, "requests failed after the decode node died: %s" % bad)
+        diff = [i for i in range(8) if outs[i]["tokens"] != ref[i]]
+        check(not diff, "outputs differ from kvrail run after migration: %s" % diff)
+        other = [n for n in c.decodes if n != victim][0]
+        check(all(o["decode_node"] == other for o in outs.values()),
+              "a request ended on the dead node: %s" % [o["decode_node"] for o in outs.values()])
+        for name, p in c.procs:
+            if name != victim:
+                check(p.poll() is None, "%s died too:\n%s" % (name, c.tail(name)))
+        # the prefill node still serves (a request to the surviving decode node)
+        rc, outs, log = c.loadgen([([rng.randrange(4, 512) for _ in range(200)], 8)], name="after")
+        check(rc == 0 and outs[0]["status"] == 0, "no service after the failure: %s" % log)
+        ds = {other: c.stats(other)}
+        deadline = time.time() + 10
+        while c.stats(other).get("requests") and time.time() < deadline:
+            time.sleep(0.2)
+        s = c.stats(other)
+        check(s["reserved_blocks"] == 0 and s["requests"] == 0, "%s holds blocks: %s" % (other, s))
+        check(c.stats(c.prefills[0]).get("active") == 0, "the prefill node holds requests")
+    finally:
+        c.stop()
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     add_bin_args(ap)
-    ap.add_argument("--case", required=True, choices=["e2e", "prefix", "cancel", "exhaust"])
+    ap.add_argument("--case", required=True, choices=["e2e", "prefix", "cancel", "exhaust", "failover"])
     ap.add_argument("--prefill", type=int, default=1)
     ap.add_argument("--decode", type=int, default=1)
     args = ap.parse_args()
@@ -239,7 +293,7 @@ def main():
     ok = False
     try:
         rc = {"e2e": case_e2e, "prefix": case_prefix, "cancel": case_cancel,
-              "exhaust": case_exhaust}[args.case](args, bins, wd)
+              "exhaust": case_exhaust, "failover": case_failover}[args.case](args, bins, wd)
         ok = rc == 0
         return rc
     finally:
