@@ -22,6 +22,7 @@ import argparse
 import os
 import random
 import shutil
+import subprocess
 import sys
 import time
 
@@ -277,10 +278,46 @@ def case_failover(args, bins, wd):
     return 0
 
 
+def case_badargs(args, bins, wd):
+    """Bad command lines and cluster files: a clear message, exit 2 or 1, no crash."""
+    model = make_model(bins, wd)
+    c = Cluster(bins, wd, model, n_prefill=1, n_decode=1)
+    with open(c.config) as f:
+        text = f.read()
+    bad_yaml = os.path.join(wd, "bad.yaml")
+    with open(bad_yaml, "w") as f:
+        f.write(text.replace("pool_blocks: 2048", "pool_blocks: -4"))
+    nomodel = os.path.join(wd, "nomodel.yaml")
+    with open(nomodel, "w") as f:
+        f.write(text.replace("model: %s" % model, "model: %s/missing" % wd))
+    cases = [
+        (bins.decode, [], "--config FILE and --node NAME are required"),
+        (bins.prefill, ["--config", c.config], "--config FILE and --node NAME are required"),
+        (bins.decode, ["--config", c.config, "--node", "nosuch"], "no node named 'nosuch'"),
+        (bins.decode, ["--config", c.config, "--node", "prefill0"], "has role prefill"),
+        (bins.prefill, ["--config", c.config, "--node", "decode0"], "has role decode"),
+        (bins.decode, ["--config", os.path.join(wd, "absent.yaml"), "--node", "decode0"], "absent.yaml"),
+        (bins.decode, ["--config", bad_yaml, "--node", "decode0"], "pool_blocks"),
+        (bins.prefill, ["--config", nomodel, "--node", "prefill0"], "missing"),
+        (bins.decode, ["--config", c.config, "--node", "decode0", "--log-level", "loud"], "unknown level 'loud'"),
+        (bins.loadgen, [], "--router ENDPOINT or --config FILE is required"),
+        (bins.loadgen, ["--router", "tcp://127.0.0.1:1", "--prompt-len", "uniform:9:3"], "bad length distribution"),
+        (bins.loadgen, ["--router", "tcp://127.0.0.1:1", "--mode", "sideways"], "--mode must be open or closed"),
+    ]
+    for exe, argv, want in cases:
+        r = subprocess.run([exe] + argv, capture_output=True, text=True, timeout=20)
+        out = r.stdout + r.stderr
+        print("%s %s -> exit %d: %s" % (os.path.basename(exe), " ".join(argv[-2:]), r.returncode,
+                                          out.strip().splitlines()[-1] if out.strip() else ""))
+        check(r.returncode in (1, 2), "%s %s: exit %d (want 1 or 2): %s" % (exe, argv, r.returncode, out))
+        check(want in out, "%s %s: no '%s' in: %s" % (exe, argv, want, out))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     add_bin_args(ap)
-    ap.add_argument("--case", required=True, choices=["e2e", "prefix", "cancel", "exhaust", "failover"])
+    ap.add_argument("--case", required=True, choices=["e2e", "prefix", "cancel", "exhaust", "failover", "badargs"])
     ap.add_argument("--prefill", type=int, default=1)
     ap.add_argument("--decode", type=int, default=1)
     args = ap.parse_args()
@@ -293,7 +330,8 @@ def main():
     ok = False
     try:
         rc = {"e2e": case_e2e, "prefix": case_prefix, "cancel": case_cancel,
-              "exhaust": case_exhaust, "failover": case_failover}[args.case](args, bins, wd)
+              "exhaust": case_exhaust, "failover": case_failover,
+              "badargs": case_badargs}[args.case](args, bins, wd)
         ok = rc == 0
         return rc
     finally:
