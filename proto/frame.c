@@ -141,7 +141,9 @@ kvr_status_t kvr_proto_hdr_unpack(const void *buf, size_t len, kvr_proto_hdr_t *
                 KVR_PROTO_VERSION);
         return KVR_ERR_VERSION;
     }
-    if (!method_lookup(h.method)) {
+    /* method 0 is used only by error replies to a message whose envelope
+     * could not be read */
+    if (!method_lookup(h.method) && !(h.method == 0 && (h.flags & KVR_PROTO_F_ERROR))) {
         set_err(err, err_len, "unknown method %u", h.method);
         return KVR_ERR_UNSUPPORTED;
     }

@@ -14,7 +14,8 @@
  *   8..15 call id (chosen by the caller; replies and stream frames echo it)
  *
  * A frame with KVR_PROTO_F_ERROR carries a kvrail.Status payload whatever the
- * method.  A server-streaming call ends with a frame flagged KVR_PROTO_F_END
+ * method (method 0 and call id 0: the reply to a message whose envelope was
+ * unreadable).  A server-streaming call ends with a frame flagged KVR_PROTO_F_END
  * (for Generate its payload is kvrail.StreamEnd).  Sends and receives never
  * block (ZMQ_DONTWAIT); the caller polls.  Decoding reports garbage,
  * truncation, a wrong version and unknown methods as distinct statuses with a

@@ -202,7 +202,8 @@ static void drain(rt_t *r, void *sock, bool client)
                          client ? "client" : "node", (int)f.route_len, (const char *)f.route, err,
                          kvr_status_name(st));
             if (f.route_len)
-                kvr_proto_send_error(sock, f.route, f.route_len, f.have_hdr ? f.hdr.method : 0u,
+                kvr_proto_send_error(sock, f.route, f.route_len,
+                                     f.have_hdr && st != KVR_ERR_UNSUPPORTED ? f.hdr.method : 0u,
                                      f.have_hdr ? f.hdr.call_id : 0u, st, "%s", err);
         } else if (client) {
             rt_client_msg(r, &f, now);

@@ -571,7 +571,6 @@ void rt_on_rejected(rt_t *r, struct rt_node *n, const Kvrail__Rejected *m, uint6
         requeue(r, q, now);
         return;
     }
-    q->d = -1; /* D already released it */
     finish(r, q, code ? code : KVR_ERR_INTERNAL, KVRAIL__FINISH_REASON__FINISH_ERROR, false, now,
            "decode node %s rejected the request: %s", n->name, why);
 }
@@ -637,7 +636,6 @@ void rt_on_token(rt_t *r, struct rt_node *n, const Kvrail__Token *m, uint64_t no
                 prefill_failed(r, q, now, code, why);
                 return;
             }
-            q->d = -1;
             finish(r, q, code, KVRAIL__FINISH_REASON__FINISH_ERROR, true, now,
                    "decode node %s failed the request after %u tokens: %s", n->name, q->n_out, why);
             return;
