@@ -41,7 +41,8 @@ fail_all() {
 
 # name:timeout(s) of every guest test, in the order they run
 TESTS="rdma_devices:30 verbs_conformance:60 verbs_pair_lo:60 verbs_pair_veth:90
-       verbs_peer_death:60 verbs_bad_rkey:30 verbs_mismatch:30 verbs_kvrail_bench:60"
+       verbs_peer_death:60 verbs_bad_rkey:30 verbs_mismatch:30 verbs_kvrail_bench:60
+       verbs_cluster_1p1d:120"
 # `vm.py --mode bench` (a file "mode" in the results directory) runs the benchmark only
 [ "$(cat "$RES/mode" 2>/dev/null)" = bench ] && TESTS="verbs_bench:1200"
 BIN=$BUILD/tests/rdma
@@ -91,6 +92,7 @@ cmd_of() {
     verbs_mismatch) echo "$BIN/test_verbs_pair --case mismatch --dev-a rxe0 --dev-b rxe1" ;;
     verbs_kvrail_bench) echo "$BUILD/tools/bench/kvrail-bench --backend verbs --devices rxe_lo --pool-size 64M \
         --sizes 4K,64K,1M --batch 1,64 --duration 0.3 --check --quiet" ;;
+    verbs_cluster_1p1d) echo "KVR_VERBS_DEVICES=rxe_lo python3 tests/rdma/cluster_verbs.py $BUILD" ;;
     verbs_bench) echo "python3 tests/rdma/bench-vm.py $BUILD" ;;
     esac
 }
