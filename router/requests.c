@@ -119,13 +119,21 @@ static void req_free(rt_t *r, struct rt_req *q)
     free(q);
 }
 
-static void send_client(rt_t *r, struct rt_req *q, unsigned flags, const ProtobufCMessage *m)
+static kvr_status_t send_client(rt_t *r, struct rt_req *q, unsigned flags,
+                                const ProtobufCMessage *m)
 {
+    if (!q->route_len)
+        return KVR_ERR_NOT_FOUND;
     kvr_proto_hdr_t h = {KVR_PROTO_VERSION, (uint8_t)flags, KVRAIL__METHOD__GENERATE, q->call_id};
     kvr_status_t st = kvr_proto_send(r->client_sock, q->route, q->route_len, &h, m);
-    if (st != KVR_OK)
+    if (st == KVR_ERR_NOT_FOUND) {
+        /* the client's connection is gone (ZMQ_ROUTER_MANDATORY: unroutable) */
+        q->route_len = 0;
+    } else if (st != KVR_OK) {
         KVR_LOG_WARN("router", "request %" PRIu64 ": cannot send to client: %s", q->id,
                      kvr_status_str(st));
+    }
+    return st;
 }
 
 static void node_cancel(rt_t *r, int idx, uint64_t id, kvr_status_t code, const char *why)
@@ -486,8 +494,14 @@ static bool emit(rt_t *r, struct rt_req *q, uint32_t token, float logprob,
         c.n_prompt_token_ids = q->n_prompt;
         c.prompt_token_ids = q->prompt;
     }
-    send_client(r, q, 0, &c.base);
+    kvr_status_t sst = send_client(r, q, 0, &c.base);
     free(buf);
+    if (sst == KVR_ERR_NOT_FOUND) {
+        r->st.client_disconnects++;
+        finish(r, q, KVR_ERR_CANCELED, KVRAIL__FINISH_REASON__FINISH_CANCELED, true, now,
+               "client disconnected");
+        return true;
+    }
     if (fin) {
         bool node_done = node_fin != KVRAIL__FINISH_REASON__FINISH_NONE;
         finish(r, q, KVR_OK, fin, !node_done, now, "%s",
