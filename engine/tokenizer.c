@@ -524,9 +524,11 @@ static void parse_post(struct loader *L, const kvr_json_t *p)
         int32_t id = kvr_tok_strmap_get(&L->t->pieces, name, strlen(name));
         const kvr_json_t *st = kvr_json_get(kvr_json_get(p, "special_tokens"), name);
         const kvr_json_t *ids = kvr_json_get(st, "ids");
-        if (ids && ids->type == KVR_JSON_ARRAY && ids->n == 1 && ids->items[0]->is_int)
+        if (ids && ids->type == KVR_JSON_ARRAY && ids->n == 1 &&
+            ids->items[0]->type == KVR_JSON_NUMBER && ids->items[0]->is_int &&
+            ids->items[0]->i64 >= 0 && ids->items[0]->i64 < L->t->n_ids)
             id = (int32_t)ids->items[0]->i64;
-        if (id < 0)
+        if (id < 0 || id >= L->t->n_ids)
             continue;
         if (end) {
             L->t->eos_id = L->t->eos_id < 0 ? id : L->t->eos_id;
@@ -671,13 +673,14 @@ static kvr_status_t load_configs(kvr_tokenizer_t *t, const char *dir, char *err,
             return fail(err, err_len, st, "%s", jerr);
         const kvr_json_t *r = kvr_json_root(doc);
         const kvr_json_t *e = kvr_json_get(r, "eos_token_id");
-        if (e && e->type == KVR_JSON_NUMBER && e->is_int) {
+        if (e && e->type == KVR_JSON_NUMBER && e->is_int && e->i64 >= 0 && e->i64 < t->n_ids) {
             if (t->eos_id < 0)
                 t->eos_id = (int32_t)e->i64;
             st = add_eos(t, (int32_t)e->i64);
         } else if (e && e->type == KVR_JSON_ARRAY) {
             for (size_t i = 0; i < e->n && st == KVR_OK; i++)
-                if (e->items[i]->type == KVR_JSON_NUMBER && e->items[i]->is_int) {
+                if (e->items[i]->type == KVR_JSON_NUMBER && e->items[i]->is_int &&
+                    e->items[i]->i64 >= 0 && e->items[i]->i64 < t->n_ids) {
                     if (t->eos_id < 0)
                         t->eos_id = (int32_t)e->items[i]->i64;
                     st = add_eos(t, (int32_t)e->items[i]->i64);
