@@ -11,6 +11,7 @@
  */
 #include "tokenizer_unicode.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -247,8 +248,87 @@ static uint32_t compose(uint32_t a, uint32_t b)
     return 0;
 }
 
+/* ---- NFC quick check ----
+ * A code point "may change" NFC when it has a non-zero combining class, a
+ * canonical decomposition that does not recompose to itself, or can be the
+ * second half of a composition.  Text without any such code point is
+ * already NFC.  Bitmap for the BMP, built once; binary searches above it. */
+
+static uint64_t nfc_maybe_bmp[0x10000 / 64];
+static uint32_t *nfc_seconds; /* sorted second halves of compositions */
+static size_t nfc_n_seconds;
+
+static bool nfc_slow(const unsigned char *u, size_t n, char **out_p, size_t *out_len_p);
+
+static void mark(uint32_t cp)
+{
+    if (cp < 0x10000)
+        nfc_maybe_bmp[cp / 64] |= 1ull << (cp % 64);
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void nfc_quick_build(void)
+{
+    for (size_t i = 0; i < kvr_uni_ccc_n; i++)
+        for (uint32_t cp = kvr_uni_ccc[i][0]; cp <= kvr_uni_ccc[i][1] && cp < 0x10000; cp++)
+            mark(cp);
+    for (size_t i = 0; i < kvr_uni_decomp_cp_n; i++) {
+        uint32_t cp = kvr_uni_decomp_cp[i];
+        if (cp >= 0x10000)
+            continue;
+        char in[4], *o = NULL;
+        size_t il = kvr_utf8_put(cp, in), ol = 0;
+        if (!nfc_slow((const unsigned char *)in, il, &o, &ol) || ol != il || memcmp(o, in, il))
+            mark(cp);
+        free(o);
+    }
+    for (uint32_t cp = 0x1161; cp <= 0x1175; cp++) /* Hangul V and T jamo */
+        mark(cp);
+    for (uint32_t cp = 0x11A8; cp <= 0x11C2; cp++)
+        mark(cp);
+    nfc_seconds = malloc(kvr_uni_comp_n * sizeof(uint32_t));
+    if (!nfc_seconds)
+        return; /* then every non-ASCII-ish text takes the slow path */
+    for (size_t i = 0; i < kvr_uni_comp_n; i++) {
+        mark(kvr_uni_comp[i][1]);
+        nfc_seconds[i] = kvr_uni_comp[i][1];
+    }
+    qsort(nfc_seconds, kvr_uni_comp_n, sizeof(uint32_t), cmp_u32);
+    nfc_n_seconds = kvr_uni_comp_n;
+}
+
+static bool in_sorted(const uint32_t *a, size_t n, uint32_t v)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (a[mid] < v)
+            lo = mid + 1;
+        else if (a[mid] > v)
+            hi = mid;
+        else
+            return true;
+    }
+    return false;
+}
+
+static bool nfc_may_change(uint32_t cp)
+{
+    if (cp < 0x10000)
+        return nfc_maybe_bmp[cp / 64] >> (cp % 64) & 1;
+    return !nfc_seconds || ccc_of(cp) != 0 ||
+           in_sorted(kvr_uni_decomp_cp, kvr_uni_decomp_cp_n, cp) ||
+           in_sorted(nfc_seconds, nfc_n_seconds, cp);
+}
+
 bool kvr_uni_nfc(const char *s, size_t n, char **out_p, size_t *out_len_p)
 {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
     const unsigned char *u = (const unsigned char *)s;
     bool simple = true;
     for (size_t i = 0; i < n; i++) {
@@ -256,6 +336,17 @@ bool kvr_uni_nfc(const char *s, size_t n, char **out_p, size_t *out_len_p)
         if (u[i] >= 0xCC) {
             simple = false;
             break;
+        }
+    }
+    if (!simple) {
+        pthread_once(&once, nfc_quick_build);
+        simple = true;
+        for (size_t i = 0; i < n && simple;) {
+            uint32_t cp;
+            int st;
+            i += kvr_utf8_scan(u + i, n - i, &cp, &st);
+            if (st == KVR_UTF8_OK && cp >= 0x300 && nfc_may_change(cp))
+                simple = false;
         }
     }
     if (simple) {
@@ -268,6 +359,11 @@ bool kvr_uni_nfc(const char *s, size_t n, char **out_p, size_t *out_len_p)
         *out_len_p = n;
         return true;
     }
+    return nfc_slow(u, n, out_p, out_len_p);
+}
+
+static bool nfc_slow(const unsigned char *u, size_t n, char **out_p, size_t *out_len_p)
+{
     /* every code point decomposes into at most 18 (Unicode's bound) */
     uint32_t *cps = malloc((n * 4 + 18) * sizeof(uint32_t));
     if (!cps)

@@ -485,6 +485,11 @@ static void test_nfc(void)
     expect_nfc("\xff"
                "e\xcc\x81",
                "\xff\xc3\xa9"); /* bad byte kept */
+    /* quick check: stable text is copied, unstable code points still change */
+    expect_nfc("\xe6\x97\xa5\xe6\x9c\xac \xea\xb0\x80", "\xe6\x97\xa5\xe6\x9c\xac \xea\xb0\x80");
+    expect_nfc("\xea\xb0\x80\xe1\x86\xa8", "\xea\xb0\x81");             /* LV syllable + T -> LVT */
+    expect_nfc("\xf0\x9d\x85\x9e", "\xf0\x9d\x85\x97\xf0\x9d\x85\xa5"); /* excluded */
+    expect_nfc("\xc3\xa9\xf0\x9f\x98\x80", "\xc3\xa9\xf0\x9f\x98\x80");
     KVR_CHECK(kvr_uni_is_letter(0x65E5) && kvr_uni_is_letter('a') && !kvr_uni_is_letter('1'));
     KVR_CHECK(kvr_uni_is_number(0x0663) && kvr_uni_is_number(0x216B) && !kvr_uni_is_number('x'));
     KVR_CHECK(kvr_uni_is_space(0x3000) && kvr_uni_is_space('\t') && !kvr_uni_is_space(0x200B));
