@@ -627,6 +627,14 @@ void rt_on_prefill_done(rt_t *r, struct rt_node *n, const Kvrail__PrefillDone *m
     }
     q->prefill_done = true;
     q->kv_bytes += m->bytes_moved;
+    if (!m->local && m->bytes_moved) {
+        n->pd_bytes += m->bytes_moved;
+        n->pd_ns += m->transfer_us * 1000u;
+        if (q->d >= 0) {
+            r->nodes[q->d].pd_bytes += m->bytes_moved;
+            r->nodes[q->d].pd_ns += m->transfer_us * 1000u;
+        }
+    }
     q->overhead_ns += kvr_now_ns() - t0;
     if (q->next_local == 0) {
         q->next_local = 1;
@@ -1106,15 +1114,21 @@ static void on_status(rt_t *r, const kvr_proto_frame_t *f, uint64_t now)
                                             : n->inflight_tokens;
         ns[i].queued_prefill_tokens = n->queued_prefill_hb;
         ns[i].requests = n->requests;
-        ns[i].kv_bytes_moved = n->kv_bytes;
-        ns[i].kv_transfer_ns = n->kv_ns;
-        ns[i].kv_gbps = n->kv_ns ? (double)n->kv_bytes / (double)n->kv_ns : 0.0;
+        /* the node's own cumulative figures, or what its PrefillDones said */
+        uint64_t nb = n->kv_bytes, nt = n->kv_ns;
+        if (n->pd_bytes > nb) {
+            nb = n->pd_bytes;
+            nt = n->pd_ns;
+        }
+        ns[i].kv_bytes_moved = nb;
+        ns[i].kv_transfer_ns = nt;
+        ns[i].kv_gbps = nt ? (double)nb / (double)nt : 0.0;
         ns[i].block_event_seq = n->ev_seq;
         ns[i].resyncs = n->resyncs;
         ns[i].model_fingerprint = n->fingerprint;
         if (n->role == KVR_NODE_ROLE_PREFILL) {
-            kb += n->kv_bytes;
-            kns += n->kv_ns;
+            kb += nb;
+            kns += nt;
         }
     }
     rs.kv_bytes_moved = kb;

@@ -76,6 +76,7 @@ struct rt_node {
     uint32_t total_blocks, free_blocks, cached_blocks, batch_size, reserved_blocks;
     uint64_t inflight_prefill_hb, queued_prefill_hb;
     uint64_t kv_bytes, kv_ns;
+    uint64_t pd_bytes, pd_ns; /* the same, summed from PrefillDone (prefill and decode side) */
     /* load, router's estimate between heartbeats */
     int64_t free_est;
     uint64_t inflight_tokens; /* prefill tokens dispatched and not done */
