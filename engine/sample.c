@@ -232,20 +232,44 @@ static int32_t partition(const float *e, int32_t *c, int32_t lo, int32_t hi, int
     return w;
 }
 
-/* Moves the best k of c[0..n) to the front. */
-static void select_k(const float *e, int32_t *c, int32_t n, int32_t k)
+/* The best k finite entries of z[0..n) (logit descending, id ascending)
+ * into out[0..k) in heap order, in one pass: a min-heap whose root is the
+ * worst kept; almost every entry is rejected by one comparison with it.
+ * Returns how many were kept (< k when fewer are finite). */
+static int32_t top_k_heap(const float *z, int32_t n, int32_t k, int32_t *out)
 {
-    int32_t lo = 0, hi = n;
-    while (hi - lo > 1) {
-        double m;
-        int32_t q = partition(e, c, lo, hi, pivot_of(e, c, lo, hi), &m);
-        if (q == k || q == k - 1)
-            return;
-        if (q > k)
-            hi = q;
-        else
-            lo = q + 1;
+    int32_t h = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (!(z[i] > -INFINITY))
+            continue;
+        int32_t r;
+        if (h < k) {
+            /* sift up: parents are worse than children */
+            r = h++;
+            while (r > 0 && better(z, out[(r - 1) / 2], i)) {
+                out[r] = out[(r - 1) / 2];
+                r = (r - 1) / 2;
+            }
+            out[r] = i;
+            continue;
+        }
+        if (!better(z, i, out[0]))
+            continue;
+        r = 0; /* replace the root, sift down */
+        for (;;) {
+            int32_t c = 2 * r + 1;
+            if (c >= h)
+                break;
+            if (c + 1 < h && better(z, out[c], out[c + 1]))
+                c++;
+            if (!better(z, i, out[c]))
+                break;
+            out[r] = out[c];
+            r = c;
+        }
+        out[r] = i;
     }
+    return h;
 }
 
 /* Moves the smallest best-first prefix of c[0..n) whose mass reaches need
@@ -302,27 +326,29 @@ kvr_status_t kvr_sampler_sample(kvr_sampler_t *s, const float *logits, int32_t *
 
     int32_t tok = best;
     if (s->p.temperature > 0.0f) {
-        /* e_i = exp(z_i - z_max) in place; e_max = 1 */
+        /* e_i = exp(z_i - z_max) in place (e_max = 1): over the whole
+         * vocabulary, or only over the top-k picked from z in one pass */
         const float zmax = z[best];
-        int32_t nc = 0;
+        int32_t keep = 0;
         double total = 0.0;
-        for (int32_t i = 0; i < n; i++) {
-            float e = z[i] > -INFINITY ? expf(z[i] - zmax) : 0.0f; /* NaN -> 0 */
-            z[i] = e;
-            if (e > 0.0f) {
-                s->cand[nc++] = i;
-                total += e;
+        if (s->p.top_k > 0 && s->p.top_k < n) {
+            keep = top_k_heap(z, n, s->p.top_k, s->cand);
+            for (int32_t i = 0; i < keep; i++) {
+                int32_t id = s->cand[i];
+                z[id] = expf(z[id] - zmax);
+                total += z[id];
+            }
+        } else {
+            for (int32_t i = 0; i < n; i++) {
+                float e = z[i] > -INFINITY ? expf(z[i] - zmax) : 0.0f; /* NaN -> 0 */
+                z[i] = e;
+                if (e > 0.0f) {
+                    s->cand[keep++] = i;
+                    total += e;
+                }
             }
         }
         const float *e = z;
-        int32_t keep = nc;
-        if (s->p.top_k > 0 && s->p.top_k < keep) {
-            select_k(e, s->cand, keep, s->p.top_k);
-            keep = s->p.top_k;
-            total = 0.0;
-            for (int32_t i = 0; i < keep; i++)
-                total += e[s->cand[i]];
-        }
         if (s->p.top_p < 1.0f && keep > 1)
             keep = select_mass(e, s->cand, keep, (double)s->p.top_p * total);
         if (s->p.min_p > 0.0f) {
