@@ -414,14 +414,15 @@ int main(int argc, char **argv)
         printf("{\"requests\": %d, \"failed\": %d, \"concurrency\": %d, \"prompt_tokens\": %d, "
                "\"max_tokens\": %d, \"decode\": %d, \"prefill\": %d, \"seconds\": %.3f, "
                "\"overhead_p50_ns\": %" PRIu64 ", \"overhead_p99_ns\": %" PRIu64
-               ", \"overhead_max_ns\": %" PRIu64 ", \"token_p50_ns\": %" PRIu64
+               ", \"overhead_max_ns\": %" PRIu64 ", \"overhead_cpu_p50_ns\": %" PRIu64
+               ", \"overhead_cpu_p99_ns\": %" PRIu64 ", \"token_p50_ns\": %" PRIu64
                ", \"token_p99_ns\": %" PRIu64 ", \"ttft_p50_ns\": %" PRIu64
                ", \"ttft_p99_ns\": %" PRIu64 ", \"local_prefills\": %" PRIu64
                ", \"disagg_prefills\": %" PRIu64 ", \"directory_blocks\": %" PRIu64 "}\n",
                requests, failed, conc, ptok, maxtok, nd, np, secs, st.overhead_p50_ns,
-               st.overhead_p99_ns, st.overhead_max_ns, st.token_overhead_p50_ns,
-               st.token_overhead_p99_ns, t50, t99, st.local_prefills, st.disagg_prefills,
-               st.directory_blocks);
+               st.overhead_p99_ns, st.overhead_max_ns, st.overhead_cpu_p50_ns,
+               st.overhead_cpu_p99_ns, st.token_overhead_p50_ns, st.token_overhead_p99_ns, t50, t99,
+               st.local_prefills, st.disagg_prefills, st.directory_blocks);
     } else {
         printf("kvrail-router-bench: %d requests (%d failed) of %d prompt tokens, %d output "
                "tokens, %d in flight, %dP+%dD scripted nodes, %.2f s (%.0f req/s)\n",
@@ -429,6 +430,8 @@ int main(int argc, char **argv)
         printf("| metric | p50 | p99 | max |\n|---|---:|---:|---:|\n");
         printf("| router overhead per request (in-process) | %.1f us | %.1f us | %.1f us |\n",
                st.overhead_p50_ns / 1e3, st.overhead_p99_ns / 1e3, st.overhead_max_ns / 1e3);
+        printf("| same, router thread CPU time | %.1f us | %.1f us | |\n",
+               st.overhead_cpu_p50_ns / 1e3, st.overhead_cpu_p99_ns / 1e3);
         printf("| router per streamed token (in-process) | %.1f us | %.1f us | |\n",
                st.token_overhead_p50_ns / 1e3, st.token_overhead_p99_ns / 1e3);
         printf("| client TTFT via router + scripted nodes | %.1f us | %.1f us | |\n", t50 / 1e3,

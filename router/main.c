@@ -46,6 +46,13 @@ uint64_t rt_rand(rt_t *r)
     return z ^ (z >> 31);
 }
 
+uint64_t rt_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 void rt_samples_add(struct rt_samples *s, uint64_t ns)
 {
     s->v[s->n % RT_SAMPLES] = ns;

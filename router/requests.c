@@ -189,6 +189,7 @@ static void fill_usage(rt_t *r, struct rt_req *q, Kvrail__GenerateUsage *u, uint
     u->ttft_us = q->t_first ? (q->t_first - q->t_recv) / 1000u : 0;
     u->total_us = (now - q->t_recv) / 1000u;
     u->router_overhead_ns = q->overhead_ns;
+    u->router_overhead_cpu_ns = q->overhead_cpu_ns;
     u->finish = fin;
 }
 
@@ -227,6 +228,8 @@ static void finish(rt_t *r, struct rt_req *q, kvr_status_t code, Kvrail__FinishR
                                  q->call_id, code, "%s", msg);
         }
     }
+    rt_samples_add(&r->st.overhead, q->overhead_ns);
+    rt_samples_add(&r->st.overhead_cpu, q->overhead_cpu_ns);
     if (code == KVR_OK)
         r->st.completed++;
     else if (code == KVR_ERR_CANCELED)
@@ -260,7 +263,7 @@ enum pick_result { PICK_OK, PICK_NO_DECODE, PICK_POOL_FULL, PICK_SEND_FAILED };
 
 static enum pick_result dispatch(rt_t *r, struct rt_req *q, uint64_t now)
 {
-    uint64_t t0 = kvr_now_ns();
+    uint64_t t0 = kvr_now_ns(), c0 = rt_cpu_ns();
     uint32_t bs = r->cl->block_size;
     uint32_t overlap[RT_MAX_NODES];
     rt_dir_overlap(r, q->hashes, q->n_hashes, overlap);
@@ -287,6 +290,7 @@ static enum pick_result dispatch(rt_t *r, struct rt_req *q, uint64_t now)
     }
     if (best < 0) {
         q->overhead_ns += kvr_now_ns() - t0;
+        q->overhead_cpu_ns += rt_cpu_ns() - c0;
         return any_decode ? PICK_POOL_FULL : PICK_NO_DECODE;
     }
     struct rt_node *d = &r->nodes[best];
@@ -336,6 +340,7 @@ static enum pick_result dispatch(rt_t *r, struct rt_req *q, uint64_t now)
     kvr_status_t st = rt_send_node(r, d, KVRAIL__METHOD__RESERVE, &rs.base);
     if (st != KVR_OK) {
         q->overhead_ns += kvr_now_ns() - t0;
+        q->overhead_cpu_ns += rt_cpu_ns() - c0;
         return PICK_SEND_FAILED;
     }
     if (!local) {
@@ -353,6 +358,7 @@ static enum pick_result dispatch(rt_t *r, struct rt_req *q, uint64_t now)
         if (st != KVR_OK) {
             node_cancel(r, best, q->id, KVR_ERR_PEER_FAILURE, "prefill node unreachable");
             q->overhead_ns += kvr_now_ns() - t0;
+            q->overhead_cpu_ns += rt_cpu_ns() - c0;
             return PICK_SEND_FAILED;
         }
         r->nodes[pbest].inflight_tokens += q->n_ctx;
@@ -372,6 +378,7 @@ static enum pick_result dispatch(rt_t *r, struct rt_req *q, uint64_t now)
     q->prefill_deadline = now + (uint64_t)r->cl->timeouts.prefill_ms * MS;
     q->next_local = 0;
     q->overhead_ns += kvr_now_ns() - t0;
+    q->overhead_cpu_ns += rt_cpu_ns() - c0;
     return PICK_OK;
 }
 
@@ -513,7 +520,7 @@ static bool emit(rt_t *r, struct rt_req *q, uint32_t token, float logprob,
 
 void rt_on_reserved(rt_t *r, struct rt_node *n, const Kvrail__Reserved *m, uint64_t now)
 {
-    uint64_t t0 = kvr_now_ns();
+    uint64_t t0 = kvr_now_ns(), c0 = rt_cpu_ns();
     struct rt_req *q = req_find(r, m->request_id);
     if (!q || q->d != n->idx || q->state != RQ_RESERVING) {
         KVR_LOG_DEBUG("router", "node %s: stale Reserved for request %" PRIu64, n->name,
@@ -560,6 +567,7 @@ void rt_on_reserved(rt_t *r, struct rt_node *n, const Kvrail__Reserved *m, uint6
         t.block_bytes = n->block_bytes;
         if (rt_send_node(r, &r->nodes[q->p], KVRAIL__METHOD__PREFILL_TARGET, &t.base) != KVR_OK) {
             q->overhead_ns += kvr_now_ns() - t0;
+            q->overhead_cpu_ns += rt_cpu_ns() - c0;
             node_cancel(r, q->d, q->id, KVR_ERR_PEER_FAILURE, "prefill node unreachable");
             q->bad_p = q->p;
             requeue(r, q, now);
@@ -567,6 +575,7 @@ void rt_on_reserved(rt_t *r, struct rt_node *n, const Kvrail__Reserved *m, uint6
         }
     }
     q->overhead_ns += kvr_now_ns() - t0;
+    q->overhead_cpu_ns += rt_cpu_ns() - c0;
 }
 
 void rt_on_rejected(rt_t *r, struct rt_node *n, const Kvrail__Rejected *m, uint64_t now)
@@ -612,7 +621,7 @@ static void prefill_failed(rt_t *r, struct rt_req *q, uint64_t now, kvr_status_t
 
 void rt_on_prefill_done(rt_t *r, struct rt_node *n, const Kvrail__PrefillDone *m, uint64_t now)
 {
-    uint64_t t0 = kvr_now_ns();
+    uint64_t t0 = kvr_now_ns(), c0 = rt_cpu_ns();
     struct rt_req *q = req_find(r, m->request_id);
     if (!q || (q->p != n->idx && q->d != n->idx))
         return;
@@ -636,6 +645,7 @@ void rt_on_prefill_done(rt_t *r, struct rt_node *n, const Kvrail__PrefillDone *m
         }
     }
     q->overhead_ns += kvr_now_ns() - t0;
+    q->overhead_cpu_ns += rt_cpu_ns() - c0;
     if (q->next_local == 0) {
         q->next_local = 1;
         emit(r, q, m->first_token, m->logprob, KVRAIL__FINISH_REASON__FINISH_NONE, now);
@@ -804,7 +814,7 @@ static kvr_status_t check_sampling(const Kvrail__SamplingParams *sp, char *err, 
 }
 
 static void on_generate(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__GenerateRequest *g,
-                        uint64_t now, uint64_t t0)
+                        uint64_t now, uint64_t t0, uint64_t c0)
 {
     char err[512];
     if (check_sampling(g->sampling, err, sizeof(err)) != KVR_OK) {
@@ -852,7 +862,7 @@ static void on_generate(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__Gener
         return;
     }
     q->p = q->d = q->bad_p = -1;
-    uint64_t tk = 0;
+    uint64_t tk = 0, tk_cpu = 0;
     if (g->n_token_ids) {
         q->prompt = malloc(g->n_token_ids * sizeof(uint32_t));
         if (q->prompt) {
@@ -873,12 +883,13 @@ static void on_generate(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__Gener
                         "the router has no tokenizer (model %s): send token_ids", r->cl->model_dir);
             goto err_free;
         }
-        uint64_t t1 = kvr_now_ns();
+        uint64_t t1 = kvr_now_ns(), c1 = rt_cpu_ns();
         int32_t *ids = NULL;
         size_t n = 0;
         kvr_status_t st =
             kvr_tokenizer_encode(r->tok, g->prompt, strlen(g->prompt), true, &ids, &n);
         tk = kvr_now_ns() - t1;
+        tk_cpu = rt_cpu_ns() - c1;
         rt_samples_add(&r->st.tokenize, tk);
         if (st != KVR_OK) {
             bad_request(r, f, st, "tokenizing the prompt failed: %s", kvr_status_str(st));
@@ -984,6 +995,7 @@ static void on_generate(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__Gener
     r->st.requests++;
     r->st.prompt_tokens += q->n_prompt;
     q->overhead_ns += kvr_now_ns() - t0 - tk;
+    q->overhead_cpu_ns += rt_cpu_ns() - c0 - tk_cpu;
     enum pick_result pr = dispatch(r, q, now);
     if (pr != PICK_OK)
         q_push(r, q, false);
@@ -1083,6 +1095,8 @@ static void on_status(rt_t *r, const kvr_proto_frame_t *f, uint64_t now)
     rs.overhead_p99_ns = rt_samples_pct(&r->st.overhead, 0.99);
     rs.overhead_max_ns = rt_samples_pct(&r->st.overhead, 1.0);
     rs.overhead_samples = r->st.overhead.n;
+    rs.overhead_cpu_p50_ns = rt_samples_pct(&r->st.overhead_cpu, 0.50);
+    rs.overhead_cpu_p99_ns = rt_samples_pct(&r->st.overhead_cpu, 0.99);
     rs.token_overhead_p50_ns = rt_samples_pct(&r->st.token, 0.50);
     rs.token_overhead_p99_ns = rt_samples_pct(&r->st.token, 0.99);
     rs.tokenize_p50_ns = rt_samples_pct(&r->st.tokenize, 0.50);
@@ -1143,7 +1157,7 @@ static void on_status(rt_t *r, const kvr_proto_frame_t *f, uint64_t now)
 
 void rt_client_msg(rt_t *r, kvr_proto_frame_t *f, uint64_t now)
 {
-    uint64_t t0 = kvr_now_ns();
+    uint64_t t0 = kvr_now_ns(), c0 = rt_cpu_ns();
     char err[512] = "";
     ProtobufCMessage *m = NULL;
     unsigned method = f->hdr.method;
@@ -1164,12 +1178,8 @@ void rt_client_msg(rt_t *r, kvr_proto_frame_t *f, uint64_t now)
     switch (method) {
     case KVRAIL__METHOD__GENERATE: {
         uint64_t before = r->next_id;
-        on_generate(r, f, (Kvrail__GenerateRequest *)m, now, t0);
-        if (r->next_id != before) {
-            struct rt_req *q = req_find(r, r->next_id);
-            if (q)
-                rt_samples_add(&r->st.overhead, q->overhead_ns);
-        }
+        on_generate(r, f, (Kvrail__GenerateRequest *)m, now, t0, c0);
+        (void)before;
         break;
     }
     case KVRAIL__METHOD__CANCEL:

@@ -141,7 +141,8 @@ struct rt_req {
     size_t tail_len;
     uint64_t t_recv, t_dispatch, t_first;
     uint64_t queue_deadline, prefill_deadline, deadline;
-    uint64_t overhead_ns;
+    uint64_t overhead_ns;     /* wall time of the router's handling of it */
+    uint64_t overhead_cpu_ns; /* the same in thread CPU time (without preemption) */
     uint64_t kv_bytes;
     bool local_any; /* some dispatch of it prefilled locally */
     struct rt_req *qnext, *qprev;
@@ -153,7 +154,7 @@ struct rt_stats {
     uint64_t requests, completed, failed, canceled, overloaded, bad_frames, bad_requests;
     uint64_t local_prefills, disagg_prefills, retries, client_disconnects, resyncs, dead_nodes;
     uint64_t cached_tokens, prompt_tokens;
-    struct rt_samples overhead, token, tokenize;
+    struct rt_samples overhead, overhead_cpu, token, tokenize;
 };
 
 typedef struct rt {
@@ -184,6 +185,8 @@ typedef struct rt {
 
 /* main.c */
 uint64_t rt_rand(rt_t *r);
+/** This thread's CPU time in ns (CLOCK_THREAD_CPUTIME_ID). */
+uint64_t rt_cpu_ns(void);
 kvr_status_t rt_send_node(rt_t *r, struct rt_node *n, unsigned method, const ProtobufCMessage *msg);
 
 /* nodes.c */

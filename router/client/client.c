@@ -323,6 +323,7 @@ static kvr_status_t take(kvr_gen_stream_t *s, struct kvr_gen_token *tok_p)
                 s->res.ttft_us = u->ttft_us;
                 s->res.total_us = u->total_us;
                 s->res.router_overhead_ns = u->router_overhead_ns;
+                s->res.router_overhead_cpu_ns = u->router_overhead_cpu_ns;
             }
         } else {
             s->res.status = KVR_ERR_CORRUPT;
@@ -500,6 +501,8 @@ kvr_status_t kvr_client_status(kvr_client_t *c, int timeout_ms, struct kvr_clust
         o->overhead_p99_ns = s->overhead_p99_ns;
         o->overhead_max_ns = s->overhead_max_ns;
         o->overhead_samples = s->overhead_samples;
+        o->overhead_cpu_p50_ns = s->overhead_cpu_p50_ns;
+        o->overhead_cpu_p99_ns = s->overhead_cpu_p99_ns;
         o->token_overhead_p50_ns = s->token_overhead_p50_ns;
         o->token_overhead_p99_ns = s->token_overhead_p99_ns;
         o->tokenize_p50_ns = s->tokenize_p50_ns;

@@ -87,6 +87,7 @@ struct kvr_gen_result {
     uint64_t kv_bytes_moved;
     uint64_t ttft_us, total_us; /* measured by the router */
     uint64_t router_overhead_ns;
+    uint64_t router_overhead_cpu_ns;
 };
 
 /** Called for each token; return non-zero to cancel the request. */
@@ -147,6 +148,7 @@ struct kvr_cluster_status {
     uint64_t uptime_ms, requests, active, queued, completed, failed, canceled, overloaded;
     uint64_t bad_frames, bad_requests, local_prefills, disagg_prefills, retries;
     uint64_t overhead_p50_ns, overhead_p99_ns, overhead_max_ns, overhead_samples;
+    uint64_t overhead_cpu_p50_ns, overhead_cpu_p99_ns; /* the same in router CPU time */
     uint64_t token_overhead_p50_ns, token_overhead_p99_ns, tokenize_p50_ns, tokenize_p99_ns;
     uint64_t kv_bytes_moved, kv_transfer_ns;
     double kv_gbps;

@@ -44,10 +44,11 @@ static void print_json(const struct kvr_cluster_status *s)
     printf(", \"overhead_p50_ns\": %" PRIu64 ", \"overhead_p99_ns\": %" PRIu64
            ", \"overhead_max_ns\": %" PRIu64 ", \"overhead_samples\": %" PRIu64
            ", \"token_overhead_p50_ns\": %" PRIu64 ", \"token_overhead_p99_ns\": %" PRIu64
-           ", \"tokenize_p50_ns\": %" PRIu64 ", \"tokenize_p99_ns\": %" PRIu64,
+           ", \"tokenize_p50_ns\": %" PRIu64 ", \"tokenize_p99_ns\": %" PRIu64
+           ", \"overhead_cpu_p50_ns\": %" PRIu64 ", \"overhead_cpu_p99_ns\": %" PRIu64,
            s->overhead_p50_ns, s->overhead_p99_ns, s->overhead_max_ns, s->overhead_samples,
            s->token_overhead_p50_ns, s->token_overhead_p99_ns, s->tokenize_p50_ns,
-           s->tokenize_p99_ns);
+           s->tokenize_p99_ns, s->overhead_cpu_p50_ns, s->overhead_cpu_p99_ns);
     printf(", \"kv_bytes_moved\": %" PRIu64 ", \"kv_transfer_ns\": %" PRIu64
            ", \"kv_gbps\": %.6f, \"directory_blocks\": %" PRIu64 ", \"cached_tokens\": %" PRIu64
            ", \"prompt_tokens\": %" PRIu64 ", \"client_disconnects\": %" PRIu64
@@ -89,9 +90,10 @@ static void print_text(const char *ep, const struct kvr_cluster_status *s)
            ", client disconnects %" PRIu64 ", resyncs %" PRIu64 "\n",
            s->bad_frames, s->bad_requests, s->retries, s->client_disconnects, s->resyncs);
     printf("router overhead per request: p50 %.1f us, p99 %.1f us, max %.1f us (%" PRIu64
-           " requests); per token p99 %.1f us\n",
+           " requests; CPU time p50 %.1f us, p99 %.1f us); per token p99 %.1f us\n",
            (double)s->overhead_p50_ns / 1e3, (double)s->overhead_p99_ns / 1e3,
            (double)s->overhead_max_ns / 1e3, s->overhead_samples,
+           (double)s->overhead_cpu_p50_ns / 1e3, (double)s->overhead_cpu_p99_ns / 1e3,
            (double)s->token_overhead_p99_ns / 1e3);
     printf("KV moved prefill -> decode: %" PRIu64 " bytes (%.2f MiB) at %.3f GB/s\n\n",
            s->kv_bytes_moved, (double)s->kv_bytes_moved / 1048576.0, s->kv_gbps);
