@@ -424,6 +424,34 @@ int main(int argc, char **argv)
     if (!built)
         KVR_SKIP("backend %s is not built into this binary", backend);
 
+    /* an unknown backend, and require_rdma: a clear start-up error or RDMA */
+    struct kvr_xfer_config cfg;
+    kvr_xfer_engine_t *e = NULL;
+    kvr_xfer_config_init(&cfg);
+    cfg.backend = "no-such-backend";
+    KVR_CHECK_STATUS(kvr_xfer_engine_create(&cfg, &e), KVR_ERR_NOT_FOUND);
+    KVR_CHECK(e == NULL);
+    cfg.backend = backend;
+    cfg.require_rdma = 1;
+    kvr_status_t rs = kvr_xfer_engine_create(&cfg, &e);
+    KVR_CHECK(rs == KVR_OK || rs == KVR_ERR_NO_RDMA);
+    fprintf(stderr, "%s: require_rdma at create: %s\n", backend, kvr_status_name(rs));
+    if (rs == KVR_OK) { /* RDMA here: a connection must then use it, or refuse */
+        kvr_xfer_engine_t *t;
+        cfg.require_rdma = 0;
+        KVR_CHECK_STATUS(kvr_xfer_engine_create(&cfg, &t), KVR_OK);
+        void *blob;
+        size_t len;
+        kvr_xfer_peer_t *q;
+        KVR_CHECK_STATUS(kvr_xfer_address(t, &blob, &len), KVR_OK);
+        rs = kvr_xfer_connect(e, blob, len, &q);
+        KVR_CHECK(rs == KVR_OK || rs == KVR_ERR_NO_RDMA);
+        fprintf(stderr, "%s: require_rdma at connect: %s\n", backend, kvr_status_name(rs));
+        free(blob);
+        kvr_xfer_engine_destroy(t);
+        kvr_xfer_engine_destroy(e);
+    }
+
     struct side a, b;
     side_init(&a, "initiator", 0);
     side_init(&b, "target", 1);

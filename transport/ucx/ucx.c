@@ -27,6 +27,10 @@
  * The transports actually selected are read back from ucp_ep_print_info()
  * (captured with open_memstream) into peer->transports and logged;
  * require_rdma refuses lanes over tcp, posix, sysv, cma, self, knem, xpmem.
+ *
+ * Memory from kvr_xfer_mem_alloc is UCX-allocated (shared memory on one
+ * host, which the peer maps: puts become one-sided memcpys); such a mapping
+ * is populated once when its rkey is unpacked (KVR_UCX_POPULATE=0: don't).
  */
 #include "xfer_backend.h"
 
@@ -714,7 +718,8 @@ static kvr_status_t ucx_rmem_unpack(kvr_xfer_rmem_t *base, const void *buf, size
      * mapped here and written with memcpy: fault the mapping in once now, so
      * that first touches of its pages do not land on the data path. */
     void *ptr;
-    if (ucp_rkey_ptr(r->rkey, base->addr, &ptr) == UCS_OK) {
+    const char *pop = getenv("KVR_UCX_POPULATE");
+    if ((!pop || strcmp(pop, "0") != 0) && ucp_rkey_ptr(r->rkey, base->addr, &ptr) == UCS_OK) {
         uint64_t t0 = kvr_now_ns();
         uintptr_t a = (uintptr_t)ptr & ~(uintptr_t)4095;
         size_t n = (size_t)((uintptr_t)ptr + base->len - a);
