@@ -2,19 +2,24 @@
  * cpu_backend.c - the CPU compute backend.
  *
  * matmul, y[M][N] = x[M][K] W[N][K]^T:
- *  - M <= gemv_max_rows (decode, last-token logits): our own kernel, the N
- *    weight rows split over the thread pool; each weight row is read once
- *    in its file dtype (f32, f16 or bf16, widened in registers) and dotted
- *    with up to 4 activation rows at a time, so small batches cost one pass
- *    over the weights (memory bound);
- *  - larger M (prefill): OpenBLAS cblas_sgemm; f16/bf16 weights are widened
- *    to f32 chunk by chunk of rows into a scratch buffer (threaded), each
- *    chunk multiplied as it is converted, so the model stays in its mapped
- *    file dtype and only one chunk of f32 exists at a time.
- * Attention reads K/V through the block tables, one (row, head) pair per
- * task, round-robin over threads (causal rows have unequal cost).
- * Hot loops are compiled for x86-64-v4/v3/baseline (target_clones) and
- * picked at load by the CPU.
+ *  - M <= gemv_max_rows (decode steps, short prompts, last-token logits):
+ *    our own kernel, W's rows split over the thread pool; each group of 4
+ *    weight rows is read once in its file dtype (f32, f16 or bf16, widened
+ *    in registers) and dotted with 4 activation rows at a time while it
+ *    sits in L1.  Each output is one dot product summed in a fixed order,
+ *    so a row's result does not depend on the batch (batch invariance:
+ *    batched decode == decoding alone, bit for bit);
+ *  - larger M (prefill): OpenBLAS cblas_sgemm, single-threaded, on slices
+ *    of W's rows run by our pool (one set of threads: OpenBLAS's own pool
+ *    and ours spinning against each other on few cores lost ~2x);
+ *    f16/bf16 slices are widened into per-thread scratch just before their
+ *    sgemm, so the model stays in its mapped file dtype.
+ * Attention reads K/V through the block tables: for prefill (rows of one
+ * sequence at consecutive positions) per kv head a gather of its K/V and
+ * two sgemms per query head and 128-row tile (S = Q K^T, masked softmax,
+ * O = S V); for decode one (row, head) pair per task with a vectorized dot
+ * and exp.  Hot loops are compiled for x86-64-v4/v3/baseline
+ * (target_clones) and picked at load by the CPU.
  */
 #include <cblas.h>
 #include <math.h>
@@ -26,8 +31,8 @@
 #include "kvr_log.h"
 #include "threadpool.h"
 
-#define CONV_FLOATS   (4u << 20) /* f32 scratch for widened weight rows: 16 MiB */
-#define ATTN_S_FLOATS (4u << 20) /* score tile of the GEMM attention: 16 MiB */
+#define CONV_FLOATS   (4u << 20) /* f32 scratch for widened weight rows: 16 MiB in all */
+#define ATTN_S_FLOATS (1u << 20) /* score tile of the GEMM attention: 4 MiB a thread */
 #define ATTN_ROWS     128        /* query rows per score tile */
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -49,11 +54,12 @@ struct cpu_backend {
     struct kvr_compute_backend base; /* first */
     kvr_tp_t *tp;
     struct kvr_backend_params p;
-    float *conv;   /* [CONV_FLOATS] widened weight rows for sgemm */
+    float *conv; /* [n_threads][conv_per_thread] widened weight rows for sgemm */
+    size_t conv_per_thread, kv_per_thread;
     float *scores; /* [n_threads][max_seq_len] attention scores */
-    float *kbuf;   /* [max_seq_len][head_dim] one kv head's K, gathered (prefill) */
-    float *vbuf;   /* [max_seq_len][head_dim] and its V */
-    float *sbuf;   /* [ATTN_S_FLOATS] score tile of the GEMM attention */
+    float *kbuf;   /* [n_threads][max_seq_len][head_dim] a kv head's K, gathered */
+    float *vbuf;   /* [n_threads][max_seq_len][head_dim] and its V */
+    float *sbuf;   /* [n_threads][ATTN_S_FLOATS] score tiles of the GEMM attention */
 };
 
 static struct cpu_backend *cpu(struct kvr_compute_backend *be)
@@ -319,6 +325,45 @@ KVR_CLONES static void conv_task(void *arg, int ith, int nth, int tid)
         j->out[i] = ld1(j->src, j->dtype, i);
 }
 
+/* sgemm over a slice of W's rows [n0, n1), on one thread: OpenBLAS runs
+ * single-threaded inside our pool, so one set of threads does all the work
+ * (two pools spinning against each other on few cores lose a lot). */
+struct sgemm_job {
+    struct cpu_backend *c;
+    float *y;
+    const float *x;
+    int32_t M;
+    const struct kvr_weight *w;
+    bool accumulate;
+};
+
+KVR_CLONES static void sgemm_task(void *arg, int chunk, int n_chunks, int tid)
+{
+    const struct sgemm_job *j = arg;
+    const int32_t N = j->w->rows, K = j->w->cols;
+    int32_t per = ((N + n_chunks - 1) / n_chunks + 15) & ~15;
+    int32_t n0 = chunk * per, n1 = n0 + per < N ? n0 + per : N;
+    if (n0 >= n1)
+        return;
+    if (j->w->dtype == KVR_DT_F32) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->M, n1 - n0, K, 1.0f, j->x, K,
+                    (const float *)j->w->data + (size_t)n0 * (size_t)K, K,
+                    j->accumulate ? 1.0f : 0.0f, j->y + n0, N);
+        return;
+    }
+    /* f16/bf16: widen rows into this thread's scratch, multiply, next rows */
+    float *conv = j->c->conv + (size_t)tid * j->c->conv_per_thread;
+    int32_t rows = (int32_t)(j->c->conv_per_thread / (size_t)K);
+    for (int32_t r0 = n0; r0 < n1; r0 += rows) {
+        int32_t nr = n1 - r0 < rows ? n1 - r0 : rows;
+        struct conv_job cj = {conv, (const uint16_t *)j->w->data + (size_t)r0 * (size_t)K,
+                              j->w->dtype, (size_t)nr * (size_t)K};
+        conv_task(&cj, 0, 1, tid);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->M, nr, K, 1.0f, j->x, K, conv, K,
+                    j->accumulate ? 1.0f : 0.0f, j->y + r0, N);
+    }
+}
+
 static void cpu_matmul(struct kvr_compute_backend *be, float *y, const float *x, int32_t M,
                        const struct kvr_weight *w, const float *bias, bool accumulate)
 {
@@ -329,22 +374,10 @@ static void cpu_matmul(struct kvr_compute_backend *be, float *y, const float *x,
         kvr_tp_run(c->tp, gemv_task, &j, chunks_for(c, (double)M * N * K, N / 16));
         return;
     }
-    if (w->dtype == KVR_DT_F32) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w->data, K,
-                    accumulate ? 1.0f : 0.0f, y, N);
-    } else {
-        int32_t chunk = (int32_t)(CONV_FLOATS / (size_t)K);
-        if (chunk > N)
-            chunk = N;
-        for (int32_t n0 = 0; n0 < N; n0 += chunk) {
-            int32_t nc = N - n0 < chunk ? N - n0 : chunk;
-            struct conv_job cj = {c->conv, (const uint16_t *)w->data + (size_t)n0 * (size_t)K,
-                                  w->dtype, (size_t)nc * (size_t)K};
-            kvr_tp_run(c->tp, conv_task, &cj, chunks_for(c, (double)cj.n, (int)(cj.n / 4096)));
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nc, K, 1.0f, x, K, c->conv, K,
-                        accumulate ? 1.0f : 0.0f, y + n0, N);
-        }
-    }
+    struct sgemm_job j = {c, y, x, M, w, accumulate};
+    /* chunks of >= 64 rows of W; a few per thread for balance under load */
+    int n_chunks = c->p.n_threads * 2 < N / 64 ? c->p.n_threads * 2 : N / 64;
+    kvr_tp_run(c->tp, sgemm_task, &j, n_chunks > 1 ? n_chunks : 1);
     if (bias)
         for (int32_t m = 0; m < M; m++)
             for (int32_t n = 0; n < N; n++)
@@ -521,19 +554,61 @@ static inline __attribute__((always_inline)) void smax_row(const struct smax_job
         memset(row + b + 1, 0, (size_t)(j->ld - b - 1) * 4);
 }
 
-KVR_CLONES static void smax_task(void *arg, int chunk, int n_chunks, int tid)
+struct attn_gemm_job {
+    struct cpu_backend *c;
+    const struct kvr_attn_args *a;
+    const float *q;
+    float *out;
+    int32_t lo, rows;
+};
+
+/* One kv head: gather its K/V, then for each query head of its group and
+ * each tile of rows, S = Q K^T, masked softmax, O = S V. */
+KVR_CLONES static void attn_gemm_task(void *arg, int kvh, int n_chunks, int tid)
 {
-    const struct smax_job *j = arg;
-    for (int32_t r = chunk; r < j->n_rows; r += n_chunks)
-        smax_row(j, r);
+    const struct attn_gemm_job *j = arg;
+    const struct kvr_attn_args *a = j->a;
+    const struct kvr_kv_layout *l = a->layout;
+    struct cpu_backend *c = j->c;
+    const int32_t M = a->n_rows, H = a->n_heads, hd = l->head_dim, bs = l->block_size;
+    const int32_t group = H / l->n_kv_heads, p0 = a->pos[0], n_keys = p0 + M, lo = j->lo;
+    const size_t ldq = (size_t)H * (size_t)hd;
+    const int32_t *bt = a->block_table[0];
+    float *kbuf = c->kbuf + (size_t)tid * c->kv_per_thread;
+    float *vbuf = c->vbuf + (size_t)tid * c->kv_per_thread;
+    float *sbuf = c->sbuf + (size_t)tid * ATTN_S_FLOATS;
+    for (int32_t t = lo; t < n_keys; t++) {
+        size_t off = kvr_kv_offset(l, bt[t / bs], 0, kvh, t % bs);
+        memcpy(kbuf + (size_t)(t - lo) * (size_t)hd, a->layer_base + off, (size_t)hd * 4);
+        off = kvr_kv_offset(l, bt[t / bs], 1, kvh, t % bs);
+        memcpy(vbuf + (size_t)(t - lo) * (size_t)hd, a->layer_base + off, (size_t)hd * 4);
+    }
+    for (int32_t g = 0; g < group; g++) {
+        int32_t h = kvh * group + g;
+        for (int32_t r0 = 0; r0 < M; r0 += j->rows) {
+            int32_t mr = M - r0 < j->rows ? M - r0 : j->rows;
+            /* keys this tile needs: from the window start of its first row
+             * to its last row's position */
+            int32_t k0 =
+                a->window > 0 && p0 + r0 - a->window + 1 > lo ? p0 + r0 - a->window + 1 : lo;
+            int32_t nkk = p0 + r0 + mr - k0;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mr, nkk, hd, a->scale,
+                        j->q + (size_t)r0 * ldq + (size_t)h * (size_t)hd, (int)ldq,
+                        kbuf + (size_t)(k0 - lo) * (size_t)hd, hd, 0.0f, sbuf, nkk);
+            struct smax_job sj = {sbuf, nkk, p0 + r0, k0, a->window, mr};
+            for (int32_t r = 0; r < mr; r++)
+                smax_row(&sj, r);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mr, hd, nkk, 1.0f, sbuf, nkk,
+                        vbuf + (size_t)(k0 - lo) * (size_t)hd, hd, 0.0f,
+                        j->out + (size_t)r0 * ldq + (size_t)h * (size_t)hd, (int)ldq);
+        }
+    }
 }
 
 static bool attn_gemm(struct cpu_backend *c, const struct kvr_attn_args *a, const float *q,
                       float *out)
 {
-    const struct kvr_kv_layout *l = a->layout;
-    const int32_t M = a->n_rows, H = a->n_heads, hd = l->head_dim, bs = l->block_size;
-    const int32_t group = H / l->n_kv_heads;
+    const int32_t M = a->n_rows;
     if (M < 16)
         return false;
     for (int32_t r = 1; r < M; r++)
@@ -545,37 +620,10 @@ static bool attn_gemm(struct cpu_backend *c, const struct kvr_attn_args *a, cons
     int32_t rows = ATTN_ROWS < M ? ATTN_ROWS : M;
     if ((size_t)rows * (size_t)nk > ATTN_S_FLOATS)
         rows = (int32_t)(ATTN_S_FLOATS / (size_t)nk);
-    if (rows < 1 || nk > c->p.max_seq_len)
+    if (rows < 1 || (size_t)nk * (size_t)a->layout->head_dim > c->kv_per_thread)
         return false;
-    const int32_t *bt = a->block_table[0];
-    const size_t ldq = (size_t)H * (size_t)hd;
-    for (int32_t kvh = 0; kvh < l->n_kv_heads; kvh++) {
-        for (int32_t t = lo; t < n_keys; t++) {
-            size_t off = kvr_kv_offset(l, bt[t / bs], 0, kvh, t % bs);
-            memcpy(c->kbuf + (size_t)(t - lo) * (size_t)hd, a->layer_base + off, (size_t)hd * 4);
-            off = kvr_kv_offset(l, bt[t / bs], 1, kvh, t % bs);
-            memcpy(c->vbuf + (size_t)(t - lo) * (size_t)hd, a->layer_base + off, (size_t)hd * 4);
-        }
-        for (int32_t g = 0; g < group; g++) {
-            int32_t h = kvh * group + g;
-            for (int32_t r0 = 0; r0 < M; r0 += rows) {
-                int32_t mr = M - r0 < rows ? M - r0 : rows;
-                /* keys this tile needs: from the window start of its first
-                 * row to its last row's position */
-                int32_t k0 =
-                    a->window > 0 && p0 + r0 - a->window + 1 > lo ? p0 + r0 - a->window + 1 : lo;
-                int32_t nkk = p0 + r0 + mr - k0;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mr, nkk, hd, a->scale,
-                            q + (size_t)r0 * ldq + (size_t)h * (size_t)hd, (int)ldq,
-                            c->kbuf + (size_t)(k0 - lo) * (size_t)hd, hd, 0.0f, c->sbuf, nkk);
-                struct smax_job sj = {c->sbuf, nkk, p0 + r0, k0, a->window, mr};
-                kvr_tp_run(c->tp, smax_task, &sj, chunks_for(c, (double)mr * nkk * 8, mr));
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mr, hd, nkk, 1.0f, c->sbuf,
-                            nkk, c->vbuf + (size_t)(k0 - lo) * (size_t)hd, hd, 0.0f,
-                            out + (size_t)r0 * ldq + (size_t)h * (size_t)hd, (int)ldq);
-            }
-        }
-    }
+    struct attn_gemm_job j = {c, a, q, out, lo, rows};
+    kvr_tp_run(c->tp, attn_gemm_task, &j, a->layout->n_kv_heads);
     return true;
 }
 
@@ -661,21 +709,25 @@ static kvr_status_t cpu_create(const struct kvr_backend_params *p,
     c->base.ops = &kvr_cpu_ops;
     c->base.n_threads = p->n_threads;
     c->p = *p;
-    c->conv = aligned_alloc(64, CONV_FLOATS * sizeof(float));
-    c->scores =
-        aligned_alloc(64, ((size_t)p->n_threads * (size_t)p->max_seq_len * 4 + 63) & ~(size_t)63);
-    size_t kv_bytes = ((size_t)p->max_seq_len * (size_t)p->max_head_dim * 4 + 63) & ~(size_t)63;
-    c->kbuf = aligned_alloc(64, kv_bytes);
-    c->vbuf = aligned_alloc(64, kv_bytes);
-    c->sbuf = aligned_alloc(64, ATTN_S_FLOATS * sizeof(float));
+    size_t nt = (size_t)p->n_threads;
+    c->conv_per_thread = (CONV_FLOATS / nt) & ~(size_t)15;
+    if (c->conv_per_thread < (size_t)p->max_cols * 16)
+        c->conv_per_thread = (size_t)p->max_cols * 16;
+    c->kv_per_thread = ((size_t)p->max_seq_len * (size_t)p->max_head_dim + 15) & ~(size_t)15;
+    c->conv = aligned_alloc(64, nt * c->conv_per_thread * sizeof(float));
+    c->scores = aligned_alloc(64, (nt * (size_t)p->max_seq_len * 4 + 63) & ~(size_t)63);
+    c->kbuf = aligned_alloc(64, nt * c->kv_per_thread * sizeof(float));
+    c->vbuf = aligned_alloc(64, nt * c->kv_per_thread * sizeof(float));
+    c->sbuf = aligned_alloc(64, nt * ATTN_S_FLOATS * sizeof(float));
     kvr_status_t st = KVR_ERR_NO_MEMORY;
     if (!c->conv || !c->scores || !c->kbuf || !c->vbuf || !c->sbuf ||
         (st = kvr_tp_create(p->n_threads, &c->tp)) != KVR_OK) {
         cpu_destroy(&c->base);
         return st;
     }
+    /* OpenBLAS runs single-threaded inside our pool's threads */
     if (openblas_set_num_threads)
-        openblas_set_num_threads(p->n_threads);
+        openblas_set_num_threads(1);
     *be_p = &c->base;
     return KVR_OK;
 }
