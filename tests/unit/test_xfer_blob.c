@@ -26,7 +26,7 @@ int main(void)
     size_t pl_len;
     const char *why;
 
-    kvr_log_set_level((enum kvr_log_level)-1); /* thousands of refusals expected below */
+    kvr_log_set_level((enum kvr_log_level) - 1); /* thousands of refusals expected below */
     /* round trips of several sizes, both kinds */
     size_t sizes[] = {0, 1, 7, 24, 299, 300};
     for (size_t k = 0; k < 6; k++)
