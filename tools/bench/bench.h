@@ -117,9 +117,9 @@ struct bench_target {
     kvr_xfer_engine_t *engine; /* local mode: progressed alongside; else NULL */
     int fd;                    /* two processes: side channel; else -1 */
     /* filled by the target's notification handler (local mode) or by ACKs */
-    uint64_t acked_seq;
-    int ack_ok;
-    uint64_t bad_off;
+    uint64_t acked_seq; /* highest post acknowledged (acks arrive in order) */
+    bool ack_failed;    /* sticky: the first failed verification */
+    uint64_t bad_off, bad_seq;
     /* target-side verification state (owned by whoever verifies) */
     uint8_t *pool;
     uint64_t pool_len;
@@ -174,6 +174,8 @@ void bench_layout_desc(const struct bench_layout *l, uint32_t k, uint32_t i, uin
 /** Target side: handles a check notification (verifies the slot it names
  *  in t->pool); returns the ack to send. */
 struct bench_ack bench_target_on_notif(struct bench_target *t, const void *msg, size_t len);
+/** Initiator side: records an ack. */
+void bench_target_on_ack(struct bench_target *t, const struct bench_ack *a);
 
 /** Runs one row.  KVR_OK with row_p->error empty on success; on failure an
  *  error status and row_p->error says what failed. */

@@ -9,11 +9,14 @@
  * the end of a final flush, so that every byte counted has completed.
  *
  * --check: every post carries a fresh sequence number.  WRITE fills the
- * source bytes with the pattern of (target offset, sequence) before posting,
- * then sends a notification; the target verifies every byte of the slot when
- * the notification arrives (which also checks that notifications follow the
- * data) and acknowledges.  READ clears the destination before posting and
- * verifies it against the pattern the target filled its pool with.
+ * source bytes with the pattern of (target offset, sequence) before posting
+ * and sends a notification right after the post (not after its completion:
+ * the engine must deliver it only once the bytes are visible); the target
+ * verifies every byte of the slot when the notification arrives and
+ * acknowledges.  At most `depth` posts are unacknowledged, so a slot is
+ * rewritten only after its last post was verified.  READ clears the
+ * destination before posting and verifies it, as each post completes,
+ * against the pattern the target filled its pool with.
  */
 #include "bench.h"
 
@@ -21,6 +24,7 @@
 #include "kvr_log.h"
 
 #include <inttypes.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -188,6 +192,17 @@ struct bench_ack bench_target_on_notif(struct bench_target *t, const void *msg, 
     return ack;
 }
 
+void bench_target_on_ack(struct bench_target *t, const struct bench_ack *a)
+{
+    if (!a->ok && !t->ack_failed) {
+        t->ack_failed = true;
+        t->bad_off = a->bad_off;
+        t->bad_seq = a->seq;
+    }
+    if (a->seq > t->acked_seq)
+        t->acked_seq = a->seq;
+}
+
 /* ---- the posting loop ---- */
 
 struct row_ctx {
@@ -204,16 +219,18 @@ struct row_ctx {
     uint64_t *post_ns, *lat_ns; /* samples */
     size_t nsamples, ncompleted;
     uint64_t verified;
+    uint64_t last_seq, nchecked; /* check, WRITE: last post notified, posts notified */
     struct bench_row *row;
 };
 
 static uint64_t bench_seq = 1; /* post sequence numbers, unique over the run */
 
-static void pump(struct row_ctx *c)
+static int pump(struct row_ctx *c)
 {
-    kvr_xfer_progress(c->eng);
+    int n = kvr_xfer_progress(c->eng);
     if (c->t->engine)
-        kvr_xfer_progress(c->t->engine);
+        n += kvr_xfer_progress(c->t->engine);
+    return n;
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -238,16 +255,25 @@ static kvr_status_t fail(struct row_ctx *c, kvr_status_t st, const char *what)
     return st;
 }
 
-/* Check mode, WRITE: notify the target and wait for its verdict. */
-static kvr_status_t await_ack(struct row_ctx *c, uint32_t k, uint64_t seq)
+/* Check mode, WRITE: tells the target that post seq (slot k) is on its way.
+ * The notification is sent right after the post, before it completes: the
+ * engine must deliver it only once the post's bytes are visible. */
+static kvr_status_t notify_post(struct row_ctx *c, uint32_t k, uint64_t seq)
 {
     struct bench_notif n = {.magic = BENCH_NOTIF_MAGIC, .k = k, .seq = seq, .layout = c->l};
     kvr_status_t st = kvr_xfer_notify(c->peer, &n, sizeof(n));
-    if (st != KVR_OK)
-        return fail(c, st, "kvr_xfer_notify");
+    return st == KVR_OK ? KVR_OK : fail(c, st, "kvr_xfer_notify");
+}
+
+/* Check mode, WRITE: waits until the target has verified every post up to
+ * seq (acks arrive in order), or failed one. */
+static kvr_status_t await_acks(struct row_ctx *c, uint64_t seq)
+{
     uint64_t deadline = kvr_deadline_ns(c->cfg->timeout_ms);
-    while (c->t->acked_seq != seq) {
-        pump(c);
+    kvr_status_t st;
+    while (c->t->acked_seq < seq && !c->t->ack_failed) {
+        if (!pump(c))
+            sched_yield(); /* the target needs the CPU to verify */
         if (c->t->fd >= 0) {
             uint32_t type, len;
             void *buf = NULL;
@@ -255,9 +281,7 @@ static kvr_status_t await_ack(struct row_ctx *c, uint32_t k, uint64_t seq)
             if (st == KVR_OK && type == BENCH_MSG_ACK && len == sizeof(struct bench_ack)) {
                 struct bench_ack a;
                 memcpy(&a, buf, sizeof(a));
-                c->t->acked_seq = a.seq;
-                c->t->ack_ok = a.ok;
-                c->t->bad_off = a.bad_off;
+                bench_target_on_ack(c->t, &a);
             } else if (st == KVR_OK && type == BENCH_MSG_ERROR) {
                 snprintf(c->row->error, sizeof(c->row->error), "target: %s", (char *)buf);
                 free(buf);
@@ -271,13 +295,12 @@ static kvr_status_t await_ack(struct row_ctx *c, uint32_t k, uint64_t seq)
         if (kvr_now_ns() > deadline)
             return fail(c, KVR_ERR_TIMEOUT, "waiting for the target to verify a post");
     }
-    if (!c->t->ack_ok) {
+    if (c->t->ack_failed) {
         snprintf(c->row->error, sizeof(c->row->error),
                  "check failed: target byte at offset %" PRIu64 " wrong after post %" PRIu64,
-                 c->t->bad_off, seq);
+                 c->t->bad_off, c->t->bad_seq);
         return KVR_ERR_CORRUPT;
     }
-    c->verified += c->l.bsize * c->l.batch;
     return KVR_OK;
 }
 
@@ -326,6 +349,8 @@ static kvr_status_t complete_one(struct row_ctx *c, bool record)
         return fail(c, st, "transfer");
     c->head = (c->head + 1) % c->depth;
     c->count--;
+    if (c->cfg->check && c->cfg->op == KVR_XFER_READ && (st = verify_read(c, k)) != KVR_OK)
+        return st; /* READ: verified as each post completes */
     if (record && c->ncompleted < c->nsamples) {
         struct kvr_xfer_stats s;
         kvr_xfer_dlist_stats(c->dls[k], &s);
@@ -341,6 +366,7 @@ static kvr_status_t run_posts(struct row_ctx *c, uint64_t n, double duration, bo
     const struct bench_row_cfg *cfg = c->cfg;
     uint64_t t_start = kvr_now_ns(), t_line = t_start, posted = 0;
     uint64_t t_end = t_start + (uint64_t)(duration * 1e9);
+    bool check_write = cfg->check && cfg->op == KVR_XFER_WRITE;
     kvr_status_t st;
     for (;;) {
         bool more = n ? posted < n : kvr_now_ns() < t_end;
@@ -350,7 +376,12 @@ static kvr_status_t run_posts(struct row_ctx *c, uint64_t n, double duration, bo
             break;
         if (more && c->count < c->depth) {
             uint32_t k = c->next;
-            uint64_t seq = bench_seq++;
+            uint64_t seq = bench_seq;
+            /* check: at most `depth` posts unverified, so that a slot is
+             * rewritten only after the target verified its last post */
+            if (check_write && seq > c->depth && (st = await_acks(c, seq - c->depth)) != KVR_OK)
+                return st;
+            bench_seq++;
             c->next = (c->next + 1) % c->l.nlists;
             if (cfg->check)
                 prepare_source(c, k, seq);
@@ -365,13 +396,11 @@ static kvr_status_t run_posts(struct row_ctx *c, uint64_t n, double duration, bo
             posted++;
             if (record)
                 c->post_ns[c->nsamples++] = t1 - t0;
-            if (cfg->check) {
-                /* one post at a time: complete, then verify it */
-                if ((st = complete_one(c, record)) != KVR_OK)
+            if (check_write) {
+                if ((st = notify_post(c, k, seq)) != KVR_OK)
                     return st;
-                st = cfg->op == KVR_XFER_WRITE ? await_ack(c, k, seq) : verify_read(c, k);
-                if (st != KVR_OK)
-                    return st;
+                c->last_seq = seq;
+                c->nchecked++;
             }
             continue;
         }
@@ -422,7 +451,7 @@ kvr_status_t bench_row_run(kvr_xfer_engine_t *eng, kvr_xfer_peer_t *peer, kvr_xf
     if (st != KVR_OK)
         return st;
     row_p->nlists = c.l.nlists;
-    c.depth = cfg->check ? 1 : cfg->depth;
+    c.depth = cfg->depth;
     if (c.depth > c.l.nlists)
         c.depth = c.l.nlists;
     if (c.depth == 0)
@@ -473,6 +502,11 @@ kvr_status_t bench_row_run(kvr_xfer_engine_t *eng, kvr_xfer_peer_t *peer, kvr_xf
     st = run_posts(&c, iters, cfg->duration, true, progress_line);
     if (st == KVR_OK)
         st = flush_all(&c);
+    if (st == KVR_OK && c.nchecked) {
+        st = await_acks(&c, c.last_seq);
+        if (st == KVR_OK)
+            c.verified += c.nchecked * c.l.bsize * c.l.batch;
+    }
     uint64_t t1 = kvr_now_ns();
     if (progress_line)
         fprintf(stderr, "\r\033[K");
