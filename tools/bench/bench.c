@@ -783,8 +783,9 @@ static int run_target(const struct opts *o)
         int n = kvr_xfer_progress(eng);
         if (n > 0 && (spin & 255u) != 0)
             continue;
-        if (n == 0)
-            sched_yield(); /* idle: let the initiator run on a crowded machine */
+        if (n == 0 && hello.check)
+            sched_yield(); /* idle: let the initiator run on a crowded machine (timed
+                              runs spin, as ucx_perftest's server does) */
         free(msg);
         msg = NULL;
         st = bench_chan_recv(t.fd, 0, &type, &msg, &len);
