@@ -13,6 +13,8 @@ CASE:
              a restarted target
   death-tcp  the same over TCP
   badinput   damaged blobs and bad descriptors against a live target
+  idead-shm  kill -9 the initiator mid-transfer: the target lives on and
+  idead-tcp  serves a new initiator (verified)
 
 Addresses and keys go through a file in a fresh directory.  Every wait is
 bounded; the children die with the driver (PR_SET_PDEATHSIG).
@@ -119,6 +121,32 @@ def main():
             if target.returncode != 0:
                 fail("target exited %d" % target.returncode)
             print("%s: %s" % (case, "verified" if case != "badinput" else "typed errors"))
+            return 0
+
+        if case.startswith("idead"):
+            ini = start(peer, "stream", d, tls, extra, env, stdout=subprocess.PIPE)
+            procs.append(ini)
+            readline(ini, "STREAMING", 30)
+            time.sleep(0.2)
+            ini.kill()
+            ini.wait(timeout=10)
+            time.sleep(0.5)
+            if target.poll() is not None:
+                fail("the target died with its initiator (exit %s)" % target.returncode)
+            ini2 = start(peer, "initiator", d, tls, extra + ["--desc", "1048576"], env,
+                         stderr=subprocess.PIPE)
+            procs.append(ini2)
+            try:
+                _, err = ini2.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                fail("second initiator did not finish within 60 s")
+            sys.stderr.write(err.decode())
+            if ini2.returncode != 0 or b"target says ok" not in err:
+                fail("second initiator failed (exit %d)" % ini2.returncode)
+            target.wait(timeout=20)
+            if target.returncode != 0:
+                fail("target exited %d" % target.returncode)
+            print("%s: target survived, served a new initiator, verified" % case)
             return 0
 
         # peer death
