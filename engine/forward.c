@@ -42,8 +42,9 @@ enum logits_mode {
 
 static kvr_status_t forward(kvr_ctx_t *ctx, const struct kvr_kv_pool *pool, int32_t M,
                             kvr_layer_done_fn layer_done, void *arg, enum logits_mode lm,
-                            float *out)
+                            bool invariant, float *out)
 {
+    const unsigned inv = invariant ? KVR_MM_INVARIANT : 0, acc = inv | KVR_MM_ACCUMULATE;
     const kvr_model_t *m = ctx->model;
     const struct kvr_model_config *c = &m->cfg;
     const struct kvr_model_weights *w = &m->w;
@@ -66,21 +67,21 @@ static kvr_status_t forward(kvr_ctx_t *ctx, const struct kvr_kv_pool *pool, int3
         const struct kvr_layer_weights *lw = &w->layers[l];
         /* attention */
         ops->rmsnorm(be, s->xb, s->x, M, d, lw->attn_norm, c->norm_eps);
-        ops->matmul(be, s->q, s->xb, M, &lw->wq, lw->bq, false);
-        ops->matmul(be, s->k, s->xb, M, &lw->wk, lw->bk, false);
-        ops->matmul(be, s->v, s->xb, M, &lw->wv, lw->bv, false);
+        ops->matmul(be, s->q, s->xb, M, &lw->wq, lw->bq, inv);
+        ops->matmul(be, s->k, s->xb, M, &lw->wk, lw->bk, inv);
+        ops->matmul(be, s->v, s->xb, M, &lw->wv, lw->bv, inv);
         ops->rope(be, s->q, M, c->n_heads, c->head_dim, s->pos, m->inv_freq);
         ops->rope(be, s->k, M, c->n_kv_heads, c->head_dim, s->pos, m->inv_freq);
         a.layer_base = pool->layer_base[l];
         ops->kv_store(be, &a, s->k, s->v);
         ops->attention(be, &a, s->q, s->att);
-        ops->matmul(be, s->x, s->att, M, &lw->wo, lw->bo, true);
+        ops->matmul(be, s->x, s->att, M, &lw->wo, lw->bo, acc);
         /* feed-forward */
         ops->rmsnorm(be, s->xb, s->x, M, d, lw->ffn_norm, c->norm_eps);
-        ops->matmul(be, s->hb, s->xb, M, &lw->w_gate, NULL, false);
-        ops->matmul(be, s->hb2, s->xb, M, &lw->w_up, NULL, false);
+        ops->matmul(be, s->hb, s->xb, M, &lw->w_gate, NULL, inv);
+        ops->matmul(be, s->hb2, s->xb, M, &lw->w_up, NULL, inv);
         ops->swiglu(be, s->hb, s->hb2, (size_t)M * (size_t)c->intermediate);
-        ops->matmul(be, s->x, s->hb, M, &lw->w_down, NULL, true);
+        ops->matmul(be, s->x, s->hb, M, &lw->w_down, NULL, acc);
         if (layer_done) {
             kvr_status_t st = layer_done(arg, l);
             if (st != KVR_OK)
@@ -90,10 +91,10 @@ static kvr_status_t forward(kvr_ctx_t *ctx, const struct kvr_kv_pool *pool, int3
     if (lm == LOGITS_LAST) {
         ops->rmsnorm(be, s->xlast, s->x + (size_t)(M - 1) * (size_t)d, 1, d, w->final_norm,
                      c->norm_eps);
-        ops->matmul(be, out, s->xlast, 1, &w->lm_head, NULL, false);
+        ops->matmul(be, out, s->xlast, 1, &w->lm_head, NULL, inv);
     } else if (lm == LOGITS_ALL) {
         ops->rmsnorm(be, s->xlast, s->x, M, d, w->final_norm, c->norm_eps);
-        ops->matmul(be, out, s->xlast, M, &w->lm_head, NULL, false);
+        ops->matmul(be, out, s->xlast, M, &w->lm_head, NULL, inv);
     }
     return KVR_OK;
 }
@@ -143,7 +144,8 @@ kvr_status_t kvr_engine_prefill(kvr_ctx_t *ctx, const struct kvr_kv_pool *pool,
         enum logits_mode lm = req->all_logits ? LOGITS_ALL : last ? LOGITS_LAST : LOGITS_NONE;
         float *out =
             req->all_logits ? req->all_logits + (size_t)(c0 - req->n_cached) * (size_t)V : logits_p;
-        st = forward(ctx, pool, M, last ? req->layer_done : NULL, req->layer_done_arg, lm, out);
+        st = forward(ctx, pool, M, last ? req->layer_done : NULL, req->layer_done_arg, lm, false,
+                     out);
         if (st != KVR_OK)
             return st;
         if (last && req->all_logits)
@@ -180,7 +182,7 @@ kvr_status_t kvr_engine_decode(kvr_ctx_t *ctx, const struct kvr_kv_pool *pool,
         ctx->s.pos[i] = q->pos;
         ctx->s.bt[i] = q->block_table;
     }
-    return forward(ctx, pool, n_seqs, NULL, NULL, LOGITS_ALL, logits_p);
+    return forward(ctx, pool, n_seqs, NULL, NULL, LOGITS_ALL, true, logits_p);
 }
 
 /* ------------------------------------------------------------ context */
@@ -247,7 +249,7 @@ kvr_status_t kvr_ctx_create(const kvr_model_t *m, const struct kvr_ctx_opts *opt
         .max_cols = c->intermediate > c->hidden ? c->intermediate : c->hidden,
         .max_seq_len = o.max_seq_len,
         .max_head_dim = c->head_dim,
-        .gemv_max_rows = o.max_batch > 32 ? o.max_batch : 32,
+        .gemv_max_rows = KVR_GEMV_ROWS,
     };
     if (qd > bp.max_cols)
         bp.max_cols = qd;

@@ -35,10 +35,18 @@ struct kvr_backend_params {
     int32_t max_seq_len; /* longest sequence attention reads */
     int32_t max_head_dim;
     /* matmuls of up to this many rows use the backend's batch-invariant
-     * kernel (each output row computed the same way whatever M): decode
-     * steps of up to max_batch sequences give the logits of decoding each
-     * alone, bit for bit. */
+     * kernel (each output row computed the same way whatever M), and so do
+     * all KVR_MM_INVARIANT ones; a fixed constant (KVR_GEMV_ROWS), not a
+     * context option, so every node computes a prompt the same way. */
     int32_t gemv_max_rows;
+};
+
+#define KVR_GEMV_ROWS 32
+
+enum kvr_mm_flags {
+    KVR_MM_ACCUMULATE = 1, /* y += instead of y = */
+    KVR_MM_INVARIANT = 2,  /* each row's result must not depend on M (decode
+                              steps: batched == alone, bit for bit) */
 };
 
 /* Attention over the paged pool for n_rows query rows.  Row r is a token at
@@ -66,9 +74,9 @@ struct kvr_compute_ops {
     void *(*alloc)(struct kvr_compute_backend *be, size_t bytes);
     void (*free)(struct kvr_compute_backend *be, void *p);
 
-    /* y[M][N] = x[M][K] W[N][K]^T (+ bias[N]); accumulate: y += instead. */
+    /* y[M][N] = x[M][K] W[N][K]^T (+ bias[N]); flags: enum kvr_mm_flags. */
     void (*matmul)(struct kvr_compute_backend *be, float *y, const float *x, int32_t M,
-                   const struct kvr_weight *w, const float *bias, bool accumulate);
+                   const struct kvr_weight *w, const float *bias, unsigned flags);
     /* x[M][dim] = emb[tokens[m]] (rows converted to f32). */
     void (*embed)(struct kvr_compute_backend *be, float *x, const int32_t *tokens, int32_t M,
                   const struct kvr_weight *emb);

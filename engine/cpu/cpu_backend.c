@@ -2,7 +2,8 @@
  * cpu_backend.c - the CPU compute backend.
  *
  * matmul, y[M][N] = x[M][K] W[N][K]^T:
- *  - M <= gemv_max_rows (decode steps, short prompts, last-token logits):
+ *  - M <= gemv_max_rows, or KVR_MM_INVARIANT (decode steps, short prompts,
+ *    last-token logits):
  *    our own kernel, W's rows split over the thread pool; each group of 4
  *    weight rows is read once in its file dtype (f32, f16 or bf16, widened
  *    in registers) and dotted with 4 activation rows at a time while it
@@ -365,11 +366,12 @@ KVR_CLONES static void sgemm_task(void *arg, int chunk, int n_chunks, int tid)
 }
 
 static void cpu_matmul(struct kvr_compute_backend *be, float *y, const float *x, int32_t M,
-                       const struct kvr_weight *w, const float *bias, bool accumulate)
+                       const struct kvr_weight *w, const float *bias, unsigned flags)
 {
     struct cpu_backend *c = cpu(be);
     const int32_t N = w->rows, K = w->cols;
-    if (M <= c->p.gemv_max_rows) {
+    const bool accumulate = flags & KVR_MM_ACCUMULATE;
+    if (M <= c->p.gemv_max_rows || (flags & KVR_MM_INVARIANT)) {
         struct gemv_job j = {y, x, M, w, bias, accumulate};
         kvr_tp_run(c->tp, gemv_task, &j, chunks_for(c, (double)M * N * K, N / 16));
         return;

@@ -181,7 +181,7 @@ static int bench_matmul(int M, int N, int K, int reps, int threads, int gemv_max
     double best = 1e30, best_blas = 1e30;
     for (int r = 0; r < reps; r++) {
         uint64_t t0 = kvr_now_ns();
-        kvr_cpu_ops.matmul(be, y, x, M, &wt, NULL, false);
+        kvr_cpu_ops.matmul(be, y, x, M, &wt, NULL, 0);
         double s = (double)(kvr_now_ns() - t0) / 1e9;
         if (s < best)
             best = s;
