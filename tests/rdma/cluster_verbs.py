@@ -50,6 +50,7 @@ def main():
             check(o["tokens"] == ref[i], "prompt %d: cluster %s != kvrail run %s" %
                   (i, o["tokens"], ref[i]))
         ds = c.stats("decode0")
+        check(ds.get("kv_bytes_received", 0) > 0, "decode0 received no KV bytes: %s" % ds)
         print("decode0 stats: %s" % {k: v for k, v in ds.items() if "kv" in k or "block" in k
                                      or "transport" in k})
         print("1P+1D over verbs: %d prompts, tokens equal to kvrail run" % len(prompts))

@@ -14,7 +14,7 @@ export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export KVR_LOG_LEVEL=${KVR_LOG_LEVEL:-info}
 T0=$(date +%s)
 
-log() { echo "guest: $*"; }
+log() { echo "guest: [$(($(date +%s) - T0)) s] $*"; }
 
 # run NAME TIMEOUT CMD... : one guest test, result into $RES/NAME.{rc,log}
 run() {
@@ -39,18 +39,35 @@ fail_all() {
     exit 1
 }
 
-# name:timeout(s) of every guest test, in the order they run
-TESTS="rdma_devices:30 verbs_conformance:60 verbs_pair_lo:60 verbs_pair_veth:90
-       verbs_peer_death:60 verbs_bad_rkey:30 verbs_mismatch:30 verbs_kvrail_bench:60
+# name:timeout(s) of every guest test: first those on rxe_lo, then (once the
+# veth GIDs exist) those on rxe0/rxe1
+TESTS_LO="verbs_conformance:60 verbs_pair_lo:60 verbs_bad_rkey:30 verbs_kvrail_bench:60
        verbs_cluster_1p1d:120"
+TESTS_VETH="rdma_devices:30 verbs_pair_veth:90 verbs_peer_death:60 verbs_mismatch:30"
 # `vm.py --mode bench` (a file "mode" in the results directory) runs the benchmark only
-[ "$(cat "$RES/mode" 2>/dev/null)" = bench ] && TESTS="verbs_bench:1200"
+if [ "$(cat "$RES/mode" 2>/dev/null)" = bench ]; then
+    TESTS_LO="verbs_bench:1200"
+    TESTS_VETH=
+fi
+# `vm.py --only A,B` (a file "only"): just those guest tests
+pick_tests() {
+    [ -s "$RES/only" ] || { echo "$*"; return; }
+    for nt in "$@"; do
+        case ",$(cat "$RES/only")," in *",${nt%:*},"*) echo "$nt" ;; esac
+    done
+}
+TESTS_LO=$(pick_tests $TESTS_LO)
+TESTS_VETH=$(pick_tests $TESTS_VETH)
+TESTS="$TESTS_LO $TESTS_VETH"
 BIN=$BUILD/tests/rdma
 
+log "start (uptime $(cut -d' ' -f1 /proc/uptime) s)"
 modprobe rdma_rxe || fail_all "modprobe rdma_rxe"
 modprobe veth || fail_all "modprobe veth"
+log "modules loaded"
 ip link set lo up
 rdma link add rxe_lo type rxe netdev lo || fail_all "rdma link add rxe_lo"
+log "rxe_lo created"
 ip link add veth0 type veth peer name veth1 || fail_all "ip link add veth"
 ip addr add 10.77.0.1/24 dev veth0
 ip addr add 10.77.0.2/24 dev veth1
@@ -58,23 +75,27 @@ ip link set veth0 up
 ip link set veth1 up
 rdma link add rxe0 type rxe netdev veth0 || fail_all "rdma link add rxe0"
 rdma link add rxe1 type rxe netdev veth1 || fail_all "rdma link add rxe1"
-# wait (bounded) until the IPv4-mapped GIDs of both veth devices exist
-i=0
-while [ $i -lt 50 ]; do
-    g0=$(cat /sys/class/infiniband/rxe0/ports/1/gids/1 2>/dev/null)
-    g1=$(cat /sys/class/infiniband/rxe1/ports/1/gids/1 2>/dev/null)
-    case "$g0$g1" in *0000:0000:0000:0000:0000:ffff:0a4d*0000:0000:0000:0000:0000:ffff:0a4d*) break ;; esac
-    sleep 0.1
-    i=$((i + 1))
-done
-rdma link show
-for d in rxe_lo rxe0 rxe1; do
-    for g in 0 1 2; do
-        echo "$d gid[$g] $(cat /sys/class/infiniband/$d/ports/1/gids/$g 2>/dev/null)" \
-            "$(cat /sys/class/infiniband/$d/ports/1/gid_attrs/types/$g 2>/dev/null)"
+log "rxe0, rxe1 created"
+
+# wait (bounded) until the link-local and IPv4-mapped GIDs of both veth devices exist
+wait_veth_gids() {
+    i=0
+    while [ $i -lt 100 ]; do
+        a=$(cat /sys/class/infiniband/rxe0/ports/1/gids/0 /sys/class/infiniband/rxe0/ports/1/gids/1 \
+            /sys/class/infiniband/rxe1/ports/1/gids/0 /sys/class/infiniband/rxe1/ports/1/gids/1 2>/dev/null)
+        case "$a" in fe80*ffff:0a4d:0001*fe80*ffff:0a4d:0002*) break ;; esac
+        sleep 0.1
+        i=$((i + 1))
     done
-done
-log "devices ready after $(($(date +%s) - T0)) s"
+    rdma link show
+    for d in rxe_lo rxe0 rxe1; do
+        for g in 0 1; do
+            echo "$d gid[$g] $(cat /sys/class/infiniband/$d/ports/1/gids/$g 2>/dev/null)" \
+                "$(cat /sys/class/infiniband/$d/ports/1/gid_attrs/types/$g 2>/dev/null)"
+        done
+    done
+    log "veth GIDs ready"
+}
 
 # the command of each guest test
 cmd_of() {
@@ -90,14 +111,15 @@ cmd_of() {
     verbs_peer_death) echo "$BIN/test_verbs_pair --case death --dev-a rxe0 --dev-b rxe1 --gid-a 0 --gid-b 0" ;;
     verbs_bad_rkey) echo "$BIN/test_verbs_pair --case badkey --dev-a rxe_lo --dev-b rxe_lo" ;;
     verbs_mismatch) echo "$BIN/test_verbs_pair --case mismatch --dev-a rxe0 --dev-b rxe1" ;;
-    verbs_kvrail_bench) echo "$BUILD/tools/bench/kvrail-bench --backend verbs --devices rxe_lo --pool-size 64M \
-        --sizes 4K,64K,1M --batch 1,64 --duration 0.3 --check --quiet" ;;
+    verbs_kvrail_bench) echo "$BUILD/tools/bench/kvrail-bench --backend verbs --devices rxe_lo --pool-size 32M \
+        --sizes 4K,256K --batch 1,16 --duration 0.2 --check --quiet" ;;
     verbs_cluster_1p1d) echo "KVR_VERBS_DEVICES=rxe_lo python3 tests/rdma/cluster_verbs.py $BUILD" ;;
     verbs_bench) echo "python3 tests/rdma/bench-vm.py $BUILD" ;;
     esac
 }
 
-for nt in $TESTS; do
+run_list() {
+for nt in "$@"; do
     n=${nt%:*}
     tmo=${nt#*:}
     cmd=$(cmd_of "$n")
@@ -108,5 +130,12 @@ for nt in $TESTS; do
     fi
     run "$n" "$tmo" /bin/sh -c "$cmd"
 done
+}
+
+run_list $TESTS_LO
+if [ -n "$TESTS_VETH" ]; then
+    wait_veth_gids
+    run_list $TESTS_VETH
+fi
 log "all guest tests done after $(($(date +%s) - T0)) s"
 exit 0

@@ -199,6 +199,9 @@ def boot(args, cache, resdir):
     if args.mode != "test":
         with open(os.path.join(resdir, "mode"), "w") as f:
             f.write(args.mode + "\n")
+    if args.only:
+        with open(os.path.join(resdir, "only"), "w") as f:
+            f.write(args.only + "\n")
     cmd = ["timeout", "-k", "5", str(args.vm_timeout), qemu,
            "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2", "-m", "1024",
            "-kernel", vmlinux, "-initrd", initrd,
@@ -231,20 +234,25 @@ def main():
     ap.add_argument("--input", action="append", default=[],
                     help="file whose change invalidates old results")
     ap.add_argument("--max-age", type=float, default=600)
-    ap.add_argument("--vm-timeout", type=int, default=170)
+    ap.add_argument("--vm-timeout", type=int, default=240)
     ap.add_argument("--force", action="store_true", help="boot even if results are fresh")
+    ap.add_argument("--only", help="comma-separated guest tests to run (always boots; results "
+                                   "go to results-only/)")
     ap.add_argument("--mode", default="test",
                     help="'test' (every guest test) or 'bench' (tests/rdma/bench-vm.sh only; "
                          "always boots, prints the benchmark)")
     args = ap.parse_args()
 
     cache = os.path.abspath(os.path.join(args.build_dir, "rdma-vm"))
+    if args.only:
+        args.mode = "only"
     resdir = os.path.join(cache, "results" if args.mode == "test" else "results-" + args.mode)
     os.makedirs(resdir, exist_ok=True)
     if args.mode != "test":
         args.force = True
+    if args.mode == "bench":
         args.vm_timeout = max(args.vm_timeout, 1500)
-        args.result = args.result or "verbs_bench"
+        args.result = args.result or ("verbs_bench" if args.mode == "bench" else None)
     inputs = [args.guest] + args.input
     with open(os.path.join(cache, "lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -1860,6 +1860,19 @@ static bool vb_handshaking(const struct vb_engine *ve)
     return false;
 }
 
+/* true when the peer's side channel reports EOF within timeout_ms */
+static bool vb_side_closed(struct vb_peer *vp, int timeout_ms)
+{
+    if (vp->fd < 0)
+        return true;
+    struct pollfd pf = {.fd = vp->fd, .events = POLLIN};
+    if (poll(&pf, 1, timeout_ms) <= 0)
+        return false;
+    char c;
+    ssize_t n = recv(vp->fd, &c, 1, MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR);
+}
+
 static int vb_rail_poll(struct vb_rail *r, uint32_t depth)
 {
     struct ibv_wc wc[VB_CQ_BATCH];
@@ -1877,6 +1890,11 @@ static int vb_rail_poll(struct vb_rail *r, uint32_t depth)
         struct vb_slot *sl = &r->slots[seq % depth];
         struct vb_dlist *dl = sl->dl;
         kvr_status_t s = vb_status((int)wc[i].status, 0);
+        /* a target shutting down deregisters its regions before its QPs go:
+         * an access error then means "gone", not "bad key" */
+        bool gone = wc[i].status == IBV_WC_REM_ACCESS_ERR && vb_side_closed(vp, 200);
+        if (gone)
+            s = KVR_ERR_PEER_FAILURE;
         char why[256];
         struct vb_engine *ve = ENG(vp->base.engine);
         snprintf(why, sizeof(why), "%s on %s QP %u (%s of %.64s): %s%s",
@@ -1884,7 +1902,8 @@ static int vb_rail_poll(struct vb_rail *r, uint32_t depth)
                     : "notification SEND",
                  ve->dev[r->ldev].name, r->qp->qp_num, vp->remote.dev[r->rdev].name,
                  vp->remote.host, ibv_wc_status_str(wc[i].status),
-                 wc[i].status == IBV_WC_REM_ACCESS_ERR
+                 gone ? " (the target shut down: its side channel closed)"
+                 : wc[i].status == IBV_WC_REM_ACCESS_ERR
                      ? " (bad remote key, or the region was deregistered at the target)"
                      : "");
         if (wc[i].status != IBV_WC_WR_FLUSH_ERR)
