@@ -59,6 +59,7 @@ struct opts {
     bool json;
     bool quiet;
     bool inject_corruption;
+    bool mem_alloc; /* pools from kvr_xfer_mem_alloc (default) or mmap + kvr_xfer_mem_reg */
     int timeout_ms;
     int wait_ms; /* target: waiting for the initiator; initiator: reaching the target */
 };
@@ -85,6 +86,8 @@ static void usage(FILE *f)
         "  --sizes LIST                   block sizes (default 4K,16K,64K,256K,1M,4M,16M,64M)\n"
         "  --batch LIST                   descriptors per post (default 1,4,16,64,256,1024)\n"
         "  --pool-size SIZE               pool at each end (default 1G)\n"
+        "  --mem alloc|reg                pools from kvr_xfer_mem_alloc (default: what the\n"
+        "                                 backend reaches fastest) or mmap + kvr_xfer_mem_reg\n"
         "  --footprint SIZE               bytes the rotation touches (default: the pool;\n"
         "                                 small = hot caches, like ucx_perftest's one buffer)\n"
         "  --iters N                      posts per row (default: by --duration)\n"
@@ -226,6 +229,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"quiet", no_argument, NULL, 'Q'},
         {"inject-corruption", no_argument, NULL, 'X'},
         {"footprint", required_argument, NULL, 'F'},
+        {"mem", required_argument, NULL, 'M'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -249,6 +253,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
     o->depth = 4;
     o->timeout_ms = 10000;
     o->wait_ms = -1;
+    o->mem_alloc = true;
 
     while ((c = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
         switch (c) {
@@ -351,6 +356,16 @@ static int parse_args(int argc, char **argv, struct opts *o)
                 return 2;
             o->wait_ms = (int)v;
             break;
+        case 'M':
+            if (strcmp(optarg, "alloc") == 0)
+                o->mem_alloc = true;
+            else if (strcmp(optarg, "reg") == 0)
+                o->mem_alloc = false;
+            else {
+                fprintf(stderr, "kvrail-bench: --mem: '%s' is not alloc or reg\n", optarg);
+                return 2;
+            }
+            break;
         case 'F':
             if (!parse_size(optarg, &o->footprint)) {
                 fprintf(stderr, "kvrail-bench: --footprint: bad size '%s'\n", optarg);
@@ -440,33 +455,60 @@ static kvr_status_t engine_make(const struct opts *o, const char *name, kvr_xfer
     return st;
 }
 
-/* Allocates, pre-faults and registers a pool; *reg_ns_p is the time of
- * kvr_xfer_mem_reg alone. */
-static kvr_status_t pool_make(kvr_xfer_engine_t *eng, uint64_t len, bool pattern, uint8_t **pool_p,
-                              kvr_xfer_mem_t **mem_p, uint64_t *reg_ns_p)
+/* Makes a pool.  --mem reg: mmap'd, pre-faulted, then registered
+ * (*reg_ns_p: kvr_xfer_mem_reg alone).  --mem alloc: kvr_xfer_mem_alloc
+ * (memory the backend reaches fastest, e.g. UCX shared memory on one host;
+ * *reg_ns_p: the allocation + registration), then pre-faulted. */
+static kvr_status_t pool_make(const struct opts *o, kvr_xfer_engine_t *eng, uint64_t len,
+                              bool pattern, uint8_t **pool_p, kvr_xfer_mem_t **mem_p,
+                              uint64_t *reg_ns_p)
 {
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        fprintf(stderr, "kvrail-bench: cannot allocate a pool of %" PRIu64 " bytes: %s\n", len,
-                strerror(errno));
-        return KVR_ERR_NO_MEMORY;
+    uint64_t t0 = 0, t1 = 0;
+    kvr_status_t st;
+    void *p;
+    if (o->mem_alloc) {
+        t0 = kvr_now_ns();
+        st = kvr_xfer_mem_alloc(eng, len, KVR_MEM_HOST, 0, mem_p);
+        t1 = kvr_now_ns();
+        if (st != KVR_OK) {
+            fprintf(stderr, "kvrail-bench: kvr_xfer_mem_alloc of %" PRIu64 " bytes failed: %s\n",
+                    len, kvr_status_str(st));
+            return st;
+        }
+        p = kvr_xfer_mem_addr(*mem_p);
+    } else {
+        p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+            fprintf(stderr, "kvrail-bench: cannot allocate a pool of %" PRIu64 " bytes: %s\n", len,
+                    strerror(errno));
+            return KVR_ERR_NO_MEMORY;
+        }
     }
     if (pattern)
         bench_pattern_fill(p, 0, len, 0);
     else
         memset(p, 0, len);
-    uint64_t t0 = kvr_now_ns();
-    kvr_status_t st = kvr_xfer_mem_reg(eng, p, len, KVR_MEM_HOST, 0, mem_p);
-    uint64_t t1 = kvr_now_ns();
-    if (st != KVR_OK) {
-        fprintf(stderr, "kvrail-bench: registering %" PRIu64 " bytes failed: %s\n", len,
-                kvr_status_str(st));
-        munmap(p, len);
-        return st;
+    if (!o->mem_alloc) {
+        t0 = kvr_now_ns();
+        st = kvr_xfer_mem_reg(eng, p, len, KVR_MEM_HOST, 0, mem_p);
+        t1 = kvr_now_ns();
+        if (st != KVR_OK) {
+            fprintf(stderr, "kvrail-bench: registering %" PRIu64 " bytes failed: %s\n", len,
+                    kvr_status_str(st));
+            munmap(p, len);
+            return st;
+        }
     }
     *pool_p = p;
     *reg_ns_p = t1 - t0;
     return KVR_OK;
+}
+
+static void pool_free(const struct opts *o, kvr_xfer_mem_t *mem, uint8_t *pool, uint64_t len)
+{
+    kvr_xfer_mem_dereg(mem); /* frees a kvr_xfer_mem_alloc region too */
+    if (!o->mem_alloc)
+        munmap(pool, len);
 }
 
 /* ---- output ---- */
@@ -488,7 +530,10 @@ static void print_table_head(const struct report *r)
            r->o->op == KVR_XFER_WRITE ? "write" : "read", fmt_size(r->pool, b1, sizeof(b1)),
            r->o->depth, r->o->role == ROLE_LOCAL ? "one process" : "two processes");
     printf("# transports: %s\n", r->transports);
-    printf("# registration of the pool: initiator %.3f ms", (double)r->reg_ns / 1e6);
+    printf("# %s of the pool: initiator %.3f ms",
+           r->o->mem_alloc ? "kvr_xfer_mem_alloc (allocation + registration)"
+                           : "kvr_xfer_mem_reg (registration)",
+           (double)r->reg_ns / 1e6);
     if (r->target_reg_ns)
         printf(", target %.3f ms", (double)r->target_reg_ns / 1e6);
     printf("\n");
@@ -522,7 +567,8 @@ static void print_json(const struct report *r, const struct bench_bye *bye)
     json_str(stdout, r->backend);
     printf(",\"transports\":");
     json_str(stdout, r->transports);
-    printf(",\"footprint_bytes\":%" PRIu64, o->footprint ? o->footprint : r->pool);
+    printf(",\"mem\":\"%s\",\"footprint_bytes\":%" PRIu64, o->mem_alloc ? "alloc" : "reg",
+           o->footprint ? o->footprint : r->pool);
     printf(",\"role\":\"%s\",\"op\":\"%s\",\"pool_bytes\":%" PRIu64
            ",\"reg_ms\":%.4f,\"target_reg_ms\":%.4f,\"depth\":%u,\"check\":%s",
            o->role == ROLE_LOCAL ? "local" : "initiator",
@@ -667,12 +713,12 @@ static int run_local(const struct opts *o)
         return 1;
     if (engine_make(o, "bench-initiator", NULL, NULL, &ie) != KVR_OK)
         goto out_te;
-    if (pool_make(te, o->pool, o->op == KVR_XFER_READ && o->check, &t.pool, &tmem,
+    if (pool_make(o, te, o->pool, o->op == KVR_XFER_READ && o->check, &t.pool, &tmem,
                   &r.target_reg_ns) != KVR_OK)
         goto out_ie;
     t.pool_len = o->pool;
     t.engine = te;
-    if (pool_make(ie, o->pool, false, &ipool, &imem, &r.reg_ns) != KVR_OK)
+    if (pool_make(o, ie, o->pool, false, &ipool, &imem, &r.reg_ns) != KVR_OK)
         goto out_tpool;
     if (kvr_xfer_address(te, &addr, &addr_len) != KVR_OK ||
         kvr_xfer_mem_pack(tmem, &rkey, &rkey_len) != KVR_OK) {
@@ -695,11 +741,9 @@ static int run_local(const struct opts *o)
 out_ipool:
     free(addr);
     free(rkey);
-    kvr_xfer_mem_dereg(imem);
-    munmap(ipool, o->pool);
+    pool_free(o, imem, ipool, o->pool);
 out_tpool:
-    kvr_xfer_mem_dereg(tmem);
-    munmap(t.pool, o->pool);
+    pool_free(o, tmem, t.pool, o->pool);
 out_ie:
     kvr_xfer_engine_destroy(ie);
 out_te:
@@ -750,8 +794,8 @@ static int run_target(const struct opts *o)
         (void)bench_chan_send(t.fd, BENCH_MSG_ERROR, err, (uint32_t)strlen(err) + 1);
         goto out_fd;
     }
-    if (pool_make(eng, o->pool, hello.op == KVR_XFER_READ && hello.check, &t.pool, &mem, &reg_ns) !=
-        KVR_OK) {
+    if (pool_make(o, eng, o->pool, hello.op == KVR_XFER_READ && hello.check, &t.pool, &mem,
+                  &reg_ns) != KVR_OK) {
         const char *err = "target could not allocate or register its pool";
         (void)bench_chan_send(t.fd, BENCH_MSG_ERROR, err, (uint32_t)strlen(err) + 1);
         goto out_fd;
@@ -810,8 +854,7 @@ static int run_target(const struct opts *o)
     rc = t.failures ? 1 : 0;
 
 out_pool:
-    kvr_xfer_mem_dereg(mem);
-    munmap(t.pool, o->pool);
+    pool_free(o, mem, t.pool, o->pool);
 out_fd:
     close(t.fd);
 out_listen:
@@ -866,7 +909,7 @@ static int run_initiator(const struct opts *o)
     }
     r.target_reg_ns = s.reg_ns;
     r.pool = o->pool < s.pool_len ? o->pool : s.pool_len;
-    if (pool_make(eng, o->pool, false, &pool, &mem, &r.reg_ns) != KVR_OK)
+    if (pool_make(o, eng, o->pool, false, &pool, &mem, &r.reg_ns) != KVR_OK)
         goto out_fd;
     if (reach_target(eng, (char *)msg + sizeof(s), s.addr_len, (char *)msg + sizeof(s) + s.addr_len,
                      s.rkey_len, &peer, &rmem) != KVR_OK)
@@ -906,8 +949,7 @@ static int run_initiator(const struct opts *o)
     rc = failed ? 1 : 0;
     kvr_xfer_disconnect(peer);
 out_pool:
-    kvr_xfer_mem_dereg(mem);
-    munmap(pool, o->pool);
+    pool_free(o, mem, pool, o->pool);
 out_fd:
     close(t.fd);
 out_eng:
