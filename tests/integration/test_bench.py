@@ -134,12 +134,16 @@ def two_process(tls, extra_target=(), extra_init=(), op="write", check_mode=True
     env = dict(os.environ)
     targs = ["--role", "target", "--listen", "127.0.0.1:%d" % port, "--backend", "ucx",
              "--tls", tls, "--pool-size", "16M", "--wait", "20000"] + list(extra_target)
+    # shared memory: kvr_xfer_mem_alloc pools (the default); TCP: mmap + kvr_xfer_mem_reg
+    mem = ["--mem", "reg" if tls == "tcp" else "alloc"]
+    targs += mem
     tgt = subprocess.Popen([BENCH] + targs, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, env=env)
     try:
         iargs = ["--role", "initiator", "--peer", "127.0.0.1:%d" % port, "--backend", "ucx",
                  "--tls", tls, "--pool-size", "16M", "--sizes", "16K,1M", "--batch", "1,16",
-                 "--depth", "32", "--op", op, "--json", "--quiet", "--wait", "20000"] + list(extra_init)
+                 "--depth", "32", "--op", op, "--json", "--quiet", "--wait", "20000"] + mem + list(
+                     extra_init)
         if check_mode:
             iargs.append("--check")
         rc, out, err = run(iargs, env=env)
