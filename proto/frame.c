@@ -268,13 +268,14 @@ kvr_status_t kvr_proto_recv(void *sock, bool routed, kvr_proto_frame_t *frame_p,
             return KVR_ERR_IO;
         }
         more = zmq_msg_more(&m);
+        if (routed && frame_p->src_fd < 0)
+            frame_p->src_fd = zmq_msg_get(&m, ZMQ_SRCFD); /* set on the parts from the wire */
         const uint8_t *data = zmq_msg_data(&m);
         size_t len = zmq_msg_size(&m);
         if (routed && part == 0) {
             size_t n = len < KVR_PROTO_MAX_ROUTE ? len : KVR_PROTO_MAX_ROUTE;
             memcpy(frame_p->route, data, n);
             frame_p->route_len = n;
-            frame_p->src_fd = zmq_msg_get(&m, ZMQ_SRCFD);
         } else if (!have_env) {
             have_env = true;
             kvr_status_t hs = kvr_proto_hdr_unpack(data, len, &frame_p->hdr, err, err_len);

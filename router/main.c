@@ -189,6 +189,7 @@ static void drain_monitor(rt_t *r)
             more = zmq_msg_more(&p);
             zmq_msg_close(&p);
         }
+        KVR_LOG_DEBUG("router", "client socket event %u fd %u", event, value);
         if (event == ZMQ_EVENT_DISCONNECTED)
             rt_client_gone(r, (int)value);
     }

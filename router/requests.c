@@ -923,6 +923,7 @@ static void on_generate(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__Gener
     memcpy(q->route, f->route, f->route_len);
     q->route_len = f->route_len;
     q->client_fd = f->src_fd;
+    KVR_LOG_DEBUG("router", "request %" PRIu64 " from client fd %d", q->id, q->client_fd);
     q->call_id = f->hdr.call_id;
     q->max_tokens = g->max_tokens;
     kvrail__sampling_params__init(&q->sp);

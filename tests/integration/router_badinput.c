@@ -131,6 +131,17 @@ static void good_client_served(void)
     KVR_CHECK(kvr_now_ns() - t0 < 2000000000ull);
 }
 
+/* Status until field reaches want (messages on the node socket may still be
+ * in flight when the client's Status arrives). */
+#define WAIT_STATUS(field, want)                                                                   \
+    do {                                                                                           \
+        uint64_t _dl = kvr_deadline_ns(3000);                                                      \
+        do {                                                                                       \
+            good_client_served();                                                                  \
+        } while (cs.field != (want) && kvr_now_ns() < _dl);                                        \
+        KVR_CHECK_EQ(cs.field, want);                                                              \
+    } while (0)
+
 static void gen(void *s, uint64_t call, const uint32_t *ids, size_t n, uint32_t max_tokens,
                 float temp, float top_p)
 {
@@ -393,6 +404,26 @@ static void dispatch_cases(void *n)
     kvr_proto_frame_clear(&f);
     printf("  ok: 4 tokens streamed in order (duplicate dropped), LENGTH, NodeCancel sent\n");
 
+    /* a client that disconnects while its request waits for the prefill:
+     * the router sees the connection close and cancels the node's half */
+    heartbeat(n, 4, 0);
+    void *leaver = dealer(client_ep, "leaver");
+    gen(leaver, 50, ids, 40, 4, 0, 0);
+    KVR_CHECK(recv_method(n, KVRAIL__METHOD__RESERVE, 3000, &f));
+    KVR_CHECK_STATUS(kvr_proto_decode(&f, NULL, &m, NULL, 0), KVR_OK);
+    rid = ((Kvrail__Reserve *)m)->request_id;
+    protobuf_c_message_free_unpacked(m, NULL);
+    kvr_proto_frame_clear(&f);
+    zmq_close(leaver); /* the connection closes; no Cancel is sent */
+    KVR_CHECK(recv_method(n, KVRAIL__METHOD__NODE_CANCEL, 3000, &f));
+    KVR_CHECK_STATUS(kvr_proto_decode(&f, NULL, &m, NULL, 0), KVR_OK);
+    KVR_CHECK_EQ(((Kvrail__NodeCancel *)m)->request_id, rid);
+    KVR_CHECK(strstr(((Kvrail__NodeCancel *)m)->reason->message, "disconnected"));
+    protobuf_c_message_free_unpacked(m, NULL);
+    kvr_proto_frame_clear(&f);
+    WAIT_STATUS(client_disconnects, 1);
+    printf("  ok: client disconnect -> NodeCancel to decode0\n");
+
     /* block events: seq 1 ok, then a gap (3) -> RESYNC request */
     heartbeat(n, 4, 0);
     Kvrail__BlockEvent ev = KVRAIL__BLOCK_EVENT__INIT;
@@ -406,8 +437,7 @@ static void dispatch_cases(void *n)
     ev.block_hashes = want;
     ev.n_block_hashes = 2;
     send_msg(n, KVRAIL__METHOD__BLOCK_EVENTS, 0, &be.base);
-    good_client_served();
-    KVR_CHECK_EQ(cs.directory_blocks, 2);
+    WAIT_STATUS(directory_blocks, 2);
     ev.seq = 3;
     send_msg(n, KVRAIL__METHOD__BLOCK_EVENTS, 0, &be.base);
     KVR_CHECK(recv_method(n, KVRAIL__METHOD__RESYNC, 3000, &f));
@@ -419,8 +449,7 @@ static void dispatch_cases(void *n)
     d.block_hashes = dump;
     d.n_block_hashes = 3;
     send_msg(n, KVRAIL__METHOD__RESYNC, 0, &d.base);
-    good_client_served();
-    KVR_CHECK_EQ(cs.directory_blocks, 3);
+    WAIT_STATUS(directory_blocks, 3);
     KVR_CHECK_EQ(cs.resyncs, 1);
     printf("  ok: gap in block events -> resync -> directory has the dump's 3 blocks\n");
 
@@ -482,7 +511,8 @@ int main(int argc, char **argv)
     pid_t pid = fork();
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
-        execl(argv[1], argv[1], "--config", cfg, (char *)NULL);
+        execl(argv[1], argv[1], "--config", cfg, "--log-level",
+              getenv("KVR_TEST_LOG") ? getenv("KVR_TEST_LOG") : "info", (char *)NULL);
         _exit(127);
     }
     zctx = zmq_ctx_new();

@@ -207,6 +207,13 @@ int kvr_cmd_generate(int argc, char **argv)
         fprintf(stderr, "kvrail generate: cannot connect to %s: %s\n", ep, kvr_status_str(st));
         return 1;
     }
+    /* a router that is not there is an error now, not after --timeout */
+    if ((st = kvr_client_ping(cl, timeout_ms < 5000 ? timeout_ms : 5000)) != KVR_OK) {
+        fprintf(stderr, "kvrail generate: the router at %s does not answer: %s\n", ep,
+                kvr_client_error(cl));
+        kvr_client_close(cl);
+        return 1;
+    }
     struct kvr_gen_result res;
     st = kvr_client_generate(cl, &p, on_token, &o, timeout_ms, &res);
     if (!o.json)
