@@ -234,6 +234,37 @@ static void client_endpoint_cases(void)
     zmq_close(bad);
 }
 
+/* 3000 messages of random parts (some with a valid envelope and random
+ * method, flags and payload); the router must stay up and keep serving. */
+static void random_frames(const char *ep)
+{
+    void *s = dealer(ep, NULL);
+    uint64_t x = 0x243f6a8885a308d3ull;
+    uint8_t buf[300];
+    for (int i = 0; i < 3000; i++) {
+        int parts = 1 + (int)(x % 4);
+        for (int k = 0; k < parts; k++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            size_t len = (size_t)(x >> 33) % sizeof(buf);
+            for (size_t j = 0; j < len; j++) {
+                x = x * 6364136223846793005ull + 1442695040888963407ull;
+                buf[j] = (uint8_t)(x >> 56);
+            }
+            if (k == 0 && (x & 1)) { /* a valid envelope, random method/flags/call */
+                kvr_proto_hdr_t h = {KVR_PROTO_VERSION, (uint8_t)(x >> 8),
+                                     (uint16_t)((x >> 16) % 32), x >> 24};
+                kvr_proto_hdr_pack(&h, buf);
+                len = KVR_PROTO_HDR_LEN;
+            }
+            zmq_send(s, buf, len, (k + 1 < parts ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
+        }
+    }
+    good_client_served();
+    zmq_close(s);
+    printf("  ok: 3000 random messages to %s, router still serving (bad frames so far %llu)\n", ep,
+           (unsigned long long)cs.bad_frames);
+}
+
 static void node_endpoint_cases(void **decode_p)
 {
     printf("node endpoint:\n");
@@ -527,6 +558,8 @@ int main(int argc, char **argv)
         KVR_CHECK(kvr_now_ns() < dl);
     }
     client_endpoint_cases();
+    random_frames(client_ep);
+    random_frames(node_ep);
     void *n = NULL;
     node_endpoint_cases(&n);
     dispatch_cases(n);
