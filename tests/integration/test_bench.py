@@ -161,7 +161,9 @@ def mode_ucx(tls):
         sys.exit(77)
     sizes, batches = [16384, 1 << 20], [1, 16]
     for op in ("write", "read"):
-        rc, out, err, trc, terr = two_process(tls, op=op)
+        # the READ run's target sleeps on the engine's event fd when idle
+        ext = ["--target-wait", "event"] if op == "read" else []
+        rc, out, err, trc, terr = two_process(tls, op=op, extra_target=ext)
         check(rc == 0, "initiator (%s, %s) exited %d: %s" % (tls, op, rc, err[-3000:]))
         check(trc == 0, "target (%s, %s) exited %d: %s" % (tls, op, trc, terr[-3000:]))
         doc = parse_doc(out, "ucx " + tls)

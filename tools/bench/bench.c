@@ -22,6 +22,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <poll.h>
 #include <sched.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -59,7 +60,8 @@ struct opts {
     bool json;
     bool quiet;
     bool inject_corruption;
-    bool mem_alloc; /* pools from kvr_xfer_mem_alloc (default) or mmap + kvr_xfer_mem_reg */
+    bool target_event; /* target: sleep on the event fd when idle */
+    bool mem_alloc;    /* pools from kvr_xfer_mem_alloc (default) or mmap + kvr_xfer_mem_reg */
     int timeout_ms;
     int wait_ms; /* target: waiting for the initiator; initiator: reaching the target */
 };
@@ -100,6 +102,8 @@ static void usage(FILE *f)
         "  --timeout MS                   bound on every wait (default 10000)\n"
         "  --wait MS                      target: wait for the initiator; initiator: for the\n"
         "                                 target to listen (default 60000 / 10000)\n"
+        "  --target-wait spin|event       target, when idle: poll (default, like ucx_perftest)\n"
+        "                                 or sleep on the engine's event fd (like ib_write_bw)\n"
         "  --quiet                        no progress line\n"
         "  --inject-corruption            target: damage one byte of the first checked post\n"
         "                                 (a self-test: --check must then fail)\n");
@@ -230,6 +234,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"inject-corruption", no_argument, NULL, 'X'},
         {"footprint", required_argument, NULL, 'F'},
         {"mem", required_argument, NULL, 'M'},
+        {"target-wait", required_argument, NULL, 'E'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -355,6 +360,16 @@ static int parse_args(int argc, char **argv, struct opts *o)
             if (!parse_int("--wait", optarg, 1, 3600000, &v))
                 return 2;
             o->wait_ms = (int)v;
+            break;
+        case 'E':
+            if (strcmp(optarg, "spin") == 0)
+                o->target_event = false;
+            else if (strcmp(optarg, "event") == 0)
+                o->target_event = true;
+            else {
+                fprintf(stderr, "kvrail-bench: --target-wait: '%s' is not spin or event\n", optarg);
+                return 2;
+            }
             break;
         case 'M':
             if (strcmp(optarg, "alloc") == 0)
@@ -822,14 +837,25 @@ static int run_target(const struct opts *o)
     if (bench_chan_send(t.fd, BENCH_MSG_SETUP, setup, (uint32_t)slen) != KVR_OK)
         goto out_pool;
 
-    /* serve: progress the engine until the initiator says it is done */
+    /* serve: progress the engine until the initiator says it is done.
+     * --target-wait spin polls without sleeping (as ucx_perftest's server);
+     * event sleeps on the engine's event fd and the side channel when idle
+     * (as ib_write_bw's server), where the backend has an event fd. */
+    int efd = -1;
+    bool sleep_idle = o->target_event && kvr_xfer_event_fd(eng, &efd) == KVR_OK;
+    if (o->target_event && !sleep_idle)
+        fprintf(stderr, "kvrail-bench: backend %s has no event fd: the target spins\n",
+                kvr_xfer_engine_backend(eng));
     for (uint64_t spin = 0;; spin++) {
         int n = kvr_xfer_progress(eng);
         if (n > 0 && (spin & 255u) != 0)
             continue;
-        if (n == 0 && hello.check)
-            sched_yield(); /* idle: let the initiator run on a crowded machine (timed
-                              runs spin, as ucx_perftest's server does) */
+        if (n == 0 && sleep_idle) {
+            struct pollfd pfd[2] = {{.fd = efd, .events = POLLIN}, {.fd = t.fd, .events = POLLIN}};
+            (void)poll(pfd, 2, 100);
+        } else if (n == 0 && hello.check) {
+            sched_yield(); /* idle: let the initiator run on a crowded machine */
+        }
         free(msg);
         msg = NULL;
         st = bench_chan_recv(t.fd, 0, &type, &msg, &len);
