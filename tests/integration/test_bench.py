@@ -216,6 +216,14 @@ def mode_badinput():
     check(time.time() - t0 < 5, "no target: waited too long")
     check("--peer" in run(["--peer", "x:1"], timeout=10)[2], "--peer without initiator role")
     if "ucx" in backends():
+        # --require-rdma on a machine without RDMA: a clear start-up error, no silent fall-back
+        rc, out, err = run(["--backend", "ucx", "--require-rdma", "--pool-size", "1M", "--quiet"],
+                           timeout=20)
+        if rc == 0:
+            check("rdma" in out.lower() or "rc_" in out or "ud_" in out,
+                  "--require-rdma passed over a non-RDMA transport: " + out)
+        else:
+            check(rc == 1 and "RDMA" in err, "--require-rdma: rc %d %r" % (rc, err))
         # a target speaking another backend refuses the initiator, by name
         port = free_port()
         tgt = subprocess.Popen([BENCH, "--role", "target", "--listen", "127.0.0.1:%d" % port,
