@@ -852,6 +852,9 @@ static kvr_status_t build(struct loader *L, const kvr_json_t *root)
         return KVR_ERR_NO_MEMORY;
     struct buf cat = {0};
     size_t skipped = 0;
+    const char *ws = t->metaspace ? t->ms_repl : "\xe2\x96\x81";
+    size_t wsl = strlen(ws);
+    bool cross = false;
     for (size_t i = 0; i < n_merges; i++) {
         const kvr_json_t *m = merges->items[i];
         const char *a, *b;
@@ -892,8 +895,11 @@ static kvr_status_t build(struct loader *L, const kvr_json_t *root)
             continue;
         }
         pairmap_put(&t->merges, ia, ib, (int32_t)i, io);
+        if (!(al >= wsl && !memcmp(a + al - wsl, ws, wsl)) && bl >= wsl && !memcmp(b, ws, wsl))
+            cross = true;
     }
     free(cat.p);
+    t->sp_word_split = t->kind == KIND_SP && !cross && !t->ignore_merges;
     if (skipped)
         KVR_LOG_WARN("tokenizer", "%s: %zu merges name pieces outside the vocabulary; ignored",
                      L->file, skipped);

@@ -207,6 +207,26 @@ static kvr_status_t bpe_word(void *ctx, const char *w, size_t len)
     return bpe_merge_emit(b, w, n);
 }
 
+/* Sentencepiece text as words: cut before each "▁" that follows another
+ * character (exact when sp_word_split holds, see tokenizer_internal.h). */
+static kvr_status_t sp_words(struct bpe *b, const char *s, size_t len)
+{
+    const kvr_tokenizer_t *t = b->t;
+    if (!t->sp_word_split)
+        return bpe_word(b, s, len);
+    const char *ws = t->metaspace ? t->ms_repl : "\xe2\x96\x81";
+    size_t wl = t->metaspace ? t->ms_repl_len : 3, w0 = 0;
+    for (size_t i = 1; i + wl <= len; i++) {
+        if (memcmp(s + i, ws, wl) || (i >= wl && !memcmp(s + i - wl, ws, wl)))
+            continue;
+        kvr_status_t st = bpe_word(b, s + w0, i - w0);
+        if (st != KVR_OK)
+            return st;
+        w0 = i;
+    }
+    return bpe_word(b, s + w0, len - w0);
+}
+
 /* Metaspace: spaces -> replacement, prefix by the scheme, split before each
  * replacement when split is set. */
 static kvr_status_t metaspace_words(struct bpe *b, const char *s, size_t len)
@@ -228,7 +248,7 @@ static kvr_status_t metaspace_words(struct bpe *b, const char *s, size_t len)
         }
     }
     if (!t->ms_split) {
-        st = bpe_word(b, m.p, m.n);
+        st = sp_words(b, m.p, m.n);
     } else {
         size_t w0 = 0;
         for (size_t i = 1; i <= m.n && st == KVR_OK; i++) {
@@ -306,7 +326,7 @@ static kvr_status_t encode_section(struct bpe *b, const char *s, size_t len)
     } else if (t->metaspace) {
         st = metaspace_words(b, text, cur_len);
     } else {
-        st = bpe_word(b, text, cur_len);
+        st = sp_words(b, text, cur_len);
     }
 out:
     free(cur);

@@ -65,6 +65,10 @@ struct kvr_tokenizer {
     struct norm *norms;
     size_t n_norms;
     bool ignore_merges, byte_fallback, fuse_unk;
+    /* sentencepiece: no merge joins a piece ending in a non-"▁" character to
+     * one starting with "▁", so text may be cut before every such "▁" and
+     * each word merged alone, with the same result (and word-sized scratch) */
+    bool sp_word_split;
     int32_t unk_id;
     int sp_strip; /* decoder: leading spaces stripped at the stream start */
 

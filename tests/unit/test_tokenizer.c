@@ -355,6 +355,26 @@ static void test_sentencepiece(void)
     free(text);
     check_stream(t, broken, 3, false);
     kvr_tokenizer_destroy(t);
+
+    /* a merge across a word start ("o" + "▁") must still apply: the cut
+     * before "▁" is only taken when no such merge exists */
+    char cross[sizeof(SP_JSON) + 64];
+    const char *v = strstr(SP_JSON, "\"\\u2581w\": 20}");
+    const char *m = strstr(SP_JSON, "\"merges\": [");
+    KVR_CHECK(v && m && v < m);
+    size_t o = 0;
+    o += (size_t)snprintf(cross + o, sizeof(cross) - o, "%.*s", (int)(v - SP_JSON), SP_JSON);
+    o += (size_t)snprintf(cross + o, sizeof(cross) - o, "\"o\\u2581\": 21, ");
+    o += (size_t)snprintf(cross + o, sizeof(cross) - o, "%.*s", (int)(m + 11 - v), v);
+    snprintf(cross + o, sizeof(cross) - o, "\"o \\u2581\", %s", m + 11);
+    p = write_file("sp_cross.json", cross);
+    KVR_CHECK_STATUS(kvr_tokenizer_load(p, &t, err, sizeof(err)), KVR_OK);
+    int32_t *ids;
+    size_t n;
+    KVR_CHECK_STATUS(kvr_tokenizer_encode(t, "ho w", 4, false, &ids, &n), KVR_OK);
+    KVR_CHECK(n == 3 && ids[0] == 14 && ids[1] == 21 && ids[2] == 19); /* ▁h o▁ w */
+    free(ids);
+    kvr_tokenizer_destroy(t);
 }
 
 /* random bytes (invalid UTF-8, NULs, partial sequences) and random ids:
