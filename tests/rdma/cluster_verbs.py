@@ -37,7 +37,7 @@ def main():
     wd = workdir("kvr-verbs-cluster-")
     model = make_model(b, wd)
     rng = random.Random(11)
-    prompts = [([rng.randrange(4, 512) for _ in range(n)], 6) for n in (40, 70, 100)]
+    prompts = [([rng.randrange(4, 512) for _ in range(n)], 5) for n in (40, 90)]
     ref = reference(b, model, prompts)
     c = Cluster(b, wd, model, transport="verbs", local_prefill_tokens=8)
     try:

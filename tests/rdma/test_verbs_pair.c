@@ -21,6 +21,7 @@
  *                    unknown device and GID index refused at create
  *   --case bench     write bandwidth per message size (for bench-vm.sh)
  *
+ * --rounds N: write rounds of --case pair (default 4, alternating 64 KiB / 4 KiB).
  * --dev-a DEVS / --dev-b DEVS: devices of the initiator / target; --gid-a N /
  * --gid-b N their GID index (default: auto).
  */
@@ -42,6 +43,7 @@
 
 static const char *dev_a = "rxe_lo", *dev_b = "rxe_lo";
 static int gid_a = -1, gid_b = -1;
+static unsigned rounds = 4;
 
 /* the expected content: one 64-bit word per 8 bytes of the region (fast
  * enough under TCG), different in every round and at every offset */
@@ -352,7 +354,7 @@ static int case_pair(void)
     KVR_CHECK(map64 && map4);
     kvr_xfer_dlist_t *w64 = perm_list(&in, KVR_XFER_WRITE, in.lm, in.rr, 65536, map64);
     kvr_xfer_dlist_t *w4 = perm_list(&in, KVR_XFER_WRITE, in.lm, in.rr, 4096, map4);
-    for (unsigned r = 1; r <= 4; r++) {
+    for (unsigned r = 1; r <= rounds; r++) {
         if (r % 2)
             write_round(&in, &tp, w64, r, 65536, map64);
         else
@@ -550,6 +552,8 @@ int main(int argc, char **argv)
             gid_a = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--gid-b"))
             gid_b = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--rounds"))
+            rounds = (unsigned)atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--size"))
             size = (uint32_t)strtoul(argv[i + 1], NULL, 0);
         else if (!strcmp(argv[i], "--iters"))

@@ -306,6 +306,7 @@ struct vb_inbound {
     struct vb_engine *eng;
     int fd;
     bool ready, dead;
+    char bye; /* sent on the side channel before closing: 'E' QP error, 'S' shutdown */
     size_t rlen;
     struct vb_hs req;
     int nrails;
@@ -733,6 +734,7 @@ static void vb_engine_fini(kvr_xfer_engine_t *e)
     while (ve->inbound) {
         struct vb_inbound *in = ve->inbound;
         ve->inbound = in->next;
+        in->bye = 'S';
         vb_inbound_destroy(in);
     }
     if (ve->lfd >= 0)
@@ -1646,8 +1648,11 @@ static void vb_inbound_destroy(struct vb_inbound *in)
     if (in->rmr)
         ibv_dereg_mr(in->rmr);
     free(in->rbuf);
-    if (in->fd >= 0)
+    if (in->fd >= 0) {
+        if (in->bye)
+            (void)!send(in->fd, &in->bye, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
         close(in->fd);
+    }
     free(in);
 }
 
@@ -1762,6 +1767,7 @@ static int vb_inbound_poll_cq(struct vb_inbound *in)
                 KVR_LOG_WARN(COMP, "%s: inbound %.64s: %s", in->eng->base.name, in->req.who,
                              ibv_wc_status_str(wc[i].status));
             in->dead = true;
+            in->bye = 'E';
             continue;
         }
         if (wc[i].opcode & IBV_WC_RECV) {
@@ -1836,13 +1842,16 @@ static int vb_poll_sockets(struct vb_engine *ve)
             else if (kvr_now_ns() > vp->hs_deadline)
                 vb_peer_failed(vp, KVR_ERR_TIMEOUT, NULL, "no handshake reply in 10 s");
         } else if (vp->state == VB_READY && vp->fd >= 0) {
-            char c;
+            char c = 0;
             ssize_t r = recv(vp->fd, &c, 1, MSG_DONTWAIT);
-            if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+            if (r >= 0 || (errno != EAGAIN && errno != EINTR)) {
                 for (int i = 0; i < vp->nrails && vp->state == VB_READY; i++)
                     n += vb_rail_poll(&vp->rail[i], ve->sq_depth); /* retire what completed */
                 vb_peer_failed(vp, KVR_ERR_PEER_FAILURE, NULL,
-                               "side channel closed: the target process is gone");
+                               r == 1 && c == 'S'   ? "the target engine shut down"
+                               : r == 1 && c == 'E' ? "the target's QP failed (see its log)"
+                                                    : "side channel closed: the target process "
+                                                      "is gone");
             }
         }
     }
@@ -1860,7 +1869,9 @@ static bool vb_handshaking(const struct vb_engine *ve)
     return false;
 }
 
-/* true when the peer's side channel reports EOF within timeout_ms */
+/* true when the target says, within timeout_ms, that it is shutting down
+ * ('S' on the side channel) or the side channel closes without a word; false
+ * when it says its QP failed ('E': our request was bad) or says nothing */
 static bool vb_side_closed(struct vb_peer *vp, int timeout_ms)
 {
     if (vp->fd < 0)
@@ -1868,8 +1879,10 @@ static bool vb_side_closed(struct vb_peer *vp, int timeout_ms)
     struct pollfd pf = {.fd = vp->fd, .events = POLLIN};
     if (poll(&pf, 1, timeout_ms) <= 0)
         return false;
-    char c;
+    char c = 0;
     ssize_t n = recv(vp->fd, &c, 1, MSG_DONTWAIT);
+    if (n == 1)
+        return c == 'S';
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR);
 }
 
