@@ -81,6 +81,10 @@ kvr_status_t rt_send_node(rt_t *r, struct rt_node *n, unsigned method, const Pro
 {
     kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, (uint16_t)method, 0};
     kvr_status_t st = kvr_proto_send(r->node_sock, n->name, strlen(n->name), &h, msg);
+    if (st == KVR_ERR_NOT_FOUND && n->alive && !n->conn_lost) {
+        /* its connection is gone: the next tick declares it dead */
+        n->conn_lost = true;
+    }
     if (st != KVR_OK)
         KVR_LOG_WARN("router", "cannot send %s to node %s: %s", kvr_proto_method_name(method),
                      n->name, kvr_status_str(st));

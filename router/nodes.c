@@ -366,6 +366,7 @@ static void on_register(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__Regis
     drop_held(n);
     n->registered = true;
     n->alive = true;
+    n->conn_lost = false;
     n->incarnation = q->incarnation;
     n->last_hb_ns = now;
     n->registered_ns = now;
@@ -580,14 +581,21 @@ void rt_nodes_tick(rt_t *r, uint64_t now)
         struct rt_node *n = &r->nodes[i];
         if (!n->registered)
             continue;
-        if (n->alive && now - n->last_hb_ns > timeout) {
+        bool lost = n->conn_lost;
+        n->conn_lost = false;
+        if (n->alive && (lost || now - n->last_hb_ns > timeout)) {
             n->alive = false;
             r->st.dead_nodes++;
-            KVR_LOG_WARN("router", "node %s (%s) is dead: no heartbeat for %" PRIu64 " ms", n->name,
-                         kvr_node_role_name(n->role), (now - n->last_hb_ns) / 1000000u);
+            if (lost)
+                KVR_LOG_WARN("router", "node %s (%s) is dead: its connection is gone", n->name,
+                             kvr_node_role_name(n->role));
+            else
+                KVR_LOG_WARN("router", "node %s (%s) is dead: no heartbeat for %" PRIu64 " ms",
+                             n->name, kvr_node_role_name(n->role),
+                             (now - n->last_hb_ns) / 1000000u);
             dir_clear_node(r, n);
             n->ev_seq = 0;
-            rt_node_lost(r, n, now, "missed heartbeats");
+            rt_node_lost(r, n, now, lost ? "lost its connection" : "missed heartbeats");
         }
         if (n->alive && n->resync_wait && now - n->resync_sent_ns > RT_RESYNC_RETRY_NS)
             request_resync(r, n, now, "no dump yet");

@@ -97,7 +97,8 @@ static void q_push(rt_t *r, struct rt_req *q, bool front)
 static void req_free(rt_t *r, struct rt_req *q)
 {
     q_remove(r, q);
-    rt_u64map_del(&r->reqs, q->id);
+    if (q->did)
+        rt_u64map_del(&r->reqs, q->did);
     if (q->aprev)
         q->aprev->anext = q->anext;
     else
@@ -168,6 +169,9 @@ static void release_dispatch(rt_t *r, struct rt_req *q)
             d->active--;
     }
     q->p = q->d = -1;
+    if (q->did)
+        rt_u64map_del(&r->reqs, q->did);
+    q->did = 0;
     q->need_blocks = 0;
     free(q->block_ids);
     q->block_ids = NULL;
@@ -209,8 +213,8 @@ static void finish(rt_t *r, struct rt_req *q, kvr_status_t code, Kvrail__FinishR
     va_end(ap);
     if (cancel_nodes) {
         if (!q->local && !q->prefill_done)
-            node_cancel(r, q->p, q->id, code ? code : KVR_ERR_CANCELED, msg);
-        node_cancel(r, q->d, q->id, code ? code : KVR_ERR_CANCELED, msg);
+            node_cancel(r, q->p, q->did, code ? code : KVR_ERR_CANCELED, msg);
+        node_cancel(r, q->d, q->did, code ? code : KVR_ERR_CANCELED, msg);
     }
     if (q->route_len) {
         if (code == KVR_OK || code == KVR_ERR_CANCELED) {
@@ -259,7 +263,7 @@ static double jitter(rt_t *r)
     return (double)(rt_rand(r) >> 11) / 9007199254740992.0 * 0.01;
 }
 
-enum pick_result { PICK_OK, PICK_NO_DECODE, PICK_POOL_FULL, PICK_SEND_FAILED };
+enum pick_result { PICK_OK, PICK_NO_DECODE, PICK_POOL_FULL, PICK_SEND_FAILED, PICK_TOO_BIG };
 
 static enum pick_result dispatch(rt_t *r, struct rt_req *q, uint64_t now)
 {
@@ -270,13 +274,14 @@ static enum pick_result dispatch(rt_t *r, struct rt_req *q, uint64_t now)
     uint32_t total_blocks = (uint32_t)((q->n_ctx + bs - 1) / bs);
     int best = -1;
     double best_cost = 0;
-    bool any_decode = false;
+    bool any_decode = false, any_fits = false;
     for (int i = 0; i < r->n_nodes; i++) {
         struct rt_node *n = &r->nodes[i];
         if (n->role != KVR_NODE_ROLE_DECODE || !n->alive)
             continue;
         any_decode = true;
         uint32_t need = total_blocks - overlap[i];
+        any_fits |= total_blocks <= n->total_blocks;
         if (n->free_est < (int64_t)need)
             continue;
         double load = (double)n->total_blocks - (double)n->free_est;
@@ -291,7 +296,7 @@ static enum pick_result dispatch(rt_t *r, struct rt_req *q, uint64_t now)
     if (best < 0) {
         q->overhead_ns += kvr_now_ns() - t0;
         q->overhead_cpu_ns += rt_cpu_ns() - c0;
-        return any_decode ? PICK_POOL_FULL : PICK_NO_DECODE;
+        return !any_decode ? PICK_NO_DECODE : any_fits ? PICK_POOL_FULL : PICK_TOO_BIG;
     }
     struct rt_node *d = &r->nodes[best];
     uint32_t cached = overlap[best] * bs;
@@ -323,8 +328,15 @@ static enum pick_result dispatch(rt_t *r, struct rt_req *q, uint64_t now)
                       r->nodes[pbest].name, d->name, cached);
     }
 
+    /* every dispatch attempt has its own id on the node protocol, so a late
+     * message about an earlier attempt cannot be taken for this one */
+    q->did = ++r->next_id;
+    if (!rt_u64map_put(&r->reqs, q->did, (uint64_t)(uintptr_t)q)) {
+        q->did = 0;
+        return PICK_SEND_FAILED;
+    }
     Kvrail__Reserve rs = KVRAIL__RESERVE__INIT;
-    rs.request_id = q->id;
+    rs.request_id = q->did;
     rs.n_token_ids = q->n_ctx;
     rs.token_ids = q->ctx;
     rs.n_block_hashes = q->n_hashes;
@@ -339,13 +351,15 @@ static enum pick_result dispatch(rt_t *r, struct rt_req *q, uint64_t now)
     rs.prefill_node = (char *)(local ? "" : r->nodes[pbest].name);
     kvr_status_t st = rt_send_node(r, d, KVRAIL__METHOD__RESERVE, &rs.base);
     if (st != KVR_OK) {
+        rt_u64map_del(&r->reqs, q->did);
+        q->did = 0;
         q->overhead_ns += kvr_now_ns() - t0;
         q->overhead_cpu_ns += rt_cpu_ns() - c0;
         return PICK_SEND_FAILED;
     }
     if (!local) {
         Kvrail__Prefill pf = KVRAIL__PREFILL__INIT;
-        pf.request_id = q->id;
+        pf.request_id = q->did;
         pf.n_token_ids = q->n_ctx;
         pf.token_ids = q->ctx;
         pf.sampling = &q->sp;
@@ -356,7 +370,9 @@ static enum pick_result dispatch(rt_t *r, struct rt_req *q, uint64_t now)
         pf.block_hashes = q->hashes;
         st = rt_send_node(r, &r->nodes[pbest], KVRAIL__METHOD__PREFILL, &pf.base);
         if (st != KVR_OK) {
-            node_cancel(r, best, q->id, KVR_ERR_PEER_FAILURE, "prefill node unreachable");
+            node_cancel(r, best, q->did, KVR_ERR_PEER_FAILURE, "prefill node unreachable");
+            rt_u64map_del(&r->reqs, q->did);
+            q->did = 0;
             q->overhead_ns += kvr_now_ns() - t0;
             q->overhead_cpu_ns += rt_cpu_ns() - c0;
             return PICK_SEND_FAILED;
@@ -544,7 +560,7 @@ void rt_on_reserved(rt_t *r, struct rt_node *n, const Kvrail__Reserved *m, uint6
     q->state = RQ_PREFILLING;
     if (!q->local && q->p >= 0) {
         Kvrail__PrefillTarget t = KVRAIL__PREFILL_TARGET__INIT;
-        t.request_id = q->id;
+        t.request_id = q->did;
         t.decode_node = n->name;
         t.decode_address.data = n->addr;
         t.decode_address.len = n->addr_len;
@@ -568,7 +584,7 @@ void rt_on_reserved(rt_t *r, struct rt_node *n, const Kvrail__Reserved *m, uint6
         if (rt_send_node(r, &r->nodes[q->p], KVRAIL__METHOD__PREFILL_TARGET, &t.base) != KVR_OK) {
             q->overhead_ns += kvr_now_ns() - t0;
             q->overhead_cpu_ns += rt_cpu_ns() - c0;
-            node_cancel(r, q->d, q->id, KVR_ERR_PEER_FAILURE, "prefill node unreachable");
+            node_cancel(r, q->d, q->did, KVR_ERR_PEER_FAILURE, "prefill node unreachable");
             q->bad_p = q->p;
             requeue(r, q, now);
             return;
@@ -586,7 +602,7 @@ void rt_on_rejected(rt_t *r, struct rt_node *n, const Kvrail__Rejected *m, uint6
     kvr_status_t code = m->reason ? m->reason->code : KVR_ERR_INTERNAL;
     const char *why = m->reason && m->reason->message ? m->reason->message : "no reason given";
     if (!q->local)
-        node_cancel(r, q->p, q->id, KVR_ERR_CANCELED, "decode node rejected the reservation");
+        node_cancel(r, q->p, q->did, KVR_ERR_CANCELED, "decode node rejected the reservation");
     if (code == KVR_ERR_NO_RESOURCE) {
         KVR_LOG_DEBUG("router", "request %" PRIu64 ": %s has no room (%s); queued", q->id, n->name,
                       why);
@@ -608,8 +624,8 @@ static void prefill_failed(rt_t *r, struct rt_req *q, uint64_t now, kvr_status_t
         KVR_LOG_WARN("router", "request %" PRIu64 ": prefill on %s failed (%s); retry %u of %u",
                      q->id, pname, why, q->retries, r->cl->prefill_retries);
         if (!q->local)
-            node_cancel(r, q->p, q->id, KVR_ERR_CANCELED, "retrying elsewhere");
-        node_cancel(r, q->d, q->id, KVR_ERR_CANCELED, "prefill retried");
+            node_cancel(r, q->p, q->did, KVR_ERR_CANCELED, "retrying elsewhere");
+        node_cancel(r, q->d, q->did, KVR_ERR_CANCELED, "prefill retried");
         q->bad_p = q->p;
         requeue(r, q, now);
         rt_queue_pump(r, now);
@@ -656,8 +672,12 @@ void rt_on_token(rt_t *r, struct rt_node *n, const Kvrail__Token *m, uint64_t no
 {
     uint64_t t0 = kvr_now_ns();
     struct rt_req *q = req_find(r, m->request_id);
-    if (!q || q->d != n->idx)
-        return; /* canceled or migrated; the node was told */
+    if (!q || q->d != n->idx) {
+        /* canceled or migrated; tell the node again (it may have missed it) */
+        if (!m->finish)
+            node_cancel(r, n->idx, m->request_id, KVR_ERR_CANCELED, "request no longer here");
+        return;
+    }
     if (m->no_token || m->finish == KVRAIL__FINISH_REASON__FINISH_ERROR ||
         m->finish == KVRAIL__FINISH_REASON__FINISH_CANCELED) {
         if (m->finish == KVRAIL__FINISH_REASON__FINISH_ERROR ||
@@ -717,7 +737,7 @@ void rt_node_lost(rt_t *r, struct rt_node *n, uint64_t now, const char *why)
             q->retries++;
             r->st.retries++;
             if (q->p >= 0 && !q->local && !q->prefill_done)
-                node_cancel(r, q->p, q->id, KVR_ERR_PEER_FAILURE, "decode node lost");
+                node_cancel(r, q->p, q->did, KVR_ERR_PEER_FAILURE, "decode node lost");
             /* migration: the new dispatch continues from prompt + streamed tokens */
             size_t n_ctx = q->n_prompt + q->n_out;
             uint32_t *ctx = realloc(q->ctx, n_ctx * sizeof(uint32_t));
@@ -987,8 +1007,6 @@ static void on_generate(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__Gener
     q->t_recv = now;
     q->deadline = now + (uint64_t)r->cl->timeouts.request_ms * MS;
     q->queue_deadline = now + (uint64_t)r->cl->timeouts.queue_ms * MS;
-    if (!rt_u64map_put(&r->reqs, q->id, (uint64_t)(uintptr_t)q))
-        goto err_nomem;
     q->anext = r->all;
     if (r->all)
         r->all->aprev = q;
@@ -998,8 +1016,18 @@ static void on_generate(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__Gener
     q->overhead_ns += kvr_now_ns() - t0 - tk;
     q->overhead_cpu_ns += rt_cpu_ns() - c0 - tk_cpu;
     enum pick_result pr = dispatch(r, q, now);
-    if (pr != PICK_OK)
+    if (pr == PICK_TOO_BIG) {
+        uint32_t most = 0;
+        for (int i = 0; i < r->n_nodes; i++)
+            if (r->nodes[i].role == KVR_NODE_ROLE_DECODE && r->nodes[i].alive &&
+                r->nodes[i].total_blocks > most)
+                most = r->nodes[i].total_blocks;
+        finish(r, q, KVR_ERR_NO_RESOURCE, KVRAIL__FINISH_REASON__FINISH_ERROR, false, now,
+               "the prompt needs %zu KV blocks; the largest live decode pool has %u",
+               (q->n_ctx + r->cl->block_size - 1) / r->cl->block_size, most);
+    } else if (pr != PICK_OK) {
         q_push(r, q, false);
+    }
     return;
 
 err_nomem:
@@ -1024,9 +1052,10 @@ static void on_cancel(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__CancelR
 {
     struct rt_req *q = NULL;
     if (c->request_id) {
-        q = req_find(r, c->request_id);
-        if (q && (q->route_len != f->route_len || memcmp(q->route, f->route, f->route_len)))
-            q = NULL; /* only the connection that started it may cancel it */
+        for (struct rt_req *x = r->all; x && !q; x = x->anext)
+            if (x->id == c->request_id && x->route_len == f->route_len &&
+                !memcmp(x->route, f->route, f->route_len))
+                q = x; /* only the connection that started it may cancel it */
     } else if (c->call_id) {
         for (struct rt_req *x = r->all; x; x = x->anext)
             if (x->call_id == c->call_id && x->route_len == f->route_len &&

@@ -56,6 +56,7 @@ struct rt_node {
     enum kvr_node_role role;
     bool registered;
     bool alive;
+    bool conn_lost; /* a send found its connection gone (ZMQ_ROUTER_MANDATORY) */
     uint64_t incarnation;
     uint64_t last_hb_ns;
     uint64_t registered_ns;
@@ -102,7 +103,8 @@ enum rt_req_state {
 };
 
 struct rt_req {
-    uint64_t id;
+    uint64_t id;  /* the client-facing request id */
+    uint64_t did; /* id of the current dispatch on the node protocol (0: none) */
     uint8_t route[KVR_PROTO_MAX_ROUTE];
     size_t route_len;
     int client_fd;
@@ -175,7 +177,7 @@ typedef struct rt {
     struct rt_node nodes[RT_MAX_NODES];
     int n_nodes;
     rt_u64map_t dir;  /* seq hash -> node mask */
-    rt_u64map_t reqs; /* request id -> struct rt_req * */
+    rt_u64map_t reqs; /* dispatch id -> struct rt_req * */
     struct rt_req *all;
     struct rt_req *qhead, *qtail;
     size_t n_queued;
