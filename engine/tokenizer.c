@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -998,6 +999,8 @@ kvr_status_t kvr_tokenizer_load(const char *path, kvr_tokenizer_t **tok_p, char 
         kvr_json_free(doc);
         return KVR_ERR_NO_MEMORY;
     }
+    static atomic_uint_fast64_t next_uid = 1;
+    t->uid = atomic_fetch_add(&next_uid, 1);
     t->bos_id = t->eos_id = t->unk_id = -1;
     struct loader L = {t, file, err, err_len};
     st = build(&L, kvr_json_root(doc));

@@ -10,8 +10,10 @@
  * (sentencepiece: a character outside the vocabulary falls back to its
  * <0xXX> byte tokens, or <unk>); a min-heap of (rank, position) over the
  * adjacent pairs with lazy invalidation merges the lowest rank first,
- * leftmost on ties, as Hugging Face does - O(n log n) a word.
+ * leftmost on ties, as Hugging Face does - O(n log n) a word.  Short words
+ * go through a per-thread cache first.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -169,12 +171,87 @@ static kvr_status_t bpe_merge_emit(struct bpe *b, const char *word, size_t n)
     return KVR_OK;
 }
 
+/* ---- word cache ----
+ * Words repeat ("the", " of", "\n"): a per-thread direct-mapped cache of
+ * short words -> their ids skips BPE for them.  Per thread, so a tokenizer
+ * stays read-only and shareable; keyed by the tokenizer's uid, so a freed and
+ * reloaded tokenizer at the same address never sees stale entries. */
+
+enum { WC_SLOTS = 4096, WC_MAXLEN = 24, WC_MAXIDS = 6 };
+
+struct wc_ent {
+    uint64_t uid, hash;
+    uint8_t len, n;
+    char w[WC_MAXLEN];
+    int32_t ids[WC_MAXIDS];
+};
+
+static _Thread_local struct wc_ent *tls_wc;
+static pthread_key_t wc_key;
+static pthread_once_t wc_once = PTHREAD_ONCE_INIT;
+static bool wc_key_ok;
+
+static void wc_make_key(void)
+{
+    wc_key_ok = pthread_key_create(&wc_key, free) == 0;
+}
+
+static struct wc_ent *wc_get(void)
+{
+    if (!tls_wc) {
+        pthread_once(&wc_once, wc_make_key);
+        if (!wc_key_ok)
+            return NULL;
+        tls_wc = calloc(WC_SLOTS, sizeof(struct wc_ent));
+        if (tls_wc)
+            pthread_setspecific(wc_key, tls_wc); /* freed at thread exit */
+    }
+    return tls_wc;
+}
+
+static inline uint64_t wc_hash(const char *s, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull ^ n;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 0x100000001b3ull;
+    return h ^ (h >> 32);
+}
+
+static kvr_status_t bpe_word_uncached(struct bpe *b, const char *w, size_t len);
+
 static kvr_status_t bpe_word(void *ctx, const char *w, size_t len)
 {
     struct bpe *b = ctx;
-    const kvr_tokenizer_t *t = b->t;
     if (len == 0)
         return KVR_OK;
+    struct wc_ent *wc = len <= WC_MAXLEN ? wc_get() : NULL;
+    if (!wc)
+        return bpe_word_uncached(b, w, len);
+    uint64_t h = wc_hash(w, len);
+    struct wc_ent *e = &wc[h & (WC_SLOTS - 1)];
+    if (e->uid == b->t->uid && e->hash == h && e->len == len && !memcmp(e->w, w, len)) {
+        for (uint8_t i = 0; i < e->n; i++)
+            if (!kvr_tok_ids_put(b->out, e->ids[i]))
+                return KVR_ERR_NO_MEMORY;
+        return KVR_OK;
+    }
+    size_t n0 = b->out->n;
+    kvr_status_t st = bpe_word_uncached(b, w, len);
+    size_t made = b->out->n - n0;
+    if (st == KVR_OK && made <= WC_MAXIDS) {
+        e->uid = b->t->uid;
+        e->hash = h;
+        e->len = (uint8_t)len;
+        e->n = (uint8_t)made;
+        memcpy(e->w, w, len);
+        memcpy(e->ids, b->out->p + n0, made * sizeof(int32_t));
+    }
+    return st;
+}
+
+static kvr_status_t bpe_word_uncached(struct bpe *b, const char *w, size_t len)
+{
+    const kvr_tokenizer_t *t = b->t;
     if (t->ignore_merges) {
         int32_t id = t->kind == KIND_BYTELEVEL ? kvr_tok_strmap_get(&t->raw, w, len)
                                                : kvr_tok_strmap_get(&t->pieces, w, len);

@@ -72,6 +72,7 @@ struct kvr_tokenizer {
     int32_t unk_id;
     int sp_strip; /* decoder: leading spaces stripped at the stream start */
 
+    uint64_t uid; /* unique per loaded tokenizer: the word cache's key */
     int32_t n_ids;
     char **piece;         /* [n_ids] original piece, NUL-terminated, or NULL */
     uint32_t *piece_len;  /* [n_ids] */
