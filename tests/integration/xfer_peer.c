@@ -202,13 +202,17 @@ static int run_target(void)
     struct target t = {0};
     kvr_xfer_engine_t *e = make_engine("target", target_notif, &t);
     kvr_xfer_mem_t *m;
-    uint64_t t0 = kvr_now_ns();
+    uint64_t t0, t1;
     kvr_status_t s;
     if (use_malloc) {
         t.buf = alloc_region();
+        t0 = kvr_now_ns();
         s = kvr_xfer_mem_reg(e, t.buf, region_len, KVR_MEM_HOST, 0, &m);
+        t1 = kvr_now_ns();
     } else { /* the engine's own memory: one-sided on shared memory */
+        t0 = kvr_now_ns();
         s = kvr_xfer_mem_alloc(e, region_len, KVR_MEM_HOST, 0, &m);
+        t1 = kvr_now_ns();
         if (s == KVR_OK) {
             t.buf = kvr_xfer_mem_addr(m);
             memset(t.buf, 0, region_len);
@@ -216,8 +220,8 @@ static int run_target(void)
     }
     if (s != KVR_OK)
         DIE("mem_reg/alloc: %s", kvr_status_str(s));
-    fprintf(stderr, "target: registered %zu MiB in %.3f ms\n", region_len >> 20,
-            (double)(kvr_now_ns() - t0) / 1e6);
+    fprintf(stderr, "target: %s %zu MiB in %.3f ms\n", use_malloc ? "registered" : "allocated",
+            region_len >> 20, (double)(t1 - t0) / 1e6);
     void *ab, *rb;
     size_t al, rl;
     if (kvr_xfer_address(e, &ab, &al) != KVR_OK || kvr_xfer_mem_pack(m, &rb, &rl) != KVR_OK)
