@@ -7,6 +7,7 @@
  * the Llama 3 pre-tokenizer splits as the regex does; NFC composes.
  * (tests/tokenizer/ compares real tokenizer files against Hugging Face.)
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -427,6 +428,73 @@ static void fuzz_one(const kvr_tokenizer_t *t, uint64_t *rng, bool bytelevel)
     }
 }
 
+/* one tokenizer, four threads encoding at once (each with its own word
+ * cache): the same ids as one thread gets */
+struct thr {
+    const kvr_tokenizer_t *t;
+    int ok;
+};
+
+static void *thr_main(void *arg)
+{
+    struct thr *a = arg;
+    a->ok = 1;
+    for (int r = 0; r < 50 && a->ok; r++) {
+        for (size_t i = 0; i < sizeof(TEXTS) / sizeof(TEXTS[0]); i++) {
+            int32_t *x, *y;
+            size_t nx, ny;
+            if (kvr_tokenizer_encode(a->t, TEXTS[i], strlen(TEXTS[i]), true, &x, &nx) != KVR_OK)
+                a->ok = 0;
+            else if (kvr_tokenizer_encode(a->t, TEXTS[(i + 1) % 7], strlen(TEXTS[(i + 1) % 7]),
+                                          true, &y, &ny) != KVR_OK)
+                a->ok = 0, free(x);
+            else {
+                int32_t *z;
+                size_t nz;
+                /* the first text again, now with a warm cache */
+                if (kvr_tokenizer_encode(a->t, TEXTS[i], strlen(TEXTS[i]), true, &z, &nz) !=
+                        KVR_OK ||
+                    nz != nx || memcmp(z, x, nx * sizeof(int32_t)))
+                    a->ok = 0;
+                else
+                    free(z);
+                free(x);
+                free(y);
+            }
+        }
+    }
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    char p[512], err[512];
+    kvr_tokenizer_t *t;
+    snprintf(p, sizeof(p), "%s/gen1.json", dir);
+    KVR_CHECK_STATUS(kvr_tokenizer_load(p, &t, err, sizeof(err)), KVR_OK);
+    pthread_t th[4];
+    struct thr a[4];
+    for (int i = 0; i < 4; i++) {
+        a[i].t = t;
+        KVR_CHECK(pthread_create(&th[i], NULL, thr_main, &a[i]) == 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        KVR_CHECK(pthread_join(th[i], NULL) == 0);
+        KVR_CHECK(a[i].ok);
+    }
+    /* a second tokenizer loaded at (possibly) the same address must not
+     * see the first one's cached words */
+    kvr_tokenizer_destroy(t);
+    snprintf(p, sizeof(p), "%s/sp.json", dir);
+    KVR_CHECK_STATUS(kvr_tokenizer_load(p, &t, err, sizeof(err)), KVR_OK);
+    int32_t *ids;
+    size_t n;
+    KVR_CHECK_STATUS(kvr_tokenizer_encode(t, "hello", 5, false, &ids, &n), KVR_OK);
+    KVR_CHECK(n == 1 && ids[0] == 18);
+    free(ids);
+    kvr_tokenizer_destroy(t);
+}
+
 static void test_fuzz(void)
 {
     char p[512], err[512];
@@ -525,6 +593,7 @@ int main(void)
     test_generated();
     test_sentencepiece();
     test_fuzz();
+    test_threads();
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     KVR_CHECK(system(cmd) == 0);
