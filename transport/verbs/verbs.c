@@ -1,5 +1,8 @@
 /*
- * verbs.c - the native libibverbs transfer backend: RC queue pairs.
+ * verbs.c - the native libibverbs transfer backend: RC queue pairs.  This
+ * file: engine, memory, connection handshake, data path, progress and the
+ * ops table; verbs_dev.c: devices, GIDs, QP transitions, status mapping,
+ * side-channel sockets; verbs_internal.h: what they share.
  *
  * Devices.  cfg->devices ("rxe0", "mlx5_0:1,mlx5_1", "rxe0:1:0" = port 1,
  * GID index 0) names the NICs; without
@@ -42,665 +45,17 @@
  * with several rails the SEND is also held until every other rail has
  * completed what was queued before it.
  *
- * Errors.  vb_status() is the one mapping of ibv_wc_status and errno to
+ * Errors.  kvr_verbs_status() is the one mapping of ibv_wc_status and errno to
  * kvr_status_t.  The WR that failed gives its transfer the mapped status
  * (REM_ACCESS_ERR -> KVR_ERR_NOT_FOUND "bad remote key"); every other
  * transfer still queued or in flight on the peer gets KVR_ERR_PEER_FAILURE,
  * the peer is failed (a QP in error state cannot carry more), and
  * disconnect + connect gives a fresh one.
  */
-#include "xfer_backend.h"
-
-#include "kvr_clock.h"
-#include "kvr_log.h"
-
-#include <arpa/inet.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <ifaddrs.h>
-#include <infiniband/verbs.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <sched.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#define COMP "verbs"
-
-#define VB_MAX_DEV       4
-#define VB_MAX_IP        8
-#define VB_SQ_DEPTH      512 /* send WRs in flight per rail (KVR_VERBS_SQ_DEPTH) */
-#define VB_RQ_DEPTH      64  /* notification receive buffers per inbound rail 0 */
-#define VB_NOTIF_SLOTS   64  /* notification send buffers per peer */
-#define VB_NOTIF_BUF     KVR_XFER_NOTIF_MAX
-#define VB_SIGNAL_EVERY  32
-#define VB_STRIPE_PIECE  (1u << 20)
-#define VB_MAX_WR_LEN    (1u << 30)
-#define VB_CQ_BATCH      32
-#define VB_HS_TIMEOUT_MS 10000
-#define VB_TCP_TIMEOUT   1000 /* ms per side-channel address tried */
-#define VB_POLL_EVERY_NS 1000000ull
-#define VB_HS_MAGIC      0x5652564bu /* "KVRV" */
-#define VB_HS_VERSION    1
-
-/* ------------------------------------------------------------------------ */
-/* the one status mapping                                                    */
-
-/* wc >= 0: an ibv_wc_status; otherwise err is an errno. */
-static kvr_status_t vb_status(int wc, int err)
-{
-    if (wc >= 0) {
-        switch ((enum ibv_wc_status)wc) {
-        case IBV_WC_SUCCESS:
-            return KVR_OK;
-        case IBV_WC_REM_ACCESS_ERR:
-            return KVR_ERR_NOT_FOUND; /* rkey unknown at the peer, or range outside it */
-        case IBV_WC_LOC_PROT_ERR:
-        case IBV_WC_LOC_LEN_ERR:
-        case IBV_WC_REM_INV_REQ_ERR:
-        case IBV_WC_MW_BIND_ERR:
-            return KVR_ERR_INVALID;
-        case IBV_WC_WR_FLUSH_ERR:
-        case IBV_WC_RETRY_EXC_ERR:
-        case IBV_WC_RNR_RETRY_EXC_ERR:
-        case IBV_WC_REM_ABORT_ERR:
-        case IBV_WC_RESP_TIMEOUT_ERR:
-            return KVR_ERR_PEER_FAILURE;
-        default:
-            return KVR_ERR_IO;
-        }
-    }
-    switch (err) {
-    case 0:
-        return KVR_OK;
-    case ENOMEM:
-        return KVR_ERR_NO_MEMORY;
-    case EAGAIN:
-        return KVR_ERR_NO_RESOURCE;
-    case EINVAL:
-        return KVR_ERR_INVALID;
-    case ENODEV:
-    case ENOENT:
-        return KVR_ERR_NOT_FOUND;
-    case ETIMEDOUT:
-        return KVR_ERR_TIMEOUT;
-    case ECONNREFUSED:
-    case ECONNRESET:
-    case EPIPE:
-    case EHOSTUNREACH:
-    case ENETUNREACH:
-        return KVR_ERR_PEER_FAILURE;
-    default:
-        return KVR_ERR_IO;
-    }
-}
-
-/* ------------------------------------------------------------------------ */
-/* objects                                                                   */
-
-struct vb_dev {
-    char name[64];
-    uint8_t port;
-    int gid_index;
-    struct ibv_context *ctx;
-    struct ibv_pd *pd;
-    union ibv_gid gid;
-    uint32_t gid_type; /* enum ibv_gid_type */
-    uint16_t lid;
-    uint8_t link_layer;
-    enum ibv_mtu mtu;
-    uint32_t speed_mbps;
-    uint32_t max_msg;
-    uint32_t rd_atom;
-    int numa;
-};
-
-/* wire form of one device in the address blob */
-struct vb_wire_dev {
-    char name[64];
-    uint8_t port, link_layer, mtu, pad;
-    uint32_t gid_index, gid_type, speed_mbps;
-    uint16_t lid, pad2;
-    uint8_t gid[16];
-} __attribute__((packed));
-
-struct vb_wire_addr {
-    uint32_t magic, version;
-    uint64_t nonce;
-    uint16_t tcp_port;
-    uint8_t ndev, nip;
-    uint8_t ip[VB_MAX_IP][4];
-    char host[64];
-    struct vb_wire_dev dev[VB_MAX_DEV];
-} __attribute__((packed));
-
-struct vb_wire_rail {
-    uint32_t dev; /* request: target device; reply: 0 */
-    uint32_t qpn, psn, mtu, rd_atom;
-    uint16_t lid, pad;
-    uint8_t gid[16];
-} __attribute__((packed));
-
-struct vb_hs {
-    uint32_t magic, version;
-    uint64_t nonce;
-    int32_t status; /* reply */
-    uint32_t nrails;
-    char who[64];  /* request: initiator name; reply: target name */
-    char why[160]; /* reply: the reason of a refusal */
-    struct vb_wire_rail rail[VB_MAX_DEV];
-} __attribute__((packed));
-
-struct vb_inbound;
-struct vb_peer;
-
-struct vb_engine {
-    struct kvr_xfer_engine base;
-    int ndev;
-    struct vb_dev dev[VB_MAX_DEV];
-    int lfd;
-    uint16_t lport;
-    uint64_t nonce;
-    uint32_t sq_depth;
-    int nip;
-    uint8_t ip[VB_MAX_IP][4];
-    struct vb_inbound *inbound;
-    struct vb_peer *peers;
-    uint64_t last_poll_ns;
-    char who[64]; /* "name pid N on host": names this end in the other's errors */
-};
-
-struct vb_mem {
-    struct kvr_xfer_mem base;
-    struct ibv_mr *mr[VB_MAX_DEV];
-};
-
-struct vb_rmem {
-    struct kvr_xfer_rmem base;
-    uint32_t nkey;
-    uint32_t rkey[VB_MAX_DEV];
-};
-
-struct vb_dlist;
-
-enum vb_item_kind { VB_ITEM_PART = 1, VB_ITEM_NOTIF = 2 };
-
-/* something waiting on a rail's FIFO */
-struct vb_item {
-    struct vb_item *next;
-    int kind;
-    bool queued;
-};
-
-/* the WRs of one list on one rail */
-struct vb_part {
-    struct vb_item item;
-    struct vb_dlist *dl;
-    uint32_t nwr, posted;
-    struct ibv_send_wr *wr;
-    struct ibv_sge *sge;
-};
-
-struct vb_notif {
-    struct vb_item item;
-    uint32_t slot, len;
-    uint64_t fence[VB_MAX_DEV]; /* other rails: enqueued count at notify time */
-};
-
-/* what a send-queue slot belongs to */
-struct vb_slot {
-    struct vb_dlist *dl; /* NULL for a notification, or once the list was released */
-    uint8_t kind;        /* VB_ITEM_PART or VB_ITEM_NOTIF */
-    uint8_t end;         /* last WR of its part */
-};
-
-struct vb_rail {
-    struct vb_peer *peer;
-    int ldev, rdev;
-    struct ibv_cq *cq;
-    struct ibv_qp *qp;
-    uint32_t psn;
-    uint32_t weight;
-    uint64_t posted, done, enq; /* WR counters: posted to the SQ, retired, enqueued */
-    struct vb_slot *slots;      /* sq_depth, indexed by seq % sq_depth */
-    struct vb_item *head, *tail;
-};
-
-enum vb_state { VB_CONNECTING = 0, VB_READY = 1, VB_FAILED = 2 };
-
-struct vb_peer {
-    struct kvr_xfer_peer base;
-    struct vb_peer *next;
-    int fd;
-    enum vb_state state;
-    uint64_t hs_deadline;
-    size_t rlen;
-    struct vb_hs reply;
-    struct vb_wire_addr remote;
-    int nrails;
-    struct vb_rail rail[VB_MAX_DEV];
-    char *nbuf; /* VB_NOTIF_SLOTS * VB_NOTIF_BUF, registered on rail 0's device */
-    struct ibv_mr *nmr;
-    uint64_t nb_head, nb_tail;
-    struct vb_notif nodes[VB_NOTIF_SLOTS];
-    uint32_t mtu;
-};
-
-struct vb_dlist {
-    struct kvr_xfer_dlist base;
-    int nparts;
-    uint32_t left; /* parts of the current post not yet complete */
-    kvr_status_t err;
-    struct vb_part part[VB_MAX_DEV];
-    void *mem;
-};
-
-/* an inbound connection on the target (no kvr_xfer_peer: the target never
- * called connect) */
-struct vb_inbound {
-    struct vb_inbound *next;
-    struct vb_engine *eng;
-    int fd;
-    bool ready, dead;
-    char bye; /* sent on the side channel before closing: 'E' QP error, 'S' shutdown */
-    size_t rlen;
-    struct vb_hs req;
-    int nrails;
-    struct {
-        int dev;
-        struct ibv_cq *cq;
-        struct ibv_qp *qp;
-    } rail[VB_MAX_DEV];
-    char *rbuf; /* VB_RQ_DEPTH * VB_NOTIF_BUF on rail 0 */
-    struct ibv_mr *rmr;
-};
-
-#define ENG(e)   container_of((e), struct vb_engine, base)
-#define PEER(p)  container_of((p), struct vb_peer, base)
-#define MEM(m)   container_of((m), struct vb_mem, base)
-#define RMEM(r)  container_of((r), struct vb_rmem, base)
-#define DLIST(d) container_of((d), struct vb_dlist, base)
-
-/* ------------------------------------------------------------------------ */
-/* helpers                                                                   */
-
-static const char *vb_mtu_str(enum ibv_mtu m)
-{
-    switch (m) {
-    case IBV_MTU_256:
-        return "256";
-    case IBV_MTU_512:
-        return "512";
-    case IBV_MTU_1024:
-        return "1024";
-    case IBV_MTU_2048:
-        return "2048";
-    case IBV_MTU_4096:
-        return "4096";
-    }
-    return "?";
-}
-
-static const char *vb_gid_type_str(uint32_t t)
-{
-    return t == IBV_GID_TYPE_ROCE_V2 ? "RoCE v2" : t == IBV_GID_TYPE_ROCE_V1 ? "RoCE v1" : "IB";
-}
-
-static bool vb_gid_v4(const uint8_t *g)
-{
-    static const uint8_t pre[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-    return memcmp(g, pre, 12) == 0;
-}
-
-static void vb_gid_str(const uint8_t *g, char *buf, size_t cap)
-{
-    if (vb_gid_v4(g))
-        snprintf(buf, cap, "::ffff:%u.%u.%u.%u", g[12], g[13], g[14], g[15]);
-    else if (!inet_ntop(AF_INET6, g, buf, (socklen_t)cap))
-        snprintf(buf, cap, "?");
-}
-
-static bool vb_gid_zero(const union ibv_gid *g)
-{
-    return g->global.subnet_prefix == 0 && g->global.interface_id == 0;
-}
-
-static uint32_t vb_speed_mbps(uint8_t speed, uint8_t width)
-{
-    uint32_t lane;
-    switch (speed) {
-    case 1:
-        lane = 2500;
-        break;
-    case 2:
-        lane = 5000;
-        break;
-    case 4:
-    case 8:
-        lane = 10000;
-        break;
-    case 16:
-        lane = 14000;
-        break;
-    case 32:
-        lane = 25000;
-        break;
-    case 64:
-        lane = 50000;
-        break;
-    case 128:
-        lane = 100000;
-        break;
-    default:
-        lane = 10000;
-    }
-    uint32_t w = width == 2 ? 4 : width == 4 ? 8 : width == 8 ? 12 : width == 16 ? 2 : 1;
-    return lane * w;
-}
-
-static int vb_sysfs_int(const char *fmt, const char *name, int dflt)
-{
-    char path[256];
-    snprintf(path, sizeof(path), fmt, name);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return dflt;
-    int v = dflt;
-    if (fscanf(f, "%d", &v) != 1)
-        v = dflt;
-    fclose(f);
-    return v;
-}
-
-static uint32_t vb_rand32(void)
-{
-    return (uint32_t)((kvr_now_ns() * 0x9E3779B97F4A7C15ull) >> 40) ^ (uint32_t)rand();
-}
-
-/* ------------------------------------------------------------------------ */
-/* devices                                                                   */
-
-static kvr_status_t vb_dev_pick_gid(struct vb_dev *d, int want, const char *ename)
-{
-    struct ibv_port_attr pa;
-    if (ibv_query_port(d->ctx, d->port, &pa)) {
-        KVR_LOG_ERROR(COMP, "%s: %s:%u: ibv_query_port: %s", ename, d->name, d->port,
-                      strerror(errno));
-        return vb_status(-1, errno);
-    }
-    int best = -1, score = -1;
-    for (int i = 0; i < pa.gid_tbl_len && i < 256; i++) {
-        struct ibv_gid_entry ent;
-        if (ibv_query_gid_ex(d->ctx, d->port, (uint32_t)i, &ent, 0))
-            continue;
-        if (vb_gid_zero(&ent.gid))
-            continue;
-        int sc = 1;
-        if (ent.gid_type == IBV_GID_TYPE_ROCE_V2)
-            sc = vb_gid_v4(ent.gid.raw) ? 4 : 3;
-        if (pa.link_layer != IBV_LINK_LAYER_ETHERNET)
-            sc = 2;
-        if (want >= 0 && i != want)
-            continue;
-        if (sc > score) {
-            score = sc;
-            best = i;
-            d->gid = ent.gid;
-            d->gid_type = ent.gid_type;
-        }
-    }
-    if (best < 0) {
-        if (want >= 0)
-            KVR_LOG_ERROR(COMP, "%s: %s:%u: GID index %d is not a valid GID entry", ename, d->name,
-                          d->port, want);
-        else
-            KVR_LOG_ERROR(COMP, "%s: %s:%u: no valid GID (is the netdev up with an address?)",
-                          ename, d->name, d->port);
-        return KVR_ERR_NOT_FOUND;
-    }
-    d->gid_index = best;
-    return KVR_OK;
-}
-
-static kvr_status_t vb_dev_open(struct vb_engine *ve, struct ibv_device *ibdev, uint8_t port,
-                                int gid_index, struct vb_dev *d)
-{
-    const char *en = ve->base.name;
-    snprintf(d->name, sizeof(d->name), "%s", ibv_get_device_name(ibdev));
-    d->port = port;
-    d->ctx = ibv_open_device(ibdev);
-    if (!d->ctx) {
-        KVR_LOG_ERROR(COMP, "%s: ibv_open_device %s: %s", en, d->name, strerror(errno));
-        return vb_status(-1, errno);
-    }
-    struct ibv_device_attr da;
-    struct ibv_port_attr pa;
-    kvr_status_t s;
-    if (ibv_query_device(d->ctx, &da) || ibv_query_port(d->ctx, port, &pa)) {
-        KVR_LOG_ERROR(COMP, "%s: %s:%u: query: %s", en, d->name, port, strerror(errno));
-        s = vb_status(-1, errno);
-        goto err_close;
-    }
-    if (pa.state != IBV_PORT_ACTIVE) {
-        KVR_LOG_ERROR(COMP, "%s: %s:%u: port is %s, not ACTIVE", en, d->name, port,
-                      ibv_port_state_str(pa.state));
-        s = KVR_ERR_IO;
-        goto err_close;
-    }
-    d->lid = pa.lid;
-    d->link_layer = pa.link_layer;
-    d->mtu = pa.active_mtu;
-    d->speed_mbps = vb_speed_mbps(pa.active_speed, pa.active_width);
-    d->max_msg = pa.max_msg_sz ? pa.max_msg_sz : VB_MAX_WR_LEN;
-    d->rd_atom = (uint32_t)(da.max_qp_rd_atom < 16 ? da.max_qp_rd_atom : 16);
-    if (d->rd_atom == 0)
-        d->rd_atom = 1;
-    d->numa = vb_sysfs_int("/sys/class/infiniband/%s/device/numa_node", d->name, -1);
-    s = vb_dev_pick_gid(d, gid_index, en);
-    if (s != KVR_OK)
-        goto err_close;
-    d->pd = ibv_alloc_pd(d->ctx);
-    if (!d->pd) {
-        KVR_LOG_ERROR(COMP, "%s: %s: ibv_alloc_pd: %s", en, d->name, strerror(errno));
-        s = vb_status(-1, errno);
-        goto err_close;
-    }
-    char g[64];
-    vb_gid_str(d->gid.raw, g, sizeof(g));
-    KVR_LOG_INFO(COMP, "%s: using %s:%u gid[%d] %s (%s) mtu %s %u Mb/s numa %d", en, d->name, port,
-                 d->gid_index, g, vb_gid_type_str(d->gid_type), vb_mtu_str(d->mtu), d->speed_mbps,
-                 d->numa);
-    return KVR_OK;
-
-err_close:
-    ibv_close_device(d->ctx);
-    d->ctx = NULL;
-    return s;
-}
-
-static void vb_dev_close(struct vb_dev *d)
-{
-    if (d->pd)
-        ibv_dealloc_pd(d->pd);
-    if (d->ctx)
-        ibv_close_device(d->ctx);
-    d->pd = NULL;
-    d->ctx = NULL;
-}
-
-/* the NUMA node of the calling thread: where its memory is first touched */
-static int vb_my_numa(void)
-{
-    unsigned cpu = 0, node = 0;
-    if (getcpu(&cpu, &node) != 0)
-        return -1;
-    return (int)node;
-}
-
-static kvr_status_t vb_devices_open(struct vb_engine *ve)
-{
-    const char *en = ve->base.name;
-    int n = 0;
-    struct ibv_device **list = ibv_get_device_list(&n);
-    if (!list || n == 0) {
-        if (list)
-            ibv_free_device_list(list);
-        KVR_LOG_ERROR(COMP,
-                      "%s: no RDMA device (ibv_get_device_list found none; load a "
-                      "driver, e.g. rdma_rxe for soft-RoCE)",
-                      en);
-        return KVR_ERR_NO_RDMA;
-    }
-    kvr_status_t s = KVR_OK;
-    const char *spec = ve->base.cfg.devices;
-    if (!spec || !*spec)
-        spec = getenv("KVR_VERBS_DEVICES");
-    if (spec && *spec) {
-        char buf[256];
-        snprintf(buf, sizeof(buf), "%s", spec);
-        char *save = NULL;
-        for (char *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
-            if (ve->ndev == VB_MAX_DEV) {
-                KVR_LOG_ERROR(COMP, "%s: devices '%s': at most %d devices", en, spec, VB_MAX_DEV);
-                s = KVR_ERR_INVALID;
-                goto out;
-            }
-            unsigned port = 1;
-            int gid = ve->base.cfg.gid_index;
-            char *colon = strchr(tok, ':');
-            if (colon) { /* name:port or name:port:gid_index */
-                *colon = 0;
-                char *end;
-                port = (unsigned)strtoul(colon + 1, &end, 10);
-                bool ok = end != colon + 1 && port > 0 && port < 256;
-                if (ok && *end == ':') {
-                    char *g = end + 1;
-                    gid = (int)strtol(g, &end, 10);
-                    ok = end != g && gid >= 0;
-                }
-                if (!ok || *end) {
-                    KVR_LOG_ERROR(COMP,
-                                  "%s: devices '%s': bad '%s:%s' (want name[:port[:gid_index]])",
-                                  en, spec, tok, colon + 1);
-                    s = KVR_ERR_INVALID;
-                    goto out;
-                }
-            }
-            struct ibv_device *found = NULL;
-            for (int i = 0; i < n; i++)
-                if (strcmp(ibv_get_device_name(list[i]), tok) == 0)
-                    found = list[i];
-            if (!found) {
-                char names[256] = "";
-                for (int i = 0; i < n; i++)
-                    snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s",
-                             i ? " " : "", ibv_get_device_name(list[i]));
-                KVR_LOG_ERROR(COMP, "%s: RDMA device '%s' not found (present: %s)", en, tok, names);
-                s = KVR_ERR_NOT_FOUND;
-                goto out;
-            }
-            s = vb_dev_open(ve, found, (uint8_t)port, gid, &ve->dev[ve->ndev]);
-            if (s != KVR_OK)
-                goto out;
-            ve->ndev++;
-        }
-        if (ve->ndev == 0) {
-            KVR_LOG_ERROR(COMP, "%s: devices '%s' names no device", en, spec);
-            s = KVR_ERR_INVALID;
-        }
-        goto out;
-    }
-    /* auto: the active port nearest this thread's NUMA node, then the fastest */
-    int node = vb_my_numa(), best = -1;
-    long best_score = -1;
-    for (int i = 0; i < n; i++) {
-        struct ibv_context *ctx = ibv_open_device(list[i]);
-        if (!ctx)
-            continue;
-        struct ibv_port_attr pa;
-        if (ibv_query_port(ctx, 1, &pa) == 0 && pa.state == IBV_PORT_ACTIVE) {
-            int dn = vb_sysfs_int("/sys/class/infiniband/%s/device/numa_node",
-                                  ibv_get_device_name(list[i]), -1);
-            long sc = (dn == node ? 2
-                       : dn < 0   ? 1
-                                  : 0) *
-                          100000000L +
-                      vb_speed_mbps(pa.active_speed, pa.active_width);
-            if (sc > best_score) {
-                best_score = sc;
-                best = i;
-            }
-        }
-        ibv_close_device(ctx);
-    }
-    if (best < 0) {
-        KVR_LOG_ERROR(COMP, "%s: no RDMA device with an ACTIVE port 1", en);
-        s = KVR_ERR_NO_RDMA;
-        goto out;
-    }
-    s = vb_dev_open(ve, list[best], 1, ve->base.cfg.gid_index, &ve->dev[0]);
-    if (s == KVR_OK)
-        ve->ndev = 1;
-out:
-    if (s != KVR_OK)
-        for (int i = 0; i < ve->ndev; i++)
-            vb_dev_close(&ve->dev[i]);
-    if (s != KVR_OK)
-        ve->ndev = 0;
-    ibv_free_device_list(list);
-    return s;
-}
+#include "verbs_internal.h"
 
 /* ------------------------------------------------------------------------ */
 /* engine                                                                    */
-
-static void vb_add_ip(struct vb_engine *ve, const uint8_t ip[4])
-{
-    for (int i = 0; i < ve->nip; i++)
-        if (memcmp(ve->ip[i], ip, 4) == 0)
-            return;
-    if (ve->nip < VB_MAX_IP)
-        memcpy(ve->ip[ve->nip++], ip, 4);
-}
-
-static kvr_status_t vb_listen(struct vb_engine *ve)
-{
-    ve->lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (ve->lfd < 0)
-        return vb_status(-1, errno);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
-    socklen_t sl = sizeof(sa);
-    if (bind(ve->lfd, (struct sockaddr *)&sa, sizeof(sa)) || listen(ve->lfd, 64) ||
-        getsockname(ve->lfd, (struct sockaddr *)&sa, &sl)) {
-        int err = errno;
-        KVR_LOG_ERROR(COMP, "%s: side channel listen: %s", ve->base.name, strerror(err));
-        close(ve->lfd);
-        ve->lfd = -1;
-        return vb_status(-1, err);
-    }
-    ve->lport = ntohs(sa.sin_port);
-    /* side-channel addresses: the GIDs' IPv4 first, then the host's, loopback last */
-    for (int i = 0; i < ve->ndev; i++)
-        if (vb_gid_v4(ve->dev[i].gid.raw) && ve->dev[i].gid.raw[12] != 127)
-            vb_add_ip(ve, ve->dev[i].gid.raw + 12);
-    struct ifaddrs *ifa = NULL;
-    if (getifaddrs(&ifa) == 0) {
-        for (struct ifaddrs *a = ifa; a; a = a->ifa_next)
-            if (a->ifa_addr && a->ifa_addr->sa_family == AF_INET) {
-                const uint8_t *ip = (const uint8_t *)&((struct sockaddr_in *)a->ifa_addr)->sin_addr;
-                if (ip[0] != 127)
-                    vb_add_ip(ve, ip);
-            }
-        freeifaddrs(ifa);
-    }
-    static const uint8_t lo[4] = {127, 0, 0, 1};
-    vb_add_ip(ve, lo);
-    return KVR_OK;
-}
 
 static kvr_status_t vb_engine_init(kvr_xfer_engine_t *e)
 {
@@ -710,17 +65,17 @@ static kvr_status_t vb_engine_init(kvr_xfer_engine_t *e)
     ve->sq_depth = d ? (uint32_t)strtoul(d, NULL, 10) : VB_SQ_DEPTH;
     if (ve->sq_depth < 4 || ve->sq_depth > 16384)
         ve->sq_depth = VB_SQ_DEPTH;
-    ve->nonce = ((uint64_t)vb_rand32() << 32) ^ vb_rand32() ^ (uint64_t)getpid();
+    ve->nonce = ((uint64_t)kvr_verbs_rand32() << 32) ^ kvr_verbs_rand32() ^ (uint64_t)getpid();
     char host[32] = "?";
     gethostname(host, sizeof(host) - 1);
     snprintf(ve->who, sizeof(ve->who), "%.20s pid %d on %.24s", e->name, (int)getpid(), host);
-    kvr_status_t s = vb_devices_open(ve);
+    kvr_status_t s = kvr_verbs_devices_open(ve);
     if (s != KVR_OK)
         return s;
-    s = vb_listen(ve);
+    s = kvr_verbs_listen(ve);
     if (s != KVR_OK) {
         for (int i = 0; i < ve->ndev; i++)
-            vb_dev_close(&ve->dev[i]);
+            kvr_verbs_dev_close(&ve->dev[i]);
         return s;
     }
     return KVR_OK;
@@ -740,7 +95,7 @@ static void vb_engine_fini(kvr_xfer_engine_t *e)
     if (ve->lfd >= 0)
         close(ve->lfd);
     for (int i = 0; i < ve->ndev; i++)
-        vb_dev_close(&ve->dev[i]);
+        kvr_verbs_dev_close(&ve->dev[i]);
 }
 
 static kvr_status_t vb_address(kvr_xfer_engine_t *e, void **buf_p, size_t *len_p)
@@ -797,7 +152,7 @@ static kvr_status_t vb_mem_reg(kvr_xfer_mem_t *m)
                           err == ENOMEM ? " (locked-memory limit? ulimit -l)" : "");
             while (i-- > 0)
                 ibv_dereg_mr(vm->mr[i]);
-            return vb_status(-1, err);
+            return kvr_verbs_status(-1, err);
         }
     }
     return KVR_OK;
@@ -849,204 +204,6 @@ bad:
 }
 
 static void vb_rmem_release(kvr_xfer_rmem_t *r) {}
-
-/* ------------------------------------------------------------------------ */
-/* queue pairs                                                               */
-
-static kvr_status_t vb_qp_create(struct vb_engine *ve, int dev, uint32_t sq, uint32_t rq,
-                                 struct ibv_cq **cq_p, struct ibv_qp **qp_p)
-{
-    struct vb_dev *d = &ve->dev[dev];
-    struct ibv_cq *cq = ibv_create_cq(d->ctx, (int)(sq + rq + 8), NULL, NULL, 0);
-    if (!cq) {
-        KVR_LOG_ERROR(COMP, "%s: %s: ibv_create_cq: %s", ve->base.name, d->name, strerror(errno));
-        return vb_status(-1, errno);
-    }
-    struct ibv_qp_init_attr ia = {
-        .send_cq = cq,
-        .recv_cq = cq,
-        .qp_type = IBV_QPT_RC,
-        .sq_sig_all = 0,
-        .cap = {.max_send_wr = sq,
-                .max_recv_wr = rq ? rq : 1,
-                .max_send_sge = 1,
-                .max_recv_sge = 1},
-    };
-    struct ibv_qp *qp = ibv_create_qp(d->pd, &ia);
-    if (!qp) {
-        int err = errno;
-        KVR_LOG_ERROR(COMP, "%s: %s: ibv_create_qp (sq %u): %s", ve->base.name, d->name, sq,
-                      strerror(err));
-        ibv_destroy_cq(cq);
-        return vb_status(-1, err);
-    }
-    struct ibv_qp_attr a = {
-        .qp_state = IBV_QPS_INIT,
-        .pkey_index = 0,
-        .port_num = d->port,
-        .qp_access_flags =
-            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
-    };
-    if (ibv_modify_qp(qp, &a,
-                      IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
-        int err = errno;
-        KVR_LOG_ERROR(COMP, "%s: %s: QP -> INIT: %s", ve->base.name, d->name, strerror(err));
-        ibv_destroy_qp(qp);
-        ibv_destroy_cq(cq);
-        return vb_status(-1, err);
-    }
-    *cq_p = cq;
-    *qp_p = qp;
-    return KVR_OK;
-}
-
-/* INIT -> RTR -> RTS against the remote QP described by r */
-static kvr_status_t vb_qp_connect(struct vb_engine *ve, int dev, struct ibv_qp *qp,
-                                  const struct vb_wire_rail *r, uint32_t mtu, uint32_t my_psn,
-                                  uint32_t rd_atom)
-{
-    struct vb_dev *d = &ve->dev[dev];
-    struct ibv_qp_attr a = {
-        .qp_state = IBV_QPS_RTR,
-        .path_mtu = (enum ibv_mtu)mtu,
-        .dest_qp_num = r->qpn,
-        .rq_psn = r->psn,
-        .max_dest_rd_atomic = (uint8_t)rd_atom,
-        .min_rnr_timer = 12,
-        .ah_attr = {.is_global = 1,
-                    .dlid = r->lid,
-                    .sl = 0,
-                    .src_path_bits = 0,
-                    .port_num = d->port,
-                    .grh = {.hop_limit = 64, .sgid_index = (uint8_t)d->gid_index}},
-    };
-    memcpy(a.ah_attr.grh.dgid.raw, r->gid, 16);
-    if (ibv_modify_qp(qp, &a,
-                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER)) {
-        int err = errno;
-        KVR_LOG_ERROR(COMP, "%s: %s: QP %u -> RTR (remote QPN %u, mtu %s): %s", ve->base.name,
-                      d->name, qp->qp_num, r->qpn, vb_mtu_str((enum ibv_mtu)mtu), strerror(err));
-        return vb_status(-1, err);
-    }
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 16; /* 4.096 us * 2^16 = 268 ms, times retry_cnt */
-    a.retry_cnt = 7;
-    a.rnr_retry = 7; /* infinite: a target short of receive buffers slows us down */
-    a.sq_psn = my_psn;
-    a.max_rd_atomic = (uint8_t)rd_atom;
-    if (ibv_modify_qp(qp, &a,
-                      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                          IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC)) {
-        int err = errno;
-        KVR_LOG_ERROR(COMP, "%s: %s: QP %u -> RTS: %s", ve->base.name, d->name, qp->qp_num,
-                      strerror(err));
-        return vb_status(-1, err);
-    }
-    return KVR_OK;
-}
-
-static void vb_qp_to_error(struct ibv_qp *qp)
-{
-    struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
-    ibv_modify_qp(qp, &a, IBV_QP_STATE);
-}
-
-/* two ends can talk: same link layer, GID type and address family (and IB subnet) */
-static kvr_status_t vb_check_pair(const char *en, const struct vb_dev *l,
-                                  const struct vb_wire_dev *r, const char *rhost)
-{
-    const char *what = NULL;
-    if (l->link_layer != r->link_layer)
-        what = "link layer";
-    else if (l->gid_type != r->gid_type)
-        what = "GID type";
-    else if (l->link_layer == IBV_LINK_LAYER_ETHERNET && vb_gid_v4(l->gid.raw) != vb_gid_v4(r->gid))
-        what = "GID address family (IPv4-mapped vs IPv6)";
-    else if (l->link_layer != IBV_LINK_LAYER_ETHERNET && memcmp(l->gid.raw, r->gid, 8) != 0)
-        what = "IB subnet prefix";
-    if (!what)
-        return KVR_OK;
-    char lg[64], rg[64];
-    vb_gid_str(l->gid.raw, lg, sizeof(lg));
-    vb_gid_str(r->gid, rg, sizeof(rg));
-    KVR_LOG_ERROR(COMP,
-                  "%s: connect: %s mismatch: local %s:%u gid[%d] %s (%s, %s) vs remote %s "
-                  "%.64s:%u gid[%u] %s (%s, %s)",
-                  en, what, l->name, l->port, l->gid_index, lg, vb_gid_type_str(l->gid_type),
-                  l->link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet" : "InfiniBand", rhost,
-                  r->name, r->port, r->gid_index, rg, vb_gid_type_str(r->gid_type),
-                  r->link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet" : "InfiniBand");
-    return KVR_ERR_MISMATCH;
-}
-
-/* ------------------------------------------------------------------------ */
-/* side channel                                                              */
-
-static int vb_tcp_connect(const uint8_t ip[4], uint16_t port, int timeout_ms)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-    memcpy(&sa.sin_addr, ip, 4);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-        if (errno != EINPROGRESS)
-            goto err;
-        struct pollfd pf = {.fd = fd, .events = POLLOUT};
-        if (poll(&pf, 1, timeout_ms) != 1)
-            goto err;
-        int soerr = 0;
-        socklen_t sl = sizeof(soerr);
-        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) || soerr)
-            goto err;
-    }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    return fd;
-err:
-    close(fd);
-    return -1;
-}
-
-/* writes all of buf on a non-blocking socket, waiting at most timeout_ms */
-static int vb_send_all(int fd, const void *buf, size_t len, int timeout_ms)
-{
-    const char *p = buf;
-    uint64_t deadline = kvr_deadline_ns(timeout_ms);
-    while (len) {
-        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
-        if (n > 0) {
-            p += n;
-            len -= (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno != EAGAIN && errno != EINTR)
-            return -1;
-        if (kvr_now_ns() >= deadline)
-            return -1;
-        struct pollfd pf = {.fd = fd, .events = POLLOUT};
-        poll(&pf, 1, 10);
-    }
-    return 0;
-}
-
-/* reads into buf up to want bytes; 1 complete, 0 not yet, -1 EOF/error */
-static int vb_recv_some(int fd, void *buf, size_t *have, size_t want)
-{
-    while (*have < want) {
-        ssize_t n = recv(fd, (char *)buf + *have, want - *have, 0);
-        if (n > 0) {
-            *have += (size_t)n;
-            continue;
-        }
-        if (n < 0 && (errno == EAGAIN || errno == EINTR))
-            return 0;
-        return -1;
-    }
-    return 1;
-}
 
 /* ------------------------------------------------------------------------ */
 /* rails: posting and retiring                                               */
@@ -1175,7 +332,7 @@ static int vb_rail_kick(struct vb_rail *r)
             char why[128];
             snprintf(why, sizeof(why), "ibv_post_send on %s: %s",
                      ENG(vp->base.engine)->dev[r->ldev].name, strerror(rc));
-            vb_peer_failed(vp, vb_status(-1, rc), NULL, why);
+            vb_peer_failed(vp, kvr_verbs_status(-1, rc), NULL, why);
             return n;
         }
         n++;
@@ -1216,7 +373,7 @@ static void vb_peer_failed(struct vb_peer *vp, kvr_status_t first, struct vb_dli
     for (int i = 0; i < vp->nrails; i++) {
         struct vb_rail *r = &vp->rail[i];
         if (r->qp)
-            vb_qp_to_error(r->qp);
+            kvr_verbs_qp_to_error(r->qp);
         /* in flight: the failing list gets its own status, the others peer failure */
         for (; r->done < r->posted; r->done++) {
             struct vb_slot *sl = &r->slots[r->done % depth];
@@ -1276,7 +433,7 @@ static void vb_peer_transports(struct vb_peer *vp, const char *state)
                                 d->port, rd->name, rd->port);
     }
     if (len < cap)
-        snprintf(t + len, cap - len, " %s %s", vb_gid_type_str(ve->dev[0].gid_type), state);
+        snprintf(t + len, cap - len, " %s %s", kvr_verbs_gid_type_str(ve->dev[0].gid_type), state);
 }
 
 static kvr_status_t vb_connect(kvr_xfer_peer_t *p, const void *addr, size_t len)
@@ -1301,7 +458,7 @@ static kvr_status_t vb_connect(kvr_xfer_peer_t *p, const void *addr, size_t len)
     vp->nrails = ve->ndev < a->ndev ? ve->ndev : a->ndev;
     kvr_status_t s;
     for (int i = 0; i < vp->nrails; i++) {
-        s = vb_check_pair(en, &ve->dev[i], &a->dev[i], vp->remote.host);
+        s = kvr_verbs_check_pair(en, &ve->dev[i], &a->dev[i], vp->remote.host);
         if (s != KVR_OK)
             return s;
     }
@@ -1327,10 +484,10 @@ static kvr_status_t vb_connect(kvr_xfer_peer_t *p, const void *addr, size_t len)
             s = KVR_ERR_NO_MEMORY;
             goto err_rails;
         }
-        s = vb_qp_create(ve, i, ve->sq_depth, 1, &r->cq, &r->qp);
+        s = kvr_verbs_qp_create(ve, i, ve->sq_depth, 1, &r->cq, &r->qp);
         if (s != KVR_OK)
             goto err_rails;
-        r->psn = vb_rand32() & 0xffffff;
+        r->psn = kvr_verbs_rand32() & 0xffffff;
         struct vb_wire_rail *w = &req->rail[i];
         w->dev = (uint32_t)i;
         w->qpn = r->qp->qp_num;
@@ -1348,14 +505,14 @@ static kvr_status_t vb_connect(kvr_xfer_peer_t *p, const void *addr, size_t len)
     vp->nmr = ibv_reg_mr(ve->dev[0].pd, vp->nbuf, (size_t)VB_NOTIF_SLOTS * VB_NOTIF_BUF,
                          IBV_ACCESS_LOCAL_WRITE);
     if (!vp->nmr) {
-        s = vb_status(-1, errno);
+        s = kvr_verbs_status(-1, errno);
         goto err_nbuf;
     }
     for (int i = 0; i < VB_NOTIF_SLOTS; i++)
         vp->nodes[i].item.kind = VB_ITEM_NOTIF;
     /* side channel: try the addresses in order */
     for (int i = 0; i < a->nip && vp->fd < 0; i++)
-        vp->fd = vb_tcp_connect(a->ip[i], a->tcp_port, VB_TCP_TIMEOUT);
+        vp->fd = kvr_verbs_tcp_connect(a->ip[i], a->tcp_port, VB_TCP_TIMEOUT);
     if (vp->fd < 0) {
         KVR_LOG_ERROR(COMP,
                       "%s: connect: side channel to %.64s (port %u, %u addresses, first "
@@ -1365,7 +522,7 @@ static kvr_status_t vb_connect(kvr_xfer_peer_t *p, const void *addr, size_t len)
         s = KVR_ERR_PEER_FAILURE;
         goto err_mr;
     }
-    if (vb_send_all(vp->fd, req, sizeof(*req), VB_TCP_TIMEOUT) != 0) {
+    if (kvr_verbs_send_all(vp->fd, req, sizeof(*req), VB_TCP_TIMEOUT) != 0) {
         KVR_LOG_ERROR(COMP, "%s: connect: sending the handshake to %.64s: %s", en, vp->remote.host,
                       strerror(errno));
         s = KVR_ERR_PEER_FAILURE;
@@ -1419,7 +576,7 @@ static void vb_peer_ready(struct vb_peer *vp)
     for (int i = 0; i < vp->nrails; i++) {
         struct vb_rail *r = &vp->rail[i];
         const struct vb_wire_rail *w = &rp->rail[i];
-        kvr_status_t s = vb_qp_connect(ve, r->ldev, r->qp, w, w->mtu, r->psn, w->rd_atom);
+        kvr_status_t s = kvr_verbs_qp_connect(ve, r->ldev, r->qp, w, w->mtu, r->psn, w->rd_atom);
         if (s != KVR_OK) {
             vb_peer_failed(vp, s, NULL, "QP to RTS failed");
             return;
@@ -1428,7 +585,7 @@ static void vb_peer_ready(struct vb_peer *vp)
     }
     vp->state = VB_READY;
     char st[64];
-    snprintf(st, sizeof(st), "mtu %s", vb_mtu_str((enum ibv_mtu)vp->mtu));
+    snprintf(st, sizeof(st), "mtu %s", kvr_verbs_mtu_str((enum ibv_mtu)vp->mtu));
     vb_peer_transports(vp, st);
     KVR_LOG_INFO(COMP, "%s: connected to %.64s over %s", vp->base.engine->name, vp->remote.host,
                  vp->base.transports);
@@ -1702,8 +859,8 @@ static void vb_inbound_accept(struct vb_inbound *in)
         struct vb_dev *d = &ve->dev[w->dev];
         in->rail[i].dev = (int)w->dev;
         in->nrails = (int)i + 1;
-        s = vb_qp_create(ve, (int)w->dev, 4, i == 0 ? VB_RQ_DEPTH : 0, &in->rail[i].cq,
-                         &in->rail[i].qp);
+        s = kvr_verbs_qp_create(ve, (int)w->dev, 4, i == 0 ? VB_RQ_DEPTH : 0, &in->rail[i].cq,
+                                &in->rail[i].qp);
         if (s != KVR_OK) {
             snprintf(rp->why, sizeof(rp->why), "creating a QP on %s failed", d->name);
             break;
@@ -1725,11 +882,11 @@ static void vb_inbound_accept(struct vb_inbound *in)
         }
         uint32_t mtu = w->mtu < (uint32_t)d->mtu ? w->mtu : (uint32_t)d->mtu;
         uint32_t rd = w->rd_atom < d->rd_atom ? w->rd_atom : d->rd_atom;
-        uint32_t psn = vb_rand32() & 0xffffff;
-        s = vb_qp_connect(ve, (int)w->dev, in->rail[i].qp, w, mtu, psn, rd);
+        uint32_t psn = kvr_verbs_rand32() & 0xffffff;
+        s = kvr_verbs_qp_connect(ve, (int)w->dev, in->rail[i].qp, w, mtu, psn, rd);
         if (s != KVR_OK) {
             snprintf(rp->why, sizeof(rp->why), "QP on %s to RTS failed (mtu %s)", d->name,
-                     vb_mtu_str((enum ibv_mtu)mtu));
+                     kvr_verbs_mtu_str((enum ibv_mtu)mtu));
             break;
         }
         struct vb_wire_rail *o = &rp->rail[i];
@@ -1741,14 +898,14 @@ static void vb_inbound_accept(struct vb_inbound *in)
         memcpy(o->gid, d->gid.raw, 16);
         if (mtu != (uint32_t)d->mtu || mtu != w->mtu)
             KVR_LOG_INFO(COMP, "%s: path MTU %s (local %s, %.64s %s)", en,
-                         vb_mtu_str((enum ibv_mtu)mtu), vb_mtu_str(d->mtu), rq->who,
-                         vb_mtu_str((enum ibv_mtu)w->mtu));
+                         kvr_verbs_mtu_str((enum ibv_mtu)mtu), kvr_verbs_mtu_str(d->mtu), rq->who,
+                         kvr_verbs_mtu_str((enum ibv_mtu)w->mtu));
     }
     rp->status = s;
     rp->nrails = rq->nrails;
     if (s != KVR_OK)
         KVR_LOG_ERROR(COMP, "%s: refused connection from %.64s: %s", en, rq->who, rp->why);
-    if (vb_send_all(in->fd, rp, sizeof(*rp), VB_TCP_TIMEOUT) != 0 || s != KVR_OK)
+    if (kvr_verbs_send_all(in->fd, rp, sizeof(*rp), VB_TCP_TIMEOUT) != 0 || s != KVR_OK)
         in->dead = true;
     else {
         in->ready = true;
@@ -1808,7 +965,7 @@ static int vb_poll_sockets(struct vb_engine *ve)
         struct vb_inbound *in = *pp;
         if (!in->dead) {
             if (!in->ready) {
-                int rc = vb_recv_some(in->fd, &in->req, &in->rlen, sizeof(in->req));
+                int rc = kvr_verbs_recv_some(in->fd, &in->req, &in->rlen, sizeof(in->req));
                 if (rc > 0)
                     vb_inbound_accept(in), n++;
                 else if (rc < 0)
@@ -1833,7 +990,7 @@ static int vb_poll_sockets(struct vb_engine *ve)
     }
     for (struct vb_peer *vp = ve->peers; vp; vp = vp->next) {
         if (vp->state == VB_CONNECTING) {
-            int rc = vb_recv_some(vp->fd, &vp->reply, &vp->rlen, sizeof(vp->reply));
+            int rc = kvr_verbs_recv_some(vp->fd, &vp->reply, &vp->rlen, sizeof(vp->reply));
             if (rc > 0)
                 vb_peer_ready(vp), n++;
             else if (rc < 0)
@@ -1902,7 +1059,7 @@ static int vb_rail_poll(struct vb_rail *r, uint32_t depth)
         vb_retire(r, seq, depth); /* everything before it on an RC QP succeeded */
         struct vb_slot *sl = &r->slots[seq % depth];
         struct vb_dlist *dl = sl->dl;
-        kvr_status_t s = vb_status((int)wc[i].status, 0);
+        kvr_status_t s = kvr_verbs_status((int)wc[i].status, 0);
         /* a target shutting down deregisters its regions before its QPs go:
          * an access error then means "gone", not "bad key" */
         bool gone = wc[i].status == IBV_WC_REM_ACCESS_ERR && vb_side_closed(vp, 200);

@@ -1,0 +1,255 @@
+/*
+ * verbs_internal.h - what verbs.c (engine, peers, data path, progress) and
+ * verbs_dev.c (status mapping, devices, GIDs, QP state changes, side-channel
+ * sockets) share.  Private to transport/verbs/.
+ */
+#ifndef KVR_VERBS_INTERNAL_H
+#define KVR_VERBS_INTERNAL_H
+
+#include "xfer_backend.h"
+
+#include "kvr_clock.h"
+#include "kvr_log.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <infiniband/verbs.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define COMP "verbs"
+
+#define VB_MAX_DEV       4
+#define VB_MAX_IP        8
+#define VB_SQ_DEPTH      512 /* send WRs in flight per rail (KVR_VERBS_SQ_DEPTH) */
+#define VB_RQ_DEPTH      64  /* notification receive buffers per inbound rail 0 */
+#define VB_NOTIF_SLOTS   64  /* notification send buffers per peer */
+#define VB_NOTIF_BUF     KVR_XFER_NOTIF_MAX
+#define VB_SIGNAL_EVERY  32
+#define VB_STRIPE_PIECE  (1u << 20)
+#define VB_MAX_WR_LEN    (1u << 30)
+#define VB_CQ_BATCH      32
+#define VB_HS_TIMEOUT_MS 10000
+#define VB_TCP_TIMEOUT   1000 /* ms per side-channel address tried */
+#define VB_POLL_EVERY_NS 1000000ull
+#define VB_HS_MAGIC      0x5652564bu /* "KVRV" */
+#define VB_HS_VERSION    1
+
+/* ------------------------------------------------------------------------ */
+/* objects                                                                   */
+
+struct vb_dev {
+    char name[64];
+    uint8_t port;
+    int gid_index;
+    struct ibv_context *ctx;
+    struct ibv_pd *pd;
+    union ibv_gid gid;
+    uint32_t gid_type; /* enum ibv_gid_type */
+    uint16_t lid;
+    uint8_t link_layer;
+    enum ibv_mtu mtu;
+    uint32_t speed_mbps;
+    uint32_t max_msg;
+    uint32_t rd_atom;
+    int numa;
+};
+
+/* wire form of one device in the address blob */
+struct vb_wire_dev {
+    char name[64];
+    uint8_t port, link_layer, mtu, pad;
+    uint32_t gid_index, gid_type, speed_mbps;
+    uint16_t lid, pad2;
+    uint8_t gid[16];
+} __attribute__((packed));
+
+struct vb_wire_addr {
+    uint32_t magic, version;
+    uint64_t nonce;
+    uint16_t tcp_port;
+    uint8_t ndev, nip;
+    uint8_t ip[VB_MAX_IP][4];
+    char host[64];
+    struct vb_wire_dev dev[VB_MAX_DEV];
+} __attribute__((packed));
+
+struct vb_wire_rail {
+    uint32_t dev; /* request: target device; reply: 0 */
+    uint32_t qpn, psn, mtu, rd_atom;
+    uint16_t lid, pad;
+    uint8_t gid[16];
+} __attribute__((packed));
+
+struct vb_hs {
+    uint32_t magic, version;
+    uint64_t nonce;
+    int32_t status; /* reply */
+    uint32_t nrails;
+    char who[64];  /* request: initiator name; reply: target name */
+    char why[160]; /* reply: the reason of a refusal */
+    struct vb_wire_rail rail[VB_MAX_DEV];
+} __attribute__((packed));
+
+struct vb_inbound;
+struct vb_peer;
+
+struct vb_engine {
+    struct kvr_xfer_engine base;
+    int ndev;
+    struct vb_dev dev[VB_MAX_DEV];
+    int lfd;
+    uint16_t lport;
+    uint64_t nonce;
+    uint32_t sq_depth;
+    int nip;
+    uint8_t ip[VB_MAX_IP][4];
+    struct vb_inbound *inbound;
+    struct vb_peer *peers;
+    uint64_t last_poll_ns;
+    char who[64]; /* "name pid N on host": names this end in the other's errors */
+};
+
+struct vb_mem {
+    struct kvr_xfer_mem base;
+    struct ibv_mr *mr[VB_MAX_DEV];
+};
+
+struct vb_rmem {
+    struct kvr_xfer_rmem base;
+    uint32_t nkey;
+    uint32_t rkey[VB_MAX_DEV];
+};
+
+struct vb_dlist;
+
+enum vb_item_kind { VB_ITEM_PART = 1, VB_ITEM_NOTIF = 2 };
+
+/* something waiting on a rail's FIFO */
+struct vb_item {
+    struct vb_item *next;
+    int kind;
+    bool queued;
+};
+
+/* the WRs of one list on one rail */
+struct vb_part {
+    struct vb_item item;
+    struct vb_dlist *dl;
+    uint32_t nwr, posted;
+    struct ibv_send_wr *wr;
+    struct ibv_sge *sge;
+};
+
+struct vb_notif {
+    struct vb_item item;
+    uint32_t slot, len;
+    uint64_t fence[VB_MAX_DEV]; /* other rails: enqueued count at notify time */
+};
+
+/* what a send-queue slot belongs to */
+struct vb_slot {
+    struct vb_dlist *dl; /* NULL for a notification, or once the list was released */
+    uint8_t kind;        /* VB_ITEM_PART or VB_ITEM_NOTIF */
+    uint8_t end;         /* last WR of its part */
+};
+
+struct vb_rail {
+    struct vb_peer *peer;
+    int ldev, rdev;
+    struct ibv_cq *cq;
+    struct ibv_qp *qp;
+    uint32_t psn;
+    uint32_t weight;
+    uint64_t posted, done, enq; /* WR counters: posted to the SQ, retired, enqueued */
+    struct vb_slot *slots;      /* sq_depth, indexed by seq % sq_depth */
+    struct vb_item *head, *tail;
+};
+
+enum vb_state { VB_CONNECTING = 0, VB_READY = 1, VB_FAILED = 2 };
+
+struct vb_peer {
+    struct kvr_xfer_peer base;
+    struct vb_peer *next;
+    int fd;
+    enum vb_state state;
+    uint64_t hs_deadline;
+    size_t rlen;
+    struct vb_hs reply;
+    struct vb_wire_addr remote;
+    int nrails;
+    struct vb_rail rail[VB_MAX_DEV];
+    char *nbuf; /* VB_NOTIF_SLOTS * VB_NOTIF_BUF, registered on rail 0's device */
+    struct ibv_mr *nmr;
+    uint64_t nb_head, nb_tail;
+    struct vb_notif nodes[VB_NOTIF_SLOTS];
+    uint32_t mtu;
+};
+
+struct vb_dlist {
+    struct kvr_xfer_dlist base;
+    int nparts;
+    uint32_t left; /* parts of the current post not yet complete */
+    kvr_status_t err;
+    struct vb_part part[VB_MAX_DEV];
+    void *mem;
+};
+
+/* an inbound connection on the target (no kvr_xfer_peer: the target never
+ * called connect) */
+struct vb_inbound {
+    struct vb_inbound *next;
+    struct vb_engine *eng;
+    int fd;
+    bool ready, dead;
+    char bye; /* sent on the side channel before closing: 'E' QP error, 'S' shutdown */
+    size_t rlen;
+    struct vb_hs req;
+    int nrails;
+    struct {
+        int dev;
+        struct ibv_cq *cq;
+        struct ibv_qp *qp;
+    } rail[VB_MAX_DEV];
+    char *rbuf; /* VB_RQ_DEPTH * VB_NOTIF_BUF on rail 0 */
+    struct ibv_mr *rmr;
+};
+
+#define ENG(e)   container_of((e), struct vb_engine, base)
+#define PEER(p)  container_of((p), struct vb_peer, base)
+#define MEM(m)   container_of((m), struct vb_mem, base)
+#define RMEM(r)  container_of((r), struct vb_rmem, base)
+#define DLIST(d) container_of((d), struct vb_dlist, base)
+
+/* verbs_dev.c */
+kvr_status_t kvr_verbs_status(int wc, int err);
+const char *kvr_verbs_mtu_str(enum ibv_mtu m);
+const char *kvr_verbs_gid_type_str(uint32_t t);
+bool kvr_verbs_gid_v4(const uint8_t *g);
+void kvr_verbs_gid_str(const uint8_t *g, char *buf, size_t cap);
+uint32_t kvr_verbs_rand32(void);
+kvr_status_t kvr_verbs_devices_open(struct vb_engine *ve);
+void kvr_verbs_dev_close(struct vb_dev *d);
+kvr_status_t kvr_verbs_listen(struct vb_engine *ve);
+kvr_status_t kvr_verbs_qp_create(struct vb_engine *ve, int dev, uint32_t sq, uint32_t rq,
+                                 struct ibv_cq **cq_p, struct ibv_qp **qp_p);
+kvr_status_t kvr_verbs_qp_connect(struct vb_engine *ve, int dev, struct ibv_qp *qp,
+                                  const struct vb_wire_rail *r, uint32_t mtu, uint32_t my_psn,
+                                  uint32_t rd_atom);
+void kvr_verbs_qp_to_error(struct ibv_qp *qp);
+kvr_status_t kvr_verbs_check_pair(const char *en, const struct vb_dev *l,
+                                  const struct vb_wire_dev *r, const char *rhost);
+int kvr_verbs_tcp_connect(const uint8_t ip[4], uint16_t port, int timeout_ms);
+int kvr_verbs_send_all(int fd, const void *buf, size_t len, int timeout_ms);
+int kvr_verbs_recv_some(int fd, void *buf, size_t *have, size_t want);
+
+#endif
