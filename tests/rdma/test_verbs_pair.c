@@ -19,7 +19,9 @@
  *                    a damaged rkey blob is refused
  *   --case mismatch  IPv4-mapped vs IPv6 GIDs: KVR_ERR_MISMATCH at connect;
  *                    unknown device and GID index refused at create
- *   --case bench     write bandwidth per message size (for bench-vm.sh)
+ *   --case bench     write bandwidth of one size and batch (by hand)
+ *   --case nodev     (on the host) no RDMA device: engine create fails cleanly
+ *                    with KVR_ERR_NO_RDMA
  *
  * --rounds N: write rounds of --case pair (default 4, alternating 64 KiB / 4 KiB).
  * --dev-a DEVS / --dev-b DEVS: devices of the initiator / target; --gid-a N /
@@ -31,6 +33,7 @@
 #include "kvr_status.h"
 
 #include <errno.h>
+#include <infiniband/verbs.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -537,6 +540,28 @@ static int case_bench(uint32_t size, uint32_t iters, uint32_t batch)
     return 0;
 }
 
+/* on a machine without any RDMA device (the build machines): engine create
+ * fails with KVR_ERR_NO_RDMA, cleanly; 77 where a device exists */
+static int case_nodev(void)
+{
+    int n = 0;
+    struct ibv_device **l = ibv_get_device_list(&n);
+    if (l)
+        ibv_free_device_list(l);
+    if (n > 0)
+        KVR_SKIP("this machine has %d RDMA device(s): the no-device case cannot be shown", n);
+    kvr_xfer_engine_t *e = NULL;
+    KVR_CHECK_STATUS(make_engine(NULL, -1, NULL, NULL, &e), KVR_ERR_NO_RDMA);
+    KVR_CHECK(e == NULL);
+    KVR_CHECK_STATUS(make_engine("rxe0", -1, NULL, NULL, &e), KVR_ERR_NO_RDMA);
+    int found = 0;
+    for (const char *const *b = kvr_xfer_backends(); *b; b++)
+        found |= strcmp(*b, "verbs") == 0;
+    KVR_CHECK(found);
+    printf("no RDMA device: KVR_ERR_NO_RDMA, as it should\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *cs = "pair";
@@ -562,6 +587,8 @@ int main(int argc, char **argv)
             batch = (uint32_t)strtoul(argv[i + 1], NULL, 0);
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (!strcmp(cs, "nodev"))
+        return case_nodev();
     kvr_xfer_engine_t *probe;
     kvr_status_t s = make_engine(dev_a, -1, NULL, NULL, &probe);
     if (s == KVR_ERR_NO_RDMA || s == KVR_ERR_NOT_FOUND)
