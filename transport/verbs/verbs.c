@@ -1065,9 +1065,9 @@ static int vb_rail_poll(struct vb_rail *r, uint32_t depth)
         bool gone = wc[i].status == IBV_WC_REM_ACCESS_ERR && vb_side_closed(vp, 200);
         if (gone)
             s = KVR_ERR_PEER_FAILURE;
-        char why[256];
+        char why[256]; /* logged once, by the core's kvr_xfer_peer_fail() */
         struct vb_engine *ve = ENG(vp->base.engine);
-        snprintf(why, sizeof(why), "%s on %s QP %u (%s of %.64s): %s%s",
+        snprintf(why, sizeof(why), "%s on %s QP %u (%s of %.64s): %s%s; that transfer: %s",
                  dl ? (dl->base.op == KVR_XFER_WRITE ? "RDMA WRITE" : "RDMA READ")
                     : "notification SEND",
                  ve->dev[r->ldev].name, r->qp->qp_num, vp->remote.dev[r->rdev].name,
@@ -1075,10 +1075,8 @@ static int vb_rail_poll(struct vb_rail *r, uint32_t depth)
                  gone ? " (the target shut down: its side channel closed)"
                  : wc[i].status == IBV_WC_REM_ACCESS_ERR
                      ? " (bad remote key, or the region was deregistered at the target)"
-                     : "");
-        if (wc[i].status != IBV_WC_WR_FLUSH_ERR)
-            KVR_LOG_ERROR(COMP, "%s: transfer failed: %s -> %s", ve->base.name, why,
-                          kvr_status_name(s));
+                     : "",
+                 kvr_status_name(s));
         vb_peer_failed(vp, s, dl, why);
     }
     if (n > 0 && vp->state == VB_READY)
