@@ -326,7 +326,10 @@ static void notify_abort(struct prefill *p, struct preq *r, kvr_status_t why)
  * waited for (bounded) before the staging blocks are reused. */
 static void req_fail(struct prefill *p, struct preq *r, kvr_status_t code, const char *msg)
 {
-    KVR_LOG_WARN(COMP, "request %" PRIu64 ": %s (%s)", r->id, msg, kvr_status_str(code));
+    if (code == KVR_ERR_CANCELED)
+        KVR_LOG_INFO(COMP, "request %" PRIu64 ": %s", r->id, msg);
+    else
+        KVR_LOG_WARN(COMP, "request %" PRIu64 ": %s (%s)", r->id, msg, kvr_status_str(code));
     notify_abort(p, r, code);
     if (r->dl)
         for (int32_t l = 0; l < r->layers_posted; l++)
@@ -477,14 +480,42 @@ static kvr_status_t apply_target(struct prefill *p, struct preq *r, const Kvrail
 /* ---- control messages (also called from inside the layer callback: never
  * starts a computation) ---- */
 
+static void queue_remove(struct prefill *p, struct preq *r)
+{
+    struct preq *prev = NULL;
+    for (struct preq *q = p->queue; q; prev = q, q = q->next)
+        if (q == r) {
+            if (prev)
+                prev->next = r->next;
+            else
+                p->queue = r->next;
+            if (p->queue_tail == r)
+                p->queue_tail = prev;
+            r->next = NULL;
+            p->queued_tokens -= (uint64_t)r->n_tokens;
+            return;
+        }
+}
+
 static void on_prefill(struct prefill *p, const Kvrail__Prefill *m)
 {
     const int32_t vocab = p->vocab, maxpos = kvr_model_max_pos(p->node.model);
     struct preq tmp = {.id = m->request_id, .t_recv = kvr_now_ns()};
     char msg[200];
-    if (find_req(p, m->request_id)) {
-        KVR_LOG_WARN(COMP, "request %" PRIu64 ": duplicate Prefill ignored", m->request_id);
-        return;
+    struct preq *old = find_req(p, m->request_id);
+    if (old) {
+        /* the router dispatches a request again (after a failure elsewhere):
+         * the earlier dispatch is abandoned, silently */
+        KVR_LOG_INFO(COMP, "request %" PRIu64 ": dispatched again; the earlier dispatch stops",
+                     m->request_id);
+        old->canceled = true;
+        if (old->state == PQ_QUEUED) {
+            queue_remove(p, old);
+            req_fail(p, old, KVR_ERR_CANCELED, "dispatched again");
+        } else if (old->state == PQ_AWAIT_TARGET) {
+            unlink_req(&p->active, old);
+            req_fail(p, old, KVR_ERR_CANCELED, "dispatched again");
+        }
     }
     if (m->n_token_ids == 0 || m->n_token_ids >= (size_t)maxpos) {
         snprintf(msg, sizeof msg, "prompt of %zu tokens: must be 1 .. %d", m->n_token_ids,
@@ -532,23 +563,6 @@ static void on_prefill(struct prefill *p, const Kvrail__Prefill *m)
         p->queue = r;
     p->queue_tail = r;
     p->queued_tokens += (uint64_t)r->n_tokens;
-}
-
-static void queue_remove(struct prefill *p, struct preq *r)
-{
-    struct preq *prev = NULL;
-    for (struct preq *q = p->queue; q; prev = q, q = q->next)
-        if (q == r) {
-            if (prev)
-                prev->next = r->next;
-            else
-                p->queue = r->next;
-            if (p->queue_tail == r)
-                p->queue_tail = prev;
-            r->next = NULL;
-            p->queued_tokens -= (uint64_t)r->n_tokens;
-            return;
-        }
 }
 
 static void on_target(struct prefill *p, const Kvrail__PrefillTarget *t)
