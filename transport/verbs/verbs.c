@@ -54,6 +54,10 @@
  */
 #include "verbs_internal.h"
 
+#include <sys/epoll.h>
+
+static void vb_efd_add(struct vb_engine *ve, int fd);
+
 /* ------------------------------------------------------------------------ */
 /* engine                                                                    */
 
@@ -61,6 +65,7 @@ static kvr_status_t vb_engine_init(kvr_xfer_engine_t *e)
 {
     struct vb_engine *ve = ENG(e);
     ve->lfd = -1;
+    ve->efd = -1;
     const char *d = getenv("KVR_VERBS_SQ_DEPTH");
     ve->sq_depth = d ? (uint32_t)strtoul(d, NULL, 10) : VB_SQ_DEPTH;
     if (ve->sq_depth < 4 || ve->sq_depth > 16384)
@@ -94,6 +99,8 @@ static void vb_engine_fini(kvr_xfer_engine_t *e)
     }
     if (ve->lfd >= 0)
         close(ve->lfd);
+    if (ve->efd >= 0)
+        close(ve->efd);
     for (int i = 0; i < ve->ndev; i++)
         kvr_verbs_dev_close(&ve->dev[i]);
 }
@@ -484,7 +491,11 @@ static kvr_status_t vb_connect(kvr_xfer_peer_t *p, const void *addr, size_t len)
             s = KVR_ERR_NO_MEMORY;
             goto err_rails;
         }
-        s = kvr_verbs_qp_create(ve, i, ve->sq_depth, 1, &r->cq, &r->qp);
+        s = kvr_verbs_qp_create(ve, i, ve->sq_depth, 1, &r->armed, &r->cq, &r->qp);
+        if (s == KVR_OK && ve->efd >= 0) {
+            ibv_req_notify_cq(r->cq, 0);
+            r->armed = true;
+        }
         if (s != KVR_OK)
             goto err_rails;
         r->psn = kvr_verbs_rand32() & 0xffffff;
@@ -529,6 +540,7 @@ static kvr_status_t vb_connect(kvr_xfer_peer_t *p, const void *addr, size_t len)
         goto err_fd;
     }
     free(req);
+    vb_efd_add(ve, vp->fd);
     vp->state = VB_CONNECTING;
     vp->hs_deadline = kvr_deadline_ns(VB_HS_TIMEOUT_MS);
     vb_peer_transports(vp, "connecting");
@@ -859,12 +871,14 @@ static void vb_inbound_accept(struct vb_inbound *in)
         struct vb_dev *d = &ve->dev[w->dev];
         in->rail[i].dev = (int)w->dev;
         in->nrails = (int)i + 1;
-        s = kvr_verbs_qp_create(ve, (int)w->dev, 4, i == 0 ? VB_RQ_DEPTH : 0, &in->rail[i].cq,
-                                &in->rail[i].qp);
+        s = kvr_verbs_qp_create(ve, (int)w->dev, 4, i == 0 ? VB_RQ_DEPTH : 0, &in->armed,
+                                &in->rail[i].cq, &in->rail[i].qp);
         if (s != KVR_OK) {
             snprintf(rp->why, sizeof(rp->why), "creating a QP on %s failed", d->name);
             break;
         }
+        if (i == 0 && ve->efd >= 0)
+            in->armed = ibv_req_notify_cq(in->rail[0].cq, 0) == 0;
         if (i == 0) {
             in->rbuf = aligned_alloc(4096, (size_t)VB_RQ_DEPTH * VB_NOTIF_BUF);
             in->rmr = in->rbuf ? ibv_reg_mr(d->pd, in->rbuf, (size_t)VB_RQ_DEPTH * VB_NOTIF_BUF,
@@ -914,10 +928,71 @@ static void vb_inbound_accept(struct vb_inbound *in)
     free(rp);
 }
 
+/* ------------------------------------------------------------------------ */
+/* event fd: an epoll set of the side-channel sockets and the CQ channels    */
+
+/* polls a CQ; when it is empty and an event fd exists, arms it and polls
+ * once more (a completion between the poll and the arm raises no event) */
+static int vb_cq_poll(struct vb_engine *ve, struct ibv_cq *cq, bool *armed, struct ibv_wc *wc)
+{
+    int n = ibv_poll_cq(cq, VB_CQ_BATCH, wc);
+    if (n == 0 && ve->efd >= 0 && !*armed) {
+        ibv_req_notify_cq(cq, 0);
+        *armed = true;
+        n = ibv_poll_cq(cq, VB_CQ_BATCH, wc);
+    }
+    return n;
+}
+
+static void vb_efd_add(struct vb_engine *ve, int fd)
+{
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
+    if (ve->efd >= 0 && fd >= 0)
+        epoll_ctl(ve->efd, EPOLL_CTL_ADD, fd, &ev);
+}
+
+/* reads and acknowledges CQ events: their CQs are disarmed */
+static void vb_drain_cq_events(struct vb_engine *ve)
+{
+    for (int i = 0; i < ve->ndev; i++) {
+        struct ibv_cq *cq;
+        void *ctx;
+        while (ve->dev[i].chan && ibv_get_cq_event(ve->dev[i].chan, &cq, &ctx) == 0) {
+            ibv_ack_cq_events(cq, 1);
+            *(bool *)ctx = false;
+        }
+    }
+}
+
+static kvr_status_t vb_event_fd(kvr_xfer_engine_t *e, int *fd_p)
+{
+    struct vb_engine *ve = ENG(e);
+    if (ve->efd < 0) {
+        ve->efd = epoll_create1(EPOLL_CLOEXEC);
+        if (ve->efd < 0)
+            return kvr_verbs_status(-1, errno);
+        vb_efd_add(ve, ve->lfd);
+        for (int i = 0; i < ve->ndev; i++)
+            vb_efd_add(ve, ve->dev[i].chan->fd);
+        for (struct vb_peer *vp = ve->peers; vp; vp = vp->next) {
+            vb_efd_add(ve, vp->fd);
+            for (int i = 0; i < vp->nrails; i++)
+                vp->rail[i].armed = ibv_req_notify_cq(vp->rail[i].cq, 0) == 0;
+        }
+        for (struct vb_inbound *in = ve->inbound; in; in = in->next) {
+            vb_efd_add(ve, in->fd);
+            if (in->rail[0].cq)
+                in->armed = ibv_req_notify_cq(in->rail[0].cq, 0) == 0;
+        }
+    }
+    *fd_p = ve->efd;
+    return KVR_OK;
+}
+
 static int vb_inbound_poll_cq(struct vb_inbound *in)
 {
     struct ibv_wc wc[VB_CQ_BATCH];
-    int n = in->rail[0].cq ? ibv_poll_cq(in->rail[0].cq, VB_CQ_BATCH, wc) : 0;
+    int n = in->rail[0].cq ? vb_cq_poll(in->eng, in->rail[0].cq, &in->armed, wc) : 0;
     for (int i = 0; i < n; i++) {
         if (wc[i].status != IBV_WC_SUCCESS) {
             if (!in->dead && wc[i].status != IBV_WC_WR_FLUSH_ERR)
@@ -957,6 +1032,7 @@ static int vb_poll_sockets(struct vb_engine *ve)
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         in->fd = fd;
         in->eng = ve;
+        vb_efd_add(ve, fd);
         in->next = ve->inbound;
         ve->inbound = in;
         n++;
@@ -1046,7 +1122,7 @@ static bool vb_side_closed(struct vb_peer *vp, int timeout_ms)
 static int vb_rail_poll(struct vb_rail *r, uint32_t depth)
 {
     struct ibv_wc wc[VB_CQ_BATCH];
-    int n = ibv_poll_cq(r->cq, VB_CQ_BATCH, wc);
+    int n = vb_cq_poll(ENG(r->peer->base.engine), r->cq, &r->armed, wc);
     struct vb_peer *vp = r->peer;
     for (int i = 0; i < n && vp->state != VB_FAILED; i++) {
         uint64_t seq = wc[i].wr_id;
@@ -1088,6 +1164,8 @@ static int vb_progress(kvr_xfer_engine_t *e)
 {
     struct vb_engine *ve = ENG(e);
     int n = 0;
+    if (ve->efd >= 0)
+        vb_drain_cq_events(ve);
     /* completions first: what finished before a peer died still counts */
     for (struct vb_peer *vp = ve->peers; vp; vp = vp->next) {
         if (vp->state != VB_READY)
@@ -1132,4 +1210,5 @@ const struct kvr_xfer_ops kvr_xfer_verbs_ops = {
     .notify = vb_notify,
     .peer_idle = vb_peer_idle,
     .progress = vb_progress,
+    .event_fd = vb_event_fd,
 };

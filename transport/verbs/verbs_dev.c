@@ -245,6 +245,13 @@ static kvr_status_t vb_dev_open(struct vb_engine *ve, struct ibv_device *ibdev, 
         s = kvr_verbs_status(-1, errno);
         goto err_close;
     }
+    d->chan = ibv_create_comp_channel(d->ctx);
+    if (!d->chan) {
+        KVR_LOG_ERROR(COMP, "%s: %s: ibv_create_comp_channel: %s", en, d->name, strerror(errno));
+        s = kvr_verbs_status(-1, errno);
+        goto err_pd;
+    }
+    fcntl(d->chan->fd, F_SETFL, fcntl(d->chan->fd, F_GETFL) | O_NONBLOCK);
     char g[64];
     kvr_verbs_gid_str(d->gid.raw, g, sizeof(g));
     KVR_LOG_INFO(COMP, "%s: using %s:%u gid[%d] %s (%s) mtu %s %u Mb/s numa %d", en, d->name, port,
@@ -252,6 +259,9 @@ static kvr_status_t vb_dev_open(struct vb_engine *ve, struct ibv_device *ibdev, 
                  d->speed_mbps, d->numa);
     return KVR_OK;
 
+err_pd:
+    ibv_dealloc_pd(d->pd);
+    d->pd = NULL;
 err_close:
     ibv_close_device(d->ctx);
     d->ctx = NULL;
@@ -260,6 +270,9 @@ err_close:
 
 void kvr_verbs_dev_close(struct vb_dev *d)
 {
+    if (d->chan)
+        ibv_destroy_comp_channel(d->chan);
+    d->chan = NULL;
     if (d->pd)
         ibv_dealloc_pd(d->pd);
     if (d->ctx)
@@ -439,10 +452,11 @@ kvr_status_t kvr_verbs_listen(struct vb_engine *ve)
 /* queue pairs                                                               */
 
 kvr_status_t kvr_verbs_qp_create(struct vb_engine *ve, int dev, uint32_t sq, uint32_t rq,
-                                 struct ibv_cq **cq_p, struct ibv_qp **qp_p)
+                                 bool *armed, struct ibv_cq **cq_p, struct ibv_qp **qp_p)
 {
     struct vb_dev *d = &ve->dev[dev];
-    struct ibv_cq *cq = ibv_create_cq(d->ctx, (int)(sq + rq + 8), NULL, NULL, 0);
+    /* cq_context: the flag that says the CQ is armed (cleared by its event) */
+    struct ibv_cq *cq = ibv_create_cq(d->ctx, (int)(sq + rq + 8), armed, d->chan, 0);
     if (!cq) {
         KVR_LOG_ERROR(COMP, "%s: %s: ibv_create_cq: %s", ve->base.name, d->name, strerror(errno));
         return kvr_verbs_status(-1, errno);

@@ -53,6 +53,7 @@ struct vb_dev {
     int gid_index;
     struct ibv_context *ctx;
     struct ibv_pd *pd;
+    struct ibv_comp_channel *chan; /* CQ events, for kvr_xfer_event_fd() */
     union ibv_gid gid;
     uint32_t gid_type; /* enum ibv_gid_type */
     uint16_t lid;
@@ -108,6 +109,7 @@ struct vb_engine {
     int ndev;
     struct vb_dev dev[VB_MAX_DEV];
     int lfd;
+    int efd; /* epoll set behind kvr_xfer_event_fd(); -1 until asked for */
     uint16_t lport;
     uint64_t nonce;
     uint32_t sq_depth;
@@ -168,6 +170,7 @@ struct vb_rail {
     int ldev, rdev;
     struct ibv_cq *cq;
     struct ibv_qp *qp;
+    bool armed; /* CQ armed for an event (only with an event fd) */
     uint32_t psn;
     uint32_t weight;
     uint64_t posted, done, enq; /* WR counters: posted to the SQ, retired, enqueued */
@@ -211,7 +214,8 @@ struct vb_inbound {
     struct vb_engine *eng;
     int fd;
     bool ready, dead;
-    char bye; /* sent on the side channel before closing: 'E' QP error, 'S' shutdown */
+    bool armed; /* rail 0's CQ armed for an event */
+    char bye;   /* sent on the side channel before closing: 'E' QP error, 'S' shutdown */
     size_t rlen;
     struct vb_hs req;
     int nrails;
@@ -241,7 +245,7 @@ kvr_status_t kvr_verbs_devices_open(struct vb_engine *ve);
 void kvr_verbs_dev_close(struct vb_dev *d);
 kvr_status_t kvr_verbs_listen(struct vb_engine *ve);
 kvr_status_t kvr_verbs_qp_create(struct vb_engine *ve, int dev, uint32_t sq, uint32_t rq,
-                                 struct ibv_cq **cq_p, struct ibv_qp **qp_p);
+                                 bool *armed, struct ibv_cq **cq_p, struct ibv_qp **qp_p);
 kvr_status_t kvr_verbs_qp_connect(struct vb_engine *ve, int dev, struct ibv_qp *qp,
                                   const struct vb_wire_rail *r, uint32_t mtu, uint32_t my_psn,
                                   uint32_t rd_atom);
