@@ -116,7 +116,7 @@ static inline __attribute__((always_inline)) float ld1(const void *w, int32_t dt
     return (float)h;
 }
 
-static inline float hsum(v16f v)
+static inline __attribute__((always_inline)) float hsum(v16f v)
 {
     float s = 0;
     for (int i = 0; i < 16; i++)

@@ -1,0 +1,322 @@
+/*
+ * test_engine_ops.c - every op of the CPU compute backend against a plain
+ * scalar C version written here (double accumulation): matmul for each
+ * dtype, row counts on both sides of the GEMV/sgemm switch, sizes that are
+ * not multiples of the kernel tiles, bias and accumulate; the batch
+ * invariance of KVR_MM_INVARIANT; rmsnorm, rope, swiglu (large
+ * arguments of exp too); attention through scattered block tables on the
+ * GEMM path (prefill rows) and the per-row path (decode rows), with GQA and
+ * a sliding window.  Threads 1 and 3.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvr_compute_backend.h"
+#include "kvr_test.h"
+
+static unsigned rs = 12345;
+static float frand(void)
+{
+    rs = rs * 1103515245u + 12345u;
+    return (float)((rs >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+static uint16_t to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16);
+}
+
+static float from_bf16(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint16_t to_f16(float f) /* |f| < 2, normal range only (test data) */
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000;
+    int32_t e = (int32_t)((u >> 23) & 0xff) - 127 + 15;
+    if (e <= 0)
+        return (uint16_t)sign;
+    return (uint16_t)(sign | ((uint32_t)e << 10) | ((u >> 13) & 0x3ff));
+}
+
+static float from_f16(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
+    u = e == 0 ? sign : sign | ((e + 112) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static float maxdiff(const float *a, const float *b, size_t n)
+{
+    float m = 0;
+    for (size_t i = 0; i < n; i++) {
+        float d = fabsf(a[i] - b[i]);
+        if (!(d <= m)) /* NaN counts */
+            m = isnan(d) ? INFINITY : d;
+    }
+    return m;
+}
+
+static void test_matmul(struct kvr_compute_backend *be)
+{
+    const int Ms[] = {1, 2, 3, 4, 5, 7, 31, 32, 33, 70};
+    const int NK[][2] = {{37, 19}, {64, 64}, {130, 48}, {9, 200}};
+    for (int dt = 0; dt < 3; dt++) {
+        for (size_t s = 0; s < sizeof(NK) / sizeof(NK[0]); s++) {
+            int N = NK[s][0], K = NK[s][1];
+            float *wf = malloc((size_t)N * (size_t)K * 4);
+            uint16_t *wh = malloc((size_t)N * (size_t)K * 2);
+            for (int i = 0; i < N * K; i++) {
+                float v = frand();
+                if (dt == KVR_DT_BF16) {
+                    wh[i] = to_bf16(v);
+                    v = from_bf16(wh[i]);
+                } else if (dt == KVR_DT_F16) {
+                    wh[i] = to_f16(v);
+                    v = from_f16(wh[i]);
+                }
+                wf[i] = v;
+            }
+            struct kvr_weight w = {.data = dt == KVR_DT_F32 ? (void *)wf : (void *)wh,
+                                   .dtype = dt,
+                                   .rows = N,
+                                   .cols = K};
+            float *bias = malloc((size_t)N * 4);
+            for (int i = 0; i < N; i++)
+                bias[i] = frand();
+            for (size_t mi = 0; mi < sizeof(Ms) / sizeof(Ms[0]); mi++) {
+                int M = Ms[mi];
+                float *x = malloc((size_t)M * (size_t)K * 4),
+                      *y = malloc((size_t)M * (size_t)N * 4),
+                      *ref = malloc((size_t)M * (size_t)N * 4);
+                for (int i = 0; i < M * K; i++)
+                    x[i] = frand();
+                for (int acc = 0; acc < 2; acc++) {
+                    for (int i = 0; i < M * N; i++)
+                        y[i] = ref[i] = acc ? frand() : 0.0f;
+                    for (int m = 0; m < M; m++)
+                        for (int n = 0; n < N; n++) {
+                            double d = 0;
+                            for (int k = 0; k < K; k++)
+                                d += (double)x[m * K + k] * wf[n * K + k];
+                            d += bias[n];
+                            ref[m * N + n] = (float)(acc ? ref[m * N + n] + d : d);
+                        }
+                    be->ops->matmul(be, y, x, M, &w, bias, acc ? KVR_MM_ACCUMULATE : 0);
+                    float e = maxdiff(y, ref, (size_t)M * (size_t)N);
+                    if (!(e < 1e-4f))
+                        fprintf(stderr, "matmul dtype %d M %d N %d K %d acc %d: max diff %g\n", dt,
+                                M, N, K, acc, e);
+                    KVR_CHECK(e < 1e-4f);
+                }
+                /* invariance: each row alone gives the same bits as the batch */
+                be->ops->matmul(be, y, x, M, &w, NULL, KVR_MM_INVARIANT);
+                for (int m = 0; m < M; m++) {
+                    be->ops->matmul(be, ref, x + (size_t)m * (size_t)K, 1, &w, NULL,
+                                    KVR_MM_INVARIANT);
+                    KVR_CHECK(memcmp(ref, y + (size_t)m * (size_t)N, (size_t)N * 4) == 0);
+                }
+                free(x);
+                free(y);
+                free(ref);
+            }
+            free(wf);
+            free(wh);
+            free(bias);
+        }
+    }
+}
+
+static void test_small_ops(struct kvr_compute_backend *be)
+{
+    enum { M = 20, D = 72, H = 3, HD = 24 };
+    float x[M * D], y[M * D], ref[M * D], w[D];
+    for (int i = 0; i < M * D; i++)
+        x[i] = frand() * 3;
+    for (int i = 0; i < D; i++)
+        w[i] = 1 + frand() * 0.2f;
+    for (int m = 0; m < M; m++) {
+        double ss = 0;
+        for (int i = 0; i < D; i++)
+            ss += (double)x[m * D + i] * x[m * D + i];
+        double s = 1.0 / sqrt(ss / D + 1e-5);
+        for (int i = 0; i < D; i++)
+            ref[m * D + i] = (float)(x[m * D + i] * s * w[i]);
+    }
+    be->ops->rmsnorm(be, y, x, M, D, w, 1e-5f);
+    KVR_CHECK(maxdiff(y, ref, M * D) < 1e-5f);
+
+    /* rope on [M][H][HD] */
+    float inv[HD / 2];
+    int32_t pos[M];
+    for (int i = 0; i < HD / 2; i++)
+        inv[i] = (float)(1.0 / pow(10000.0, 2.0 * i / HD));
+    for (int m = 0; m < M; m++)
+        pos[m] = m * 37;
+    memcpy(y, x, sizeof(float) * M * H * HD);
+    for (int m = 0; m < M; m++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < HD / 2; i++) {
+                const float *v = x + (m * H + h) * HD;
+                double a = (double)pos[m] * inv[i];
+                ref[(m * H + h) * HD + i] = (float)(v[i] * cos(a) - v[i + HD / 2] * sin(a));
+                ref[(m * H + h) * HD + i + HD / 2] =
+                    (float)(v[i + HD / 2] * cos(a) + v[i] * sin(a));
+            }
+    be->ops->rope(be, y, M, H, HD, pos, inv);
+    KVR_CHECK(maxdiff(y, ref, M * H * HD) < 2e-4f);
+
+    /* swiglu, including arguments where exp over/underflows */
+    enum { NS = 40000 };
+    float *g = malloc(NS * 4), *u = malloc(NS * 4), *r = malloc(NS * 4);
+    for (int i = 0; i < NS; i++) {
+        g[i] = frand() * (i % 100 == 0 ? 200.0f : 12.0f);
+        u[i] = frand();
+        r[i] = (float)(g[i] / (1.0 + exp(-(double)g[i])) * u[i]);
+    }
+    be->ops->swiglu(be, g, u, NS);
+    float e = 0;
+    for (int i = 0; i < NS; i++) {
+        float d = fabsf(g[i] - r[i]) / (1.0f + fabsf(r[i]));
+        e = d > e ? d : e;
+    }
+    KVR_CHECK(e < 1e-5f);
+    free(g);
+    free(u);
+    free(r);
+}
+
+/* attention of n_rows rows at positions pos[], against a naive version. */
+static void check_attention(struct kvr_compute_backend *be, int H, int Hkv, int hd, int bs,
+                            int window, int n_rows, const int32_t *pos, int same_seq)
+{
+    struct kvr_kv_layout l = {
+        .n_layers = 1, .n_kv_heads = Hkv, .head_dim = hd, .block_size = bs, .dtype = KVR_KV_F32};
+    int max_pos = 0;
+    for (int r = 0; r < n_rows; r++)
+        max_pos = pos[r] > max_pos ? pos[r] : max_pos;
+    int nb = max_pos / bs + 1, n_seq = same_seq ? 1 : n_rows, pool_blocks = nb * n_seq * 2 + 3;
+    float *slab = calloc(1, kvr_kv_layer_bytes(&l, pool_blocks));
+    int32_t *tables = malloc((size_t)nb * (size_t)n_seq * 4);
+    const int32_t **bt = malloc((size_t)n_rows * sizeof(*bt));
+    for (int s = 0; s < n_seq; s++)
+        for (int i = 0; i < nb; i++)
+            tables[s * nb + i] = pool_blocks - 1 - 2 * (s * nb + i); /* scattered */
+    for (int r = 0; r < n_rows; r++)
+        bt[r] = tables + (same_seq ? 0 : r) * nb;
+    /* random K/V everywhere */
+    size_t nf = kvr_kv_layer_bytes(&l, pool_blocks) / 4;
+    for (size_t i = 0; i < nf; i++)
+        slab[i] = frand();
+    float *q = malloc((size_t)n_rows * (size_t)H * (size_t)hd * 4);
+    float *out = malloc((size_t)n_rows * (size_t)H * (size_t)hd * 4);
+    float *ref = malloc((size_t)n_rows * (size_t)H * (size_t)hd * 4);
+    for (int i = 0; i < n_rows * H * hd; i++)
+        q[i] = frand() * 2;
+    float scale = 1.0f / sqrtf((float)hd);
+    double *sc = malloc(sizeof(double) * (size_t)(max_pos + 1));
+    for (int r = 0; r < n_rows; r++) {
+        for (int h = 0; h < H; h++) {
+            int kvh = h / (H / Hkv),
+                lo = window && pos[r] - window + 1 > 0 ? pos[r] - window + 1 : 0;
+            const float *qv = q + (r * H + h) * hd;
+            double mx = -1e300, sum = 0;
+            for (int t = lo; t <= pos[r]; t++) {
+                const float *k = slab + kvr_kv_offset(&l, bt[r][t / bs], 0, kvh, t % bs);
+                double d = 0;
+                for (int i = 0; i < hd; i++)
+                    d += (double)qv[i] * k[i];
+                sc[t] = d * scale;
+                mx = sc[t] > mx ? sc[t] : mx;
+            }
+            for (int t = lo; t <= pos[r]; t++)
+                sum += (sc[t] = exp(sc[t] - mx));
+            for (int i = 0; i < hd; i++) {
+                double o = 0;
+                for (int t = lo; t <= pos[r]; t++)
+                    o += sc[t] / sum * slab[kvr_kv_offset(&l, bt[r][t / bs], 1, kvh, t % bs) + i];
+                ref[(r * H + h) * hd + i] = (float)o;
+            }
+        }
+    }
+    struct kvr_attn_args a = {.n_rows = n_rows,
+                              .pos = pos,
+                              .block_table = bt,
+                              .layer_base = slab,
+                              .layout = &l,
+                              .n_heads = H,
+                              .window = window,
+                              .scale = scale};
+    be->ops->attention(be, &a, q, out);
+    float e = maxdiff(out, ref, (size_t)n_rows * (size_t)H * (size_t)hd);
+    if (!(e < 2e-5f))
+        fprintf(stderr, "attention H %d Hkv %d hd %d bs %d window %d rows %d same %d: %g\n", H, Hkv,
+                hd, bs, window, n_rows, same_seq, e);
+    KVR_CHECK(e < 2e-5f);
+    free(slab);
+    free(tables);
+    free(bt);
+    free(q);
+    free(out);
+    free(ref);
+    free(sc);
+}
+
+static void test_attention(struct kvr_compute_backend *be)
+{
+    int32_t pos[300];
+    /* prefill rows: one sequence, consecutive positions (GEMM path), from 0
+     * and continuing after a cached prefix, more rows than a 128-row tile */
+    for (int i = 0; i < 300; i++)
+        pos[i] = i;
+    check_attention(be, 4, 4, 16, 16, 0, 40, pos, 1);
+    check_attention(be, 8, 2, 24, 8, 0, 200, pos, 1);
+    check_attention(be, 4, 1, 32, 16, 50, 200, pos, 1);
+    for (int i = 0; i < 150; i++)
+        pos[i] = 77 + i;
+    check_attention(be, 6, 3, 16, 4, 0, 150, pos, 1);
+    check_attention(be, 6, 3, 16, 4, 30, 150, pos, 1);
+    /* decode rows: different sequences and lengths (per-row path) */
+    for (int i = 0; i < 12; i++)
+        pos[i] = (i * 29) % 97;
+    check_attention(be, 4, 4, 16, 16, 0, 12, pos, 0);
+    check_attention(be, 8, 2, 20, 8, 0, 12, pos, 0);
+    check_attention(be, 8, 2, 64, 16, 13, 12, pos, 0);
+    /* few rows of one sequence (per-row path for prefill) */
+    for (int i = 0; i < 5; i++)
+        pos[i] = 60 + i;
+    check_attention(be, 4, 2, 16, 16, 0, 5, pos, 1);
+}
+
+int main(void)
+{
+    const int threads[] = {1, 3};
+    for (int t = 0; t < 2; t++) {
+        struct kvr_backend_params p = {.n_threads = threads[t],
+                                       .max_rows = 512,
+                                       .max_cols = 256,
+                                       .max_seq_len = 1024,
+                                       .max_head_dim = 64,
+                                       .gemv_max_rows = KVR_GEMV_ROWS};
+        struct kvr_compute_backend *be;
+        KVR_CHECK_STATUS(kvr_cpu_ops.create(&p, &be), KVR_OK);
+        test_matmul(be);
+        test_small_ops(be);
+        test_attention(be);
+        be->ops->destroy(be);
+        printf("cpu backend ops, %d thread(s): ok\n", threads[t]);
+    }
+    return 0;
+}
