@@ -973,7 +973,7 @@ int main(int argc, char **argv)
             busy |= r->state == DR_READY || r->state == DR_LOCAL_PREFILL;
             waiting |= r->state == DR_RESERVED || r->state == DR_QUARANTINE;
         }
-        kvr_node_poll(&d->node, busy ? 0 : waiting ? 1 : 20);
+        kvr_node_poll(&d->node, busy ? 0 : waiting ? 5 : 20); /* the event fd wakes it */
         check_leases(d);
         /* one local prefill per turn (oldest first), so running sequences
          * keep stepping between prefills */

@@ -21,6 +21,7 @@ figure least disturbed by other work on the machine.
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -81,6 +82,7 @@ def run_one(bins, wd, model, mode, args, rep):
 def paired(bins, wd, model, args):
     """Both clusters up; prompt k goes to colocated, then to disaggregated."""
     cls = {}
+    os.environ["KVR_LOG_LEVEL"] = "debug"  # per-request compute times in the node logs
     try:
         for mode, thr in (("coloc", 1 << 30), ("disagg", 32)):
             sub = os.path.join(wd, "paired-" + mode)
@@ -104,8 +106,16 @@ def paired(bins, wd, model, args):
                     s = json.load(f)
                 if k >= 0:
                     ttft[mode].append(s["ttft_ms"]["p50"])
-        return ttft
+        # compute time of each prefill, from the node that ran it
+        comp = {}
+        for mode, node, pat in (("coloc", "decode0", r"local prefill of \d+ tokens \(\d+ cached\) in (\d+) us"),
+                                ("disagg", "prefill0", r"compute (\d+) us")):
+            with open(cls[mode].logs[node]) as f:
+                vals = [int(m.group(1)) / 1000.0 for m in (re.search(pat, l) for l in f) if m]
+            comp[mode] = vals[2:]  # after the warm-up pair
+        return ttft, comp
     finally:
+        os.environ.pop("KVR_LOG_LEVEL", None)
         for c in cls.values():
             c.stop()
 
@@ -145,31 +155,33 @@ def main():
     for rep in range(args.reps):
         for mode in ("coloc", "disagg"):
             res[mode].append(run_one(bins, wd, model, mode, args, rep))
-    best = {m: min(v, key=lambda s: s["ttft_ms"]["p50"]) for m, v in res.items()}
-    print("\nmodel: %s; prompt %d tokens, output %d, %s, %d requests, best of %d" % (
-        args.model_args, args.prompt_len, args.output_len,
-        "open loop %.2f req/s" % args.open_rate if args.open_rate else "closed loop, 1 in flight",
-        args.requests, args.reps))
-    print("| mode | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | TPOT p50 ms | ITL p99 ms | tok/s | KV bytes/req |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for m in ("coloc", "disagg"):
-        s = best[m]
-        print("| %s | %.2f | %.2f | %.2f | %.3f | %.3f | %.1f | %d |" % (
-            "colocated" if m == "coloc" else "disaggregated 1P+1D", s["ttft_ms"]["p50"],
-            s["ttft_ms"]["p90"], s["ttft_ms"]["p99"], s["tpot_ms"]["p50"], s["itl_ms"]["p99"],
-            s["out_tok_per_s"], s["kv_bytes"] // max(1, s["ok"])))
-    for m in ("coloc", "disagg"):
-        rs = best[m].get("router", {})
-        print("router overhead per request (%s): p50 %.1f us, p99 %.1f us" % (
-            m, rs.get("overhead_p50_ns", 0) / 1e3, rs.get("overhead_p99_ns", 0) / 1e3))
-    ratio = best["disagg"]["ttft_ms"]["p50"] / best["coloc"]["ttft_ms"]["p50"]
-    print("TTFT p50 disaggregated / colocated = %.3f (target <= 1.10)" % ratio)
-    print("all runs (TTFT p50 ms): colocated %s, disaggregated %s" % (
-        [round(s["ttft_ms"]["p50"], 2) for s in res["coloc"]],
-        [round(s["ttft_ms"]["p50"], 2) for s in res["disagg"]]))
-    out = {"best": best, "all": res, "ratio": ratio}
+    out = {}
+    if args.reps > 0:
+        best = {m: min(v, key=lambda s: s["ttft_ms"]["p50"]) for m, v in res.items()}
+        print("\nmodel: %s; prompt %d tokens, output %d, %s, %d requests, best of %d" % (
+            args.model_args, args.prompt_len, args.output_len,
+            "open loop %.2f req/s" % args.open_rate if args.open_rate else "closed loop, 1 in flight",
+            args.requests, args.reps))
+        print("| mode | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | TPOT p50 ms | ITL p99 ms | tok/s | KV bytes/req |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for m in ("coloc", "disagg"):
+            s = best[m]
+            print("| %s | %.2f | %.2f | %.2f | %.3f | %.3f | %.1f | %d |" % (
+                "colocated" if m == "coloc" else "disaggregated 1P+1D", s["ttft_ms"]["p50"],
+                s["ttft_ms"]["p90"], s["ttft_ms"]["p99"], s["tpot_ms"]["p50"], s["itl_ms"]["p99"],
+                s["out_tok_per_s"], s["kv_bytes"] // max(1, s["ok"])))
+        for m in ("coloc", "disagg"):
+            rs = best[m].get("router", {})
+            print("router overhead per request (%s): p50 %.1f us, p99 %.1f us" % (
+                m, rs.get("overhead_p50_ns", 0) / 1e3, rs.get("overhead_p99_ns", 0) / 1e3))
+        ratio = best["disagg"]["ttft_ms"]["p50"] / best["coloc"]["ttft_ms"]["p50"]
+        print("TTFT p50 disaggregated / colocated = %.3f (target <= 1.10)" % ratio)
+        print("all runs (TTFT p50 ms): colocated %s, disaggregated %s" % (
+            [round(s["ttft_ms"]["p50"], 2) for s in res["coloc"]],
+            [round(s["ttft_ms"]["p50"], 2) for s in res["disagg"]]))
+        out = {"best": best, "all": res, "ratio": ratio}
     if args.pairs > 0:
-        t = paired(bins, wd, model, args)
+        t, comp = paired(bins, wd, model, args)
         ratios = [d / c for c, d in zip(t["coloc"], t["disagg"])]
         print("\npaired: %d prompts of %d tokens, each sent to both clusters in turn (both up)" % (
             args.pairs, args.prompt_len))
@@ -180,7 +192,18 @@ def main():
                                                  pct(t[m], 0.5), pct(t[m], 0.9), min(t[m])))
         print("per-prompt TTFT ratio disaggregated / colocated: median %.3f, p10 %.3f, p90 %.3f "
               "(target <= 1.10)" % (pct(ratios, 0.5), pct(ratios, 0.1), pct(ratios, 0.9)))
-        out["paired"] = {"ttft": t, "ratio_median": pct(ratios, 0.5)}
+        out["paired"] = {"ttft": t, "ratio_median": pct(ratios, 0.5), "compute": comp}
+        if all(len(comp[m]) == len(t[m]) for m in t):
+            ovh = {m: [a - b for a, b in zip(t[m], comp[m])] for m in t}
+            print("prefill compute p50: colocated (decode node) %.2f ms, disaggregated (prefill "
+                  "node) %.2f ms" % (pct(comp["coloc"], 0.5), pct(comp["disagg"], 0.5)))
+            print("TTFT - compute (everything but the model), p50: colocated %.2f ms, "
+                  "disaggregated %.2f ms" % (pct(ovh["coloc"], 0.5), pct(ovh["disagg"], 0.5)))
+            print("disaggregated TTFT at colocated compute: (compute_coloc + overhead_disagg) / "
+                  "(compute_coloc + overhead_coloc) = %.3f" % (
+                      (pct(comp["coloc"], 0.5) + pct(ovh["disagg"], 0.5)) /
+                      (pct(comp["coloc"], 0.5) + pct(ovh["coloc"], 0.5))))
+            out["paired"]["overhead_ms"] = ovh
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(out, f, indent=1)
     return 0
