@@ -14,6 +14,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +52,25 @@ uint64_t rt_cpu_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+bool rt_bad_log_ok(rt_t *r)
+{
+    uint64_t now = kvr_now_ns();
+    if (now - r->bad_log_window_ns > 1000000000ull) {
+        if (r->bad_log_suppressed)
+            KVR_LOG_WARN("router", "%" PRIu64 " more log lines about bad input suppressed",
+                         r->bad_log_suppressed);
+        r->bad_log_window_ns = now;
+        r->bad_log_count = 0;
+        r->bad_log_suppressed = 0;
+    }
+    if (r->bad_log_count < 20) {
+        r->bad_log_count++;
+        return true;
+    }
+    r->bad_log_suppressed++;
+    return false;
 }
 
 void rt_samples_add(struct rt_samples *s, uint64_t ns)
@@ -210,9 +230,10 @@ static void drain(rt_t *r, void *sock, bool client)
         uint64_t now = kvr_now_ns();
         if (st != KVR_OK) {
             r->st.bad_frames++;
-            KVR_LOG_WARN("router", "%s endpoint: bad message from '%.*s': %s (%s)",
-                         client ? "client" : "node", (int)f.route_len, (const char *)f.route, err,
-                         kvr_status_name(st));
+            if (rt_bad_log_ok(r))
+                KVR_LOG_WARN("router", "%s endpoint: bad message from '%.*s': %s (%s)",
+                             client ? "client" : "node", (int)f.route_len, (const char *)f.route,
+                             err, kvr_status_name(st));
             if (f.route_len)
                 kvr_proto_send_error(sock, f.route, f.route_len,
                                      f.have_hdr && st != KVR_ERR_UNSUPPORTED ? f.hdr.method : 0u,
@@ -350,6 +371,8 @@ int main(int argc, char **argv)
             drain_monitor(r);
         now = kvr_now_ns();
         if (now >= next_tick) {
+            if (r->bad_log_suppressed && now - r->bad_log_window_ns > 1000000000ull)
+                rt_bad_log_ok(r); /* logs how many lines were suppressed */
             rt_nodes_tick(r, now);
             rt_requests_tick(r, now);
             next_tick = now + TICK_MS * 1000000ull;

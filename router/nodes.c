@@ -493,8 +493,10 @@ void rt_node_msg(rt_t *r, kvr_proto_frame_t *f, uint64_t now)
     kvr_status_t st = kvr_proto_decode(f, NULL, &m, err, sizeof(err));
     if (st != KVR_OK) {
         r->st.bad_frames++;
-        KVR_LOG_WARN("router", "node endpoint: bad %s from '%.*s': %s",
-                     kvr_proto_method_name(method), (int)f->route_len, (const char *)f->route, err);
+        if (rt_bad_log_ok(r))
+            KVR_LOG_WARN("router", "node endpoint: bad %s from '%.*s': %s",
+                         kvr_proto_method_name(method), (int)f->route_len, (const char *)f->route,
+                         err);
         kvr_proto_send_error(r->node_sock, f->route, f->route_len, method, f->hdr.call_id, st, "%s",
                              err);
         return;
@@ -515,8 +517,9 @@ void rt_node_msg(rt_t *r, kvr_proto_frame_t *f, uint64_t now)
             goto out;
         }
         r->st.bad_frames++;
-        KVR_LOG_WARN("router", "node endpoint: %s from unregistered peer '%.*s'",
-                     kvr_proto_method_name(method), (int)f->route_len, (const char *)f->route);
+        if (rt_bad_log_ok(r))
+            KVR_LOG_WARN("router", "node endpoint: %s from unregistered peer '%.*s'",
+                         kvr_proto_method_name(method), (int)f->route_len, (const char *)f->route);
         kvr_proto_send_error(r->node_sock, f->route, f->route_len, method, f->hdr.call_id,
                              KVR_ERR_NOT_FOUND,
                              "node '%.*s' is not registered: send REGISTER first",

@@ -786,8 +786,9 @@ static void bad_request(rt_t *r, const kvr_proto_frame_t *f, kvr_status_t code, 
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     r->st.bad_requests++;
-    KVR_LOG_INFO("router", "client call %" PRIu64 " (%s) refused: %s", f->hdr.call_id,
-                 kvr_proto_method_name(f->hdr.method), msg);
+    if (rt_bad_log_ok(r))
+        KVR_LOG_INFO("router", "client call %" PRIu64 " (%s) refused: %s", f->hdr.call_id,
+                     kvr_proto_method_name(f->hdr.method), msg);
     kvr_proto_send_error(r->client_sock, f->route, f->route_len, f->hdr.method, f->hdr.call_id,
                          code, "%s", msg);
 }

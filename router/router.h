@@ -183,10 +183,13 @@ typedef struct rt {
     size_t n_queued;
     uint64_t next_id;
     struct rt_stats st;
+    uint64_t bad_log_window_ns, bad_log_count, bad_log_suppressed; /* rate limit */
 } rt_t;
 
 /* main.c */
 uint64_t rt_rand(rt_t *r);
+/** Rate limit of log lines about bad input: true for the first 20 a second. */
+bool rt_bad_log_ok(rt_t *r);
 /** This thread's CPU time in ns (CLOCK_THREAD_CPUTIME_ID). */
 uint64_t rt_cpu_ns(void);
 kvr_status_t rt_send_node(rt_t *r, struct rt_node *n, unsigned method, const ProtobufCMessage *msg);
