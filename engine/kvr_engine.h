@@ -150,9 +150,11 @@ void kvr_ctx_destroy(kvr_ctx_t *ctx);
 /* --------------------------------------------------------------- prefill */
 
 /** Called when layer `layer`'s K/V of every token of the request have been
- *  written into the pool (layers complete in order 0..n_layers-1); a
- *  prefill node posts that layer's writes from here.  Return KVR_OK to go
- *  on; any error aborts the prefill, which returns that status. */
+ *  written into the pool (layers complete in order 0..n_layers-1, once
+ *  each; a prompt longer than max_tokens is computed in chunks and the
+ *  calls come during its last chunk); a prefill node posts that layer's
+ *  writes from here.  Return KVR_OK to go on; any error aborts the prefill,
+ *  which returns that status. */
 typedef kvr_status_t (*kvr_layer_done_fn)(void *arg, int32_t layer);
 
 struct kvr_prefill_req {
@@ -189,9 +191,12 @@ struct kvr_decode_seq {
     int32_t n_blocks;           /* >= pos / block_size + 1                        */
 };
 
-/** One decode step over a batch of n_seqs sequences (any lengths, distinct
- *  blocks), one token each: writes each token's K/V at its position and
- *  writes logits_p[n_seqs][vocab].
+/** One decode step over a batch of n_seqs sequences of any lengths, one
+ *  token each: writes each token's K/V at its position and writes
+ *  logits_p[n_seqs][vocab].  Sequences may share read-only (prefix) blocks;
+ *  the block each one writes (block_table[pos / block_size]) must be its
+ *  own.  Batch invariant: each sequence's logits are bit for bit those of
+ *  decoding it alone.
  *  @return KVR_OK; KVR_ERR_INVALID (n_seqs outside [1, max_batch], a token or
  *          block id out of range, pos >= max_seq_len, too few blocks, pool
  *          layout not the model's). */
