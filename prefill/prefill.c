@@ -793,8 +793,13 @@ static void check_active(struct prefill *p)
         p->bytes_pushed += r->bytes;
         p->ndesc_raw += r->ndesc_raw;
         p->ndesc_posted += r->ndesc_posted;
-        if (r->t_first_post)
-            p->transfer_ns += kvr_now_ns() - r->t_first_post;
+        /* time on the wire: each layer's post to its completion (posts are
+         * spread over the computation; the time between them is not counted) */
+        for (int32_t l = 0; r->dl && l < p->node.layout.n_layers; l++) {
+            struct kvr_xfer_stats xs;
+            kvr_xfer_dlist_stats(r->dl[l], &xs);
+            p->transfer_ns += xs.complete_ns;
+        }
         p->stats_dirty = true;
         /* keep the prompt's full blocks in the local prefix cache */
         uint32_t bs = (uint32_t)p->node.layout.block_size;
