@@ -628,7 +628,8 @@ static kvr_status_t layer_done(void *arg, int32_t layer)
     struct prefill *p = arg;
     struct preq *r = p->current;
     r->layers_done = layer + 1;
-    kvr_node_drain(&p->node); /* a target or a cancel may have arrived */
+    kvr_xfer_progress(p->node.xfer); /* completes (and stamps) earlier layers' writes */
+    kvr_node_drain(&p->node);        /* a target or a cancel may have arrived */
     if (r->canceled)
         return KVR_ERR_CANCELED;
     if (r->err)
@@ -793,8 +794,10 @@ static void check_active(struct prefill *p)
         p->bytes_pushed += r->bytes;
         p->ndesc_raw += r->ndesc_raw;
         p->ndesc_posted += r->ndesc_posted;
-        /* time on the wire: each layer's post to its completion (posts are
-         * spread over the computation; the time between them is not counted) */
+        /* time on the wire: each layer's post to its completion as observed
+         * by the next progress call (at the latest one layer of compute
+         * later), so an upper bound of the wire time; the time between the
+         * posts is not counted */
         for (int32_t l = 0; r->dl && l < p->node.layout.n_layers; l++) {
             struct kvr_xfer_stats xs;
             kvr_xfer_dlist_stats(r->dl[l], &xs);
