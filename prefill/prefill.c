@@ -790,6 +790,8 @@ static void check_active(struct prefill *p)
             req_free(p, r);
             continue;
         }
+        KVR_LOG_DEBUG(COMP, "request %" PRIu64 ": writes complete %" PRIu64 " us after KV_READY",
+                      r->id, (kvr_now_ns() - r->t_done) / 1000);
         p->n_ok++;
         p->bytes_pushed += r->bytes;
         p->ndesc_raw += r->ndesc_raw;
