@@ -643,6 +643,15 @@ static kvr_status_t layer_done(void *arg, int32_t layer)
 
 static void finish_computed(struct prefill *p, struct preq *r)
 {
+    /* PrefillDone first: the router streams the first token from it (the
+     * decode node gets the KV and the same token in KV_READY, after the
+     * last layer's writes that follow); a transfer that then fails leaves
+     * the decode node's lease to fail the request */
+    if (kvr_xfer_peer_status(r->peer->peer) == KVR_OK) {
+        r->t_done = kvr_now_ns();
+        send_done(p, r, KVR_OK, "");
+        r->done_sent = true;
+    }
     kvr_status_t s = post_ready_layers(p, r);
     if (s == KVR_OK)
         s = send_ready(p, r);
@@ -651,11 +660,6 @@ static void finish_computed(struct prefill *p, struct preq *r)
         req_fail(p, r, s, r->errmsg);
         return;
     }
-    /* PrefillDone now, not at write completion: the router streams the
-     * first token from it and frees this node's load a little sooner */
-    r->t_done = kvr_now_ns();
-    send_done(p, r, KVR_OK, "");
-    r->done_sent = true;
     r->state = PQ_DRAINING;
 }
 
