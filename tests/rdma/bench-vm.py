@@ -99,12 +99,16 @@ def main():
                 kv[s].append(rows[s]["gbps"] * 1e3)
     print("\nverbs on %s (soft-RoCE, qemu TCG), one message per post, %s in flight, best of %d" %
           (DEV, DEPTH, REPS))
-    print("%8s %14s %16s %7s" % ("size", "ib_write_bw", "kvrail-bench", "ratio"))
-    print("%8s %14s %16s %7s" % ("", "MB/s", "MB/s", ""))
+    print("%8s %24s %24s %7s" % ("size", "ib_write_bw MB/s", "kvrail-bench MB/s", "ratio"))
+    print("%8s %24s %24s %7s" % ("", "best (min-max)", "best (min-max)", "best"))
+
+    def cell(v):
+        return "%.1f (%.1f-%.1f)" % (max(v), min(v), max(v)) if v else "-"
+
     for s in SIZES:
         p = max(peer[s]) if peer[s] else None
         k = max(kv[s]) if kv[s] else None
-        print("%7dK %14s %16s %7s" % (s >> 10, "%.1f" % p if p else "-", "%.1f" % k if k else "-",
+        print("%7dK %24s %24s %7s" % (s >> 10, cell(peer[s]), cell(kv[s]),
                                       "%.2f" % (k / p) if p and k else "-"))
     print("\nCPU per posted descriptor (kvrail-bench post time / descriptors, p50), 4 KiB")
     print("%6s %12s %10s" % ("batch", "us/desc", "MB/s"))
