@@ -922,18 +922,16 @@ int main(int argc, char **argv)
     size_t slab = kvr_kv_layer_bytes(L, (int32_t)nblocks);
     uint64_t t0 = kvr_now_ns();
     for (int32_t l = 0; l < L->n_layers; l++) {
-        if (posix_memalign((void **)&d->pool.layer_base[l], 4096, slab) != 0) {
-            fprintf(stderr, "kvrail-decode: cannot allocate the %zu-byte slab of layer %d\n", slab,
-                    l);
-            goto out;
-        }
-        memset(d->pool.layer_base[l], 0, slab);
-        s = kvr_xfer_mem_reg(d->node.xfer, d->pool.layer_base[l], slab, KVR_MEM_HOST, 0,
-                             &d->mem[l]);
-        if (s == KVR_OK)
+        /* memory the transport reaches fastest (with UCX on one host: shared
+         * memory the prefill node maps, so its puts are one-sided copies) */
+        s = kvr_xfer_mem_alloc(d->node.xfer, slab, KVR_MEM_HOST, 0, &d->mem[l]);
+        if (s == KVR_OK) {
+            d->pool.layer_base[l] = kvr_xfer_mem_addr(d->mem[l]);
+            memset(d->pool.layer_base[l], 0, slab);
             s = kvr_xfer_mem_pack(d->mem[l], &d->rkeys[l], &d->rkey_lens[l]);
+        }
         if (s != KVR_OK) {
-            fprintf(stderr, "kvrail-decode: registering the slab of layer %d: %s\n", l,
+            fprintf(stderr, "kvrail-decode: allocating the slab of layer %d: %s\n", l,
                     kvr_status_str(s));
             goto out;
         }
@@ -1008,8 +1006,6 @@ out:
     for (int32_t l = 0; d->mem && l < L->n_layers; l++)
         if (d->mem[l])
             kvr_xfer_mem_dereg(d->mem[l]);
-    for (int32_t l = 0; d->pool.layer_base && l < L->n_layers; l++)
-        free(d->pool.layer_base[l]);
     free(d->pool.layer_base);
     free(d->mem);
     free(d->rkeys);

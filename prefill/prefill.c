@@ -98,6 +98,7 @@ struct prefill {
     size_t addr_len;
     uint64_t *hash_scratch;
     uint32_t max_blocks_per_req;
+    bool layerwise; /* push each layer as it is done (KVR_PREFILL_LAYERWISE=0: all at the end) */
     /* counters */
     uint64_t n_ok, n_failed, n_canceled, bytes_pushed, transfer_ns, ndesc_raw, ndesc_posted;
     uint64_t computed_tokens, local_cached_tokens, queued_tokens;
@@ -708,12 +709,16 @@ static void start_next(struct prefill *p)
         .n_cached = (int32_t)(r->cached_p * bs),
         .block_table = (const int32_t *)r->lblocks,
         .n_blocks = (int32_t)nb,
-        .layer_done = layer_done,
+        .layer_done = p->layerwise ? layer_done : NULL,
         .layer_done_arg = p,
     };
     kvr_status_t s = kvr_engine_prefill(p->ctx, &p->pool, &pr, p->logits);
     p->current = NULL;
     r->t_computed = kvr_now_ns();
+    if (!p->layerwise && s == KVR_OK) {
+        kvr_node_drain(&p->node);
+        r->layers_done = p->node.layout.n_layers;
+    }
     if (s != KVR_OK) {
         unlink_req(&p->active, r);
         if (r->canceled)
@@ -893,6 +898,10 @@ int main(int argc, char **argv)
     }
     p->node.on_msg = on_msg;
     p->node.on_msg_arg = p;
+    const char *lw = getenv("KVR_PREFILL_LAYERWISE");
+    p->layerwise = !(lw && strcmp(lw, "0") == 0);
+    if (!p->layerwise)
+        KVR_LOG_INFO(COMP, "KVR_PREFILL_LAYERWISE=0: every layer is pushed after the last");
     const struct kvr_kv_layout *L = &p->node.layout;
     int32_t maxpos = kvr_model_max_pos(p->node.model);
     p->vocab = kvr_model_vocab(p->node.model);
@@ -917,18 +926,14 @@ int main(int argc, char **argv)
     }
     size_t slab = kvr_kv_layer_bytes(L, (int32_t)nblocks);
     for (int32_t l = 0; l < L->n_layers; l++) {
-        if (posix_memalign((void **)&p->pool.layer_base[l], 4096, slab) != 0) {
-            fprintf(stderr, "kvrail-prefill: cannot allocate %zu bytes of staging\n", slab);
-            goto out;
-        }
-        memset(p->pool.layer_base[l], 0, slab);
-        s = kvr_xfer_mem_reg(p->node.xfer, p->pool.layer_base[l], slab, KVR_MEM_HOST, 0,
-                             &p->mem[l]);
+        s = kvr_xfer_mem_alloc(p->node.xfer, slab, KVR_MEM_HOST, 0, &p->mem[l]);
         if (s != KVR_OK) {
-            fprintf(stderr, "kvrail-prefill: registering staging layer %d: %s\n", l,
-                    kvr_status_str(s));
+            fprintf(stderr, "kvrail-prefill: allocating %zu bytes of staging for layer %d: %s\n",
+                    slab, l, kvr_status_str(s));
             goto out;
         }
+        p->pool.layer_base[l] = kvr_xfer_mem_addr(p->mem[l]);
+        memset(p->pool.layer_base[l], 0, slab);
     }
     if (kvr_blocktab_create((uint32_t)nblocks, NULL, NULL, &p->bt) != KVR_OK) {
         fprintf(stderr, "kvrail-prefill: out of memory\n");
@@ -993,8 +998,6 @@ out:
     for (int32_t l = 0; p->mem && l < L->n_layers; l++)
         if (p->mem[l])
             kvr_xfer_mem_dereg(p->mem[l]);
-    for (int32_t l = 0; p->pool.layer_base && l < L->n_layers; l++)
-        free(p->pool.layer_base[l]);
     free(p->pool.layer_base);
     free(p->mem);
     free(p->hash_scratch);
