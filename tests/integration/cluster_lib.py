@@ -21,6 +21,11 @@ import time
 
 SKIP = 77
 
+# The router tells a client's disconnect by its socket fd; a new connection
+# may reuse the fd of one that has just closed.  Leave it a moment between
+# client processes, so that one's disconnect is never taken for the next's.
+CLIENT_GAP_S = 0.15
+
 
 class Fail(Exception):
     pass
@@ -162,6 +167,7 @@ class Cluster:
         r = subprocess.run(self._ns_client() + [self.bins.loadgen, "--router", self.client_ep,
                                                 "--status", "--timeout-ms", str(timeout_ms)],
                            capture_output=True, text=True, timeout=timeout_ms / 1000 + 10)
+        time.sleep(CLIENT_GAP_S)
         if r.returncode != 0:
             return None
         try:
@@ -191,6 +197,7 @@ class Cluster:
         argv = self._ns_client() + [self.bins.loadgen, "--router", self.client_ep, "--prompts", pf,
                                     "--outputs", of, "--timeout-ms", str(int(timeout * 1000 - 5000))]
         r = subprocess.run(argv + list(extra), capture_output=True, text=True, timeout=timeout)
+        time.sleep(CLIENT_GAP_S)
         outs = {}
         if os.path.exists(of):
             with open(of) as f:
@@ -238,6 +245,7 @@ class Cluster:
     def loadgen_wait(self, h):
         p, of, timeout = h
         out, _ = p.communicate(timeout=timeout)
+        time.sleep(CLIENT_GAP_S)
         outs = {}
         if os.path.exists(of):
             with open(of) as f:

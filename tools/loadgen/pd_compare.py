@@ -98,8 +98,9 @@ def paired(bins, wd, model, args):
                 r = subprocess.run([bins.loadgen, "--router", cls[mode].client_ep, "--requests", "1",
                                     "--prompt-len", str(args.prompt_len), "--output-len",
                                     str(args.output_len), "--vocab", str(args.vocab), "--seed",
-                                    str(1000 + k), "--summary-json", summ, "--quiet"],
+                                    str(1000 + k), "--summary-json", summ, "--quiet", "--timeout-ms", "60000"],
                                    capture_output=True, text=True, timeout=120)
+                time.sleep(cl.CLIENT_GAP_S)
                 if r.returncode != 0:
                     raise cl.Fail("paired loadgen (%s) exit %d: %s" % (mode, r.returncode, r.stderr))
                 with open(summ) as f:
