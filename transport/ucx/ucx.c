@@ -115,9 +115,10 @@ struct ucx_rmem {
     ucp_rkey_h rkey;
 };
 
-struct ucx_tok { /* outlives its list when released while a flush is pending */
-    struct ucx_dlist *d;
-    void *req;
+struct ucx_tok {         /* outlives its list when released with operations pending */
+    struct ucx_dlist *d; /* NULL: orphaned, freed by the last callback */
+    uint32_t pending;    /* UCX requests of the current post not yet done */
+    kvr_status_t err;    /* first error among them */
 };
 
 struct ucx_dlist {
@@ -753,7 +754,7 @@ static kvr_status_t ucx_dlist_prepare(kvr_xfer_dlist_t *base)
 static void ucx_dlist_release(kvr_xfer_dlist_t *base)
 {
     struct ucx_dlist *d = container_of(base, struct ucx_dlist, base);
-    if (d->tok->req) { /* flush still pending: its callback frees the token */
+    if (d->tok->pending) { /* operations pending: the last callback frees the token */
         d->tok->d = NULL;
         if (base->inflight)
             base->peer->inflight--;
@@ -762,76 +763,95 @@ static void ucx_dlist_release(kvr_xfer_dlist_t *base)
     }
 }
 
-static void list_flush_cb(void *req, ucs_status_t st, void *user_data)
+/* one operation of a post is done; the last one completes the list */
+static void tok_done(struct ucx_tok *t, ucs_status_t st)
 {
-    struct ucx_tok *t = user_data;
-    ucp_request_free(req);
-    t->req = NULL;
+    if (st != UCS_OK && t->err == KVR_OK)
+        t->err = ucx_status(st);
+    if (--t->pending > 0)
+        return;
     if (!t->d) {
         free(t);
         return;
     }
     kvr_xfer_dlist_t *d = &t->d->base;
+    kvr_status_t s = t->err == KVR_OK            ? KVR_OK
+                     : d->peer->status != KVR_OK ? d->peer->status
+                                                 : t->err;
+    t->err = KVR_OK;
     d->peer->inflight--;
-    kvr_xfer_dlist_complete(d, st == UCS_OK                ? KVR_OK
-                               : d->peer->status != KVR_OK ? d->peer->status
-                                                           : ucx_status(st));
+    kvr_xfer_dlist_complete(d, s);
+}
+
+static void op_cb(void *req, ucs_status_t st, void *user_data)
+{
+    ucp_request_free(req);
+    tok_done(user_data, st);
+}
+
+/* gives a list a fresh token, leaving the old one to its pending callbacks */
+static void tok_orphan(struct ucx_dlist *d)
+{
+    struct ucx_tok *fresh = calloc(1, sizeof(*fresh));
+    if (!fresh)
+        return; /* the old token stays attached; its callbacks complete nothing new */
+    d->tok->d = NULL;
+    fresh->d = d;
+    d->tok = fresh;
 }
 
 static kvr_status_t ucx_post(kvr_xfer_dlist_t *base)
 {
     struct ucx_dlist *d = container_of(base, struct ucx_dlist, base);
     struct ucx_peer *p = up(base->peer);
+    struct ucx_engine *e = ue(p->base.engine);
+    struct ucx_tok *t = d->tok;
     ucp_ep_h ep = p->ep;
     ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH};
     const struct kvr_xfer_seg *g = base->segs;
     const struct kvr_xfer_seg *end = g + base->nseg;
     ucs_status_ptr_t r;
 
-    if (ue(p->base.engine)->nwatch && p->pidfd >= 0) {
+    if (e->nwatch && p->pidfd >= 0) {
         /* shared-memory puts may complete inline, so that progress never runs */
-        watch_peers(ue(p->base.engine));
+        watch_peers(e);
         if (p->base.status != KVR_OK)
             return p->base.status;
     }
-    if (base->op == KVR_XFER_WRITE) {
-        for (; g < end; g++) {
-            prm.memh = container_of(g->lmem, struct ucx_mem, base)->memh;
-            r = ucp_put_nbx(ep, g->laddr, g->len, g->raddr,
-                            container_of(g->rmem, struct ucx_rmem, base)->rkey, &prm);
-            if (UCS_PTR_IS_PTR(r))
-                ucp_request_free(r);
-            else if (r != NULL)
-                goto err;
-        }
-        p->unflushed = true;
-    } else {
-        for (; g < end; g++) {
-            prm.memh = container_of(g->lmem, struct ucx_mem, base)->memh;
-            r = ucp_get_nbx(ep, g->laddr, g->len, g->raddr,
-                            container_of(g->rmem, struct ucx_rmem, base)->rkey, &prm);
-            if (UCS_PTR_IS_PTR(r))
-                ucp_request_free(r);
-            else if (r != NULL)
-                goto err;
-        }
+    t->pending = 1; /* held until everything is issued */
+    t->err = KVR_OK;
+    for (; g < end; g++) {
+        prm.memh = container_of(g->lmem, struct ucx_mem, base)->memh;
+        ucp_rkey_h rkey = container_of(g->rmem, struct ucx_rmem, base)->rkey;
+        r = base->op == KVR_XFER_WRITE ? ucp_put_nbx(ep, g->laddr, g->len, g->raddr, rkey, &prm)
+                                       : ucp_get_nbx(ep, g->laddr, g->len, g->raddr, rkey, &prm);
+        if (UCS_PTR_IS_PTR(r))
+            ucp_request_free(r); /* UCX keeps it until done; the flush covers it */
+        else if (r != NULL)
+            goto err;
     }
-
+    if (base->op == KVR_XFER_WRITE)
+        p->unflushed = true;
+    /* one flush per post: its completion means every put above is complete
+     * at the target (remote completion, as an RDMA write completion) */
     ucp_request_param_t fp = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-        .cb.send = list_flush_cb,
-        .user_data = d->tok,
+        .cb.send = op_cb,
+        .user_data = t,
     };
     r = ucp_ep_flush_nbx(ep, &fp);
-    if (r == NULL)
-        return KVR_OK;
-    if (UCS_PTR_IS_ERR(r))
+    if (UCS_PTR_IS_PTR(r))
+        t->pending++;
+    else if (r != NULL)
         goto err;
-    d->tok->req = r;
+    if (--t->pending == 0)
+        return t->err;
     p->base.inflight++;
     return KVR_INPROGRESS;
 
 err:
+    if (--t->pending > 0)
+        tok_orphan(d); /* issued operations finish on their own */
     if (p->base.status != KVR_OK)
         return p->base.status;
     KVR_LOG_ERROR(COMP, "%s: post: %s", p->base.engine->name, ucs_status_string(UCS_PTR_STATUS(r)));
@@ -847,14 +867,9 @@ static void peer_failed(struct ucx_peer *p, kvr_status_t s, const char *why)
     for (struct kvr_xfer_link *l = p->base.dlists.next; l != &p->base.dlists; l = l->next) {
         kvr_xfer_dlist_t *b = container_of(l, kvr_xfer_dlist_t, link);
         struct ucx_dlist *d = container_of(b, struct ucx_dlist, base);
-        if (!b->inflight || !d->tok->req)
+        if (!b->inflight || !d->tok->pending)
             continue;
-        struct ucx_tok *fresh = calloc(1, sizeof(*fresh));
-        if (!fresh)
-            continue;     /* the old token stays; the force close completes it */
-        d->tok->d = NULL; /* orphan: freed by the callback the force close triggers */
-        fresh->d = d;
-        d->tok = fresh;
+        tok_orphan(d); /* the force close completes the old token's requests */
         p->base.inflight--;
         kvr_xfer_dlist_complete(b, s);
     }
