@@ -83,9 +83,24 @@ def kvrail(bench, sizes, batch, duration=2.0):
     return {row["block_size"]: row for row in doc.get("rows", []) if "error" not in row}
 
 
+def bench_transfer(bench):
+    """The project's side-by-side tool, as it runs on a machine with a NIC."""
+    argv = [sys.executable, "tools/bench-transfer", "--verbs", DEV, "--gid-index", GID,
+            "--bench", bench, "--sizes", "64K,256K,1M,4M", "--reps", "2", "--duration", "1",
+            "--bytes", "128M", "--pool-size", "128M", "--depth", DEPTH, "--no-hot",
+            "--timeout", "300"]
+    print("$ " + " ".join(argv[1:]), flush=True)
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=1500)
+    print(r.stdout, flush=True)
+    if r.returncode != 0:
+        print("bench-transfer exit %d: %s" % (r.returncode, r.stderr[-1500:]), flush=True)
+
+
 def main():
     build = sys.argv[1]
     bench = os.path.join(build, "tools", "bench", "kvrail-bench")
+    if os.path.exists("tools/bench-transfer"):
+        bench_transfer(bench)
     peer = {s: [] for s in SIZES}
     kv = {s: [] for s in SIZES}
     for rep in range(REPS):
