@@ -572,8 +572,10 @@ int main(int argc, char **argv)
             timeout_s = atoi(v);
         else if (!strcmp(k, "--desc")) {
             ndescs = 0;
-            for (char *s = strtok(strdup(v), ","); s && ndescs < 8; s = strtok(NULL, ","))
+            char *list = strdup(v);
+            for (char *s = strtok(list, ","); s && ndescs < 8; s = strtok(NULL, ","))
                 descs[ndescs++] = (size_t)atol(s);
+            free(list);
         } else {
             fprintf(stderr, "unknown option %s\n", k);
             return 2;
