@@ -377,8 +377,9 @@ static void cpu_matmul(struct kvr_compute_backend *be, float *y, const float *x,
         return;
     }
     struct sgemm_job j = {c, y, x, M, w, accumulate};
-    /* chunks of >= 64 rows of W; a few per thread for balance under load */
-    int n_chunks = c->p.n_threads * 2 < N / 64 ? c->p.n_threads * 2 : N / 64;
+    /* one slice of >= 64 rows of W per thread: each sgemm call packs x
+     * again, so more slices cost more than the balance they buy */
+    int n_chunks = c->p.n_threads < N / 64 ? c->p.n_threads : N / 64;
     kvr_tp_run(c->tp, sgemm_task, &j, n_chunks > 1 ? n_chunks : 1);
     if (bias)
         for (int32_t m = 0; m < M; m++)
