@@ -116,12 +116,21 @@ static inline __attribute__((always_inline)) float ld1(const void *w, int32_t dt
     return (float)h;
 }
 
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+
+/* Horizontal sum as a tree (halves added), a fixed order. */
 static inline __attribute__((always_inline)) float hsum(v16f v)
 {
-    float s = 0;
-    for (int i = 0; i < 16; i++)
-        s += v[i];
-    return s;
+    v8f a, b;
+    memcpy(&a, &v, 32);
+    memcpy(&b, (const char *)&v + 32, 32);
+    a += b;
+    v4f c, d;
+    memcpy(&c, &a, 16);
+    memcpy(&d, (const char *)&a + 16, 16);
+    c += d;
+    return (c[0] + c[2]) + (c[1] + c[3]);
 }
 
 static inline __attribute__((always_inline)) v16f ldx(const float *x)
