@@ -134,8 +134,8 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--requests", type=int, default=20)
-    ap.add_argument("--prompt-len", type=int, default=1024)
-    ap.add_argument("--output-len", type=int, default=16)
+    ap.add_argument("--prompt-len", default="1024", help="N | uniform:A:B | exp:MEAN")
+    ap.add_argument("--output-len", default="16", help="N | uniform:A:B | exp:MEAN")
     ap.add_argument("--vocab", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--open-rate", type=float, default=0)
@@ -159,7 +159,7 @@ def main():
     out = {}
     if args.reps > 0:
         best = {m: min(v, key=lambda s: s["ttft_ms"]["p50"]) for m, v in res.items()}
-        print("\nmodel: %s; prompt %d tokens, output %d, %s, %d requests, best of %d" % (
+        print("\nmodel: %s; prompt %s tokens, output %s, %s, %d requests, best of %d" % (
             args.model_args, args.prompt_len, args.output_len,
             "open loop %.2f req/s" % args.open_rate if args.open_rate else "closed loop, 1 in flight",
             args.requests, args.reps))
@@ -184,7 +184,7 @@ def main():
     if args.pairs > 0:
         t, comp = paired(bins, wd, model, args)
         ratios = [d / c for c, d in zip(t["coloc"], t["disagg"])]
-        print("\npaired: %d prompts of %d tokens, each sent to both clusters in turn (both up)" % (
+        print("\npaired: %d prompts of %s tokens, each sent to both clusters in turn (both up)" % (
             args.pairs, args.prompt_len))
         print("| mode | TTFT p50 ms | TTFT p90 ms | min ms |")
         print("|---|---:|---:|---:|")
