@@ -186,7 +186,12 @@ static void *make_router_socket(rt_t *r, const char *bind, const char *what)
     return s;
 }
 
-static void drain_monitor(rt_t *r)
+uint32_t rt_fd_epoch(const rt_t *r, int fd)
+{
+    return fd >= 0 && fd < RT_MAX_CLIENT_FD ? r->fd_epoch[fd] : 0;
+}
+
+void rt_drain_monitor(rt_t *r)
 {
     for (;;) {
         zmq_msg_t ev;
@@ -216,6 +221,8 @@ static void drain_monitor(rt_t *r)
         KVR_LOG_DEBUG("router", "client socket event %u fd %u", event, value);
         if (event == ZMQ_EVENT_DISCONNECTED)
             rt_client_gone(r, (int)value);
+        else if (event == ZMQ_EVENT_ACCEPTED && value < RT_MAX_CLIENT_FD)
+            r->fd_epoch[value]++;
     }
 }
 
@@ -329,7 +336,8 @@ int main(int argc, char **argv)
         goto out_ctx;
     char mon_ep[64];
     snprintf(mon_ep, sizeof(mon_ep), "inproc://kvr-router-mon-%d", (int)getpid());
-    if (zmq_socket_monitor(r->client_sock, mon_ep, ZMQ_EVENT_DISCONNECTED) != 0) {
+    if (zmq_socket_monitor(r->client_sock, mon_ep, ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_ACCEPTED) !=
+        0) {
         KVR_LOG_ERROR("router", "zmq_socket_monitor: %s", zmq_strerror(zmq_errno()));
         goto out_ctx;
     }
@@ -368,7 +376,7 @@ int main(int argc, char **argv)
         if (items[0].revents & ZMQ_POLLIN)
             drain(r, r->client_sock, true);
         if (items[2].revents & ZMQ_POLLIN)
-            drain_monitor(r);
+            rt_drain_monitor(r);
         now = kvr_now_ns();
         if (now >= next_tick) {
             if (r->bad_log_suppressed && now - r->bad_log_window_ns > 1000000000ull)

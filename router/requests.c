@@ -944,6 +944,10 @@ static void on_generate(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__Gener
     memcpy(q->route, f->route, f->route_len);
     q->route_len = f->route_len;
     q->client_fd = f->src_fd;
+    /* events of this fd's earlier connection are handled before the request
+     * takes the fd's epoch (the accept of its own connection came first) */
+    rt_drain_monitor(r);
+    q->client_epoch = rt_fd_epoch(r, q->client_fd);
     KVR_LOG_DEBUG("router", "request %" PRIu64 " from client fd %d", q->id, q->client_fd);
     q->call_id = f->hdr.call_id;
     q->max_tokens = g->max_tokens;
@@ -1087,7 +1091,7 @@ void rt_client_gone(rt_t *r, int fd)
     uint64_t now = kvr_now_ns();
     for (struct rt_req *q = r->all, *next; q; q = next) {
         next = q->anext;
-        if (q->client_fd != fd)
+        if (q->client_fd != fd || q->client_epoch != rt_fd_epoch(r, fd))
             continue;
         r->st.client_disconnects++;
         q->route_len = 0; /* nothing to send to */

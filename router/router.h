@@ -108,6 +108,7 @@ struct rt_req {
     uint8_t route[KVR_PROTO_MAX_ROUTE];
     size_t route_len;
     int client_fd;
+    uint32_t client_epoch; /* rt.fd_epoch[client_fd] when the request came in */
     uint64_t call_id;
     enum rt_req_state state;
     uint32_t *prompt; /* the client's prompt */
@@ -159,13 +160,18 @@ struct rt_stats {
     struct rt_samples overhead, overhead_cpu, token, tokenize;
 };
 
+#define RT_MAX_CLIENT_FD 65536
+
 typedef struct rt {
     kvr_cluster_t *cl;
     const kvr_cluster_node_t *self;
     void *zctx;
     void *client_sock; /* ROUTER */
     void *node_sock;   /* ROUTER */
-    void *mon_sock;    /* PAIR: client socket monitor (disconnects) */
+    void *mon_sock;    /* PAIR: client socket monitor (accepts, disconnects) */
+    /* Connection epoch per client fd, bumped on every accept: a fd reused by a
+     * new client must not inherit the disconnect of the one before it. */
+    uint32_t fd_epoch[RT_MAX_CLIENT_FD];
     uint64_t start_ns;
     uint64_t rng;
     kvr_tokenizer_t *tok;
@@ -188,6 +194,10 @@ typedef struct rt {
 
 /* main.c */
 uint64_t rt_rand(rt_t *r);
+/** Handles every pending client-socket monitor event (accepts, disconnects). */
+void rt_drain_monitor(rt_t *r);
+/** Epoch of a client connection fd (0 for fds out of the table). */
+uint32_t rt_fd_epoch(const rt_t *r, int fd);
 /** Rate limit of log lines about bad input: true for the first 20 a second. */
 bool rt_bad_log_ok(rt_t *r);
 /** This thread's CPU time in ns (CLOCK_THREAD_CPUTIME_ID). */
