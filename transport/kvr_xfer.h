@@ -199,12 +199,18 @@ size_t kvr_xfer_dlist_count(const kvr_xfer_dlist_t *dlist, size_t *coalesced_p);
 kvr_status_t kvr_xfer_post(kvr_xfer_dlist_t *dlist);
 
 /** Tests the last post of a list (does not progress the engine).
+ *  Complete means LOCAL completion: for a WRITE list, the source buffer may
+ *  be reused; remote visibility is guaranteed by kvr_xfer_notify ordering
+ *  (a notification arrives only after the writes posted before it are
+ *  visible) and by kvr_xfer_flush.  A READ list is complete when the data
+ *  is in local memory (that is visibility already).
  *  @return KVR_OK (complete); KVR_INPROGRESS; an error of the transfer
  *          (KVR_ERR_PEER_FAILURE, KVR_ERR_IO, KVR_ERR_CANCELED, ...). */
 kvr_status_t kvr_xfer_test(const kvr_xfer_dlist_t *dlist);
 
-/** Progresses the engine until the list's last post completes or timeout_ms
- *  passes.  @return as kvr_xfer_test; KVR_ERR_TIMEOUT. */
+/** Progresses the engine until the list's last post completes (locally, as
+ *  kvr_xfer_test) or timeout_ms passes.
+ *  @return as kvr_xfer_test; KVR_ERR_TIMEOUT. */
 kvr_status_t kvr_xfer_wait(kvr_xfer_dlist_t *dlist, int timeout_ms);
 
 /** Sends a notification to the peer.  It is delivered (to the peer engine's
@@ -215,7 +221,8 @@ kvr_status_t kvr_xfer_wait(kvr_xfer_dlist_t *dlist, int timeout_ms);
 kvr_status_t kvr_xfer_notify(kvr_xfer_peer_t *peer, const void *msg, size_t len);
 
 /** Progresses until every post and notification queued on the peer has
- *  completed, or timeout_ms passes.
+ *  completed and every write posted on it is visible in the peer's memory,
+ *  or timeout_ms passes.
  *  @return KVR_OK; KVR_ERR_TIMEOUT; KVR_ERR_PEER_FAILURE. */
 kvr_status_t kvr_xfer_flush(kvr_xfer_peer_t *peer, int timeout_ms);
 

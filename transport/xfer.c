@@ -11,8 +11,12 @@
  * struct and calls the backend's op (xfer_backend.h).
  *
  * Nothing on the post path allocates: kvr_xfer_post() checks two flags,
- * reads the clock twice and calls the backend's post op on the segments
- * prepared once by kvr_xfer_dlist_prepare().
+ * reads the clock twice (post start and end: the post-time telemetry; the
+ * end read is also the completion stamp of a post the backend completed
+ * inline) and calls the backend's post op on the segments prepared once by
+ * kvr_xfer_dlist_prepare().  Completions seen inside progress share one
+ * clock read per progress call (stamp_ns below), so a progress call that
+ * completes nothing reads no clock.
  */
 #include "xfer_backend.h"
 #include "xfer_blob.h"
@@ -32,6 +36,20 @@
 /* bounded waits used by release paths (never infinite) */
 #define RELEASE_WAIT_MS      2000
 #define RELEASE_WAIT_DEAD_MS 100
+
+/* Completion stamp shared by every completion of one progress call (0: read
+ * the clock at the next completion).  An engine belongs to one thread, so a
+ * thread-local cache is enough; it is cleared before and after each call so
+ * that a completion outside a progress call reads a fresh clock. */
+static _Thread_local uint64_t stamp_ns;
+
+static int core_progress(kvr_xfer_engine_t *e)
+{
+    stamp_ns = 0;
+    int n = e->ops->progress(e);
+    stamp_ns = 0;
+    return n;
+}
 
 /* ------------------------------------------------------------------------ */
 /* intrusive lists                                                           */
@@ -380,7 +398,7 @@ kvr_status_t kvr_xfer_address(kvr_xfer_engine_t *e, void **blob_p, size_t *len_p
 
 int kvr_xfer_progress(kvr_xfer_engine_t *e)
 {
-    return e->ops->progress(e);
+    return core_progress(e);
 }
 
 kvr_status_t kvr_xfer_event_fd(kvr_xfer_engine_t *e, int *fd_p)
@@ -758,7 +776,7 @@ static void wait_bounded(kvr_xfer_dlist_t *dl, int timeout_ms)
 {
     uint64_t deadline = kvr_deadline_ns(timeout_ms);
     while (dl->inflight && kvr_now_ns() < deadline)
-        if (dl->peer->engine->ops->progress(dl->peer->engine) == 0)
+        if (core_progress(dl->peer->engine) == 0)
             sched_yield();
 }
 
@@ -798,8 +816,10 @@ kvr_status_t kvr_xfer_post(kvr_xfer_dlist_t *dl)
     dl->inflight = true;
     dl->status = KVR_INPROGRESS;
     dl->stats.complete_ns = 0;
+    stamp_ns = 0; /* a completion inside the post reads its own clock */
     kvr_status_t s = e->ops->post(dl);
-    dl->stats.post_ns = kvr_now_ns() - t0;
+    uint64_t t1 = kvr_now_ns();
+    dl->stats.post_ns = t1 - t0;
     e->stats.posts++;
     if (dl->op == KVR_XFER_WRITE)
         e->stats.bytes_written += dl->bytes;
@@ -807,8 +827,11 @@ kvr_status_t kvr_xfer_post(kvr_xfer_dlist_t *dl)
         e->stats.bytes_read += dl->bytes;
     if (s == KVR_INPROGRESS)
         return dl->inflight ? KVR_INPROGRESS : dl->status;
-    if (dl->inflight) /* done or failed without the backend completing it */
+    if (dl->inflight) { /* done or failed without the backend completing it */
+        stamp_ns = t1;  /* the end of the post is its completion */
         kvr_xfer_dlist_complete(dl, s);
+        stamp_ns = 0;
+    }
     return dl->status;
 }
 
@@ -818,7 +841,9 @@ void kvr_xfer_dlist_complete(kvr_xfer_dlist_t *dl, kvr_status_t s)
         return;
     dl->inflight = false;
     dl->status = s;
-    dl->stats.complete_ns = kvr_now_ns() - dl->t_post_ns;
+    if (stamp_ns < dl->t_post_ns) /* none yet in this call, or posted after it */
+        stamp_ns = kvr_now_ns();
+    dl->stats.complete_ns = stamp_ns - dl->t_post_ns;
     if (dl->stats.complete_ns == 0)
         dl->stats.complete_ns = 1;
     if (s != KVR_OK)
@@ -838,7 +863,7 @@ kvr_status_t kvr_xfer_wait(kvr_xfer_dlist_t *dl, int timeout_ms)
     uint64_t deadline = kvr_deadline_ns(timeout_ms);
     unsigned idle = 0;
     while (dl->inflight) {
-        if (e->ops->progress(e) == 0 && ++idle >= 64) {
+        if (core_progress(e) == 0 && ++idle >= 64) {
             idle = 0;
             sched_yield();
         }
@@ -896,7 +921,7 @@ kvr_status_t kvr_xfer_flush(kvr_xfer_peer_t *p, int timeout_ms)
             return KVR_OK;
         if (kvr_now_ns() >= deadline)
             return KVR_ERR_TIMEOUT;
-        if (e->ops->progress(e) == 0)
+        if (core_progress(e) == 0)
             sched_yield();
     }
 }

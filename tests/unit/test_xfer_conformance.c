@@ -140,6 +140,17 @@ static kvr_status_t finish(kvr_xfer_dlist_t *dl, kvr_xfer_engine_t *target, int 
     }
 }
 
+/* a completed WRITE list means its source may be reused (local completion);
+ * kvr_xfer_flush makes the writes visible at the target.  Bounded. */
+static void visible(kvr_xfer_peer_t *p, kvr_xfer_engine_t *target)
+{
+    uint64_t deadline = kvr_deadline_ns(10000);
+    kvr_status_t s;
+    while ((s = kvr_xfer_flush(p, 1)) == KVR_ERR_TIMEOUT && kvr_now_ns() < deadline)
+        kvr_xfer_progress(target);
+    KVR_CHECK_STATUS(s, KVR_OK);
+}
+
 static void pump_until(kvr_xfer_engine_t *a, kvr_xfer_engine_t *b, int *counter, int want,
                        int timeout_ms)
 {
@@ -172,6 +183,7 @@ static void test_write_read(struct side *a, struct side *b, kvr_xfer_peer_t *p, 
         KVR_CHECK_STATUS(finish(dl, b->eng, 10000), KVR_OK);
         KVR_CHECK_STATUS(kvr_xfer_test(dl), KVR_OK);
     }
+    visible(p, b->eng);
     for (int i = 0; i < 64; i++) {
         size_t ro = (size_t)(63 - i) * 65536 + 4096;
         KVR_CHECK(memcmp(b->buf + ro, a->buf + (size_t)i * 32768, 16384) == 0);
@@ -339,6 +351,7 @@ static void test_timeouts(struct side *a, struct side *b, kvr_xfer_peer_t *p, kv
     KVR_CHECK(s == KVR_OK || s == KVR_ERR_TIMEOUT);
     KVR_CHECK(kvr_now_ns() - t0 < 2000000000ull); /* bounded, not hung */
     KVR_CHECK_STATUS(finish(dl, b->eng, 10000), KVR_OK);
+    visible(p, b->eng);
     KVR_CHECK(memcmp(a->buf, b->buf, REGION) == 0);
     kvr_xfer_dlist_release(dl);
 }
@@ -406,6 +419,7 @@ static void test_peer_gone(struct side *a, struct side *b, kvr_xfer_peer_t *p, k
     s = kvr_xfer_post(dl);
     KVR_CHECK(s == KVR_OK || s == KVR_INPROGRESS);
     KVR_CHECK_STATUS(finish(dl, c.eng, 10000), KVR_OK);
+    visible(p2, c.eng);
     KVR_CHECK(memcmp(a->buf, c.buf, REGION) == 0);
     kvr_xfer_disconnect(p2);
     side_fini(&c, 1);

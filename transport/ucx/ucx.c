@@ -2,9 +2,15 @@
  * ucx.c - the UCX (ucp) transfer backend.
  *
  * Data path: a prepared list is posted as one ucp_put_nbx/ucp_get_nbx per
- * coalesced segment with no callback (a request UCX returns is freed at
- * once; UCX keeps it until done), followed by one ucp_ep_flush_nbx whose
- * callback completes the list.  Nothing allocates on that path: the flush
+ * coalesced segment, each with the list's token as user data: a put UCX
+ * completes at once (NULL) counts at once, one it returns a request for
+ * counts from its callback.  The list completes when every segment has
+ * completed LOCALLY - for a WRITE, the source buffer may be reused; for a
+ * READ, the data is here - exactly what ucx_perftest's put_bw counts.  No
+ * flush per post (on TCP a flush is a round trip through the target).
+ * Remote visibility comes from the endpoint flush that kvr_xfer_notify puts
+ * before a notification and that kvr_xfer_flush issues (peer_idle) when
+ * anything was put since the last one.  Nothing allocates on that path: the
  * token is made when the list is prepared, requests come from UCX's pools.
  *
  * Notifications are active messages (UCP_FEATURE_AM, id KVR_UCX_AM_NOTIF,
@@ -46,6 +52,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 #include <ucp/api/ucp.h>
 
@@ -98,11 +105,19 @@ struct ucx_engine {
 struct ucx_peer {
     struct kvr_xfer_peer base;
     ucp_ep_h ep;
-    bool mode_peer; /* UCP_ERR_HANDLING_MODE_PEER */
-    bool unflushed; /* something was put since the last flush */
-    int pidfd;      /* local peer watched, or -1 */
+    bool mode_peer;        /* UCP_ERR_HANDLING_MODE_PEER */
+    bool unflushed;        /* something was put since the last flush */
+    struct ucx_pflush *fl; /* kvr_xfer_flush's endpoint flush (made at connect) */
+    int pidfd;             /* local peer watched, or -1 */
     pid_t pid;
     struct ucx_notif *nq; /* notifications in order: waiting flush, ready, sending */
+};
+
+/* the endpoint flush kvr_xfer_flush issues; outlives its peer when the peer
+ * is disconnected with it pending (its callback frees it then) */
+struct ucx_pflush {
+    struct ucx_peer *p; /* NULL: orphaned */
+    bool pending;
 };
 
 struct ucx_mem {
@@ -602,6 +617,10 @@ static kvr_status_t ucx_connect(kvr_xfer_peer_t *base, const void *addr, size_t 
     }
     p->pidfd = -1;
     p->pid = (pid_t)h.pid;
+    p->fl = calloc(1, sizeof(*p->fl));
+    if (!p->fl)
+        return KVR_ERR_NO_MEMORY;
+    p->fl->p = p;
 
     bool local = memcmp(h.boot_id, e->boot_id, 16) == 0 && h.pidns == e->pidns && e->pidns;
     bool mode_peer = !local;
@@ -615,6 +634,7 @@ static kvr_status_t ucx_connect(kvr_xfer_peer_t *base, const void *addr, size_t 
         if (p->pidfd < 0 && errno == ESRCH) {
             KVR_LOG_ERROR(COMP, "%s: connect: peer process %d is not running", e->base.name,
                           (int)p->pid);
+            free(p->fl);
             return KVR_ERR_PEER_FAILURE;
         }
         if (p->pidfd < 0)
@@ -637,6 +657,7 @@ static kvr_status_t ucx_connect(kvr_xfer_peer_t *base, const void *addr, size_t 
                           : "");
         if (p->pidfd >= 0)
             close(p->pidfd);
+        free(p->fl);
         return ucx_status(st);
     }
     p->mode_peer = mode_peer;
@@ -653,6 +674,7 @@ static kvr_status_t ucx_connect(kvr_xfer_peer_t *base, const void *addr, size_t 
         close_ep(e, p->ep, true);
         if (p->pidfd >= 0)
             close(p->pidfd);
+        free(p->fl);
         return KVR_ERR_NO_RDMA;
     }
     if (p->pidfd >= 0)
@@ -696,6 +718,10 @@ static void ucx_disconnect(kvr_xfer_peer_t *base)
         else
             notif_put(e, n);
     }
+    if (p->fl->pending)
+        p->fl->p = NULL; /* orphaned: its callback frees it */
+    else
+        free(p->fl);
     close_ep(e, p->ep, force);
     if (p->pidfd >= 0) {
         close(p->pidfd);
@@ -820,32 +846,23 @@ static kvr_status_t ucx_post(kvr_xfer_dlist_t *base)
     }
     t->pending = 1; /* held until everything is issued */
     t->err = KVR_OK;
+    prm.op_attr_mask |= UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    prm.cb.send = op_cb;
+    prm.user_data = t;
     for (; g < end; g++) {
         prm.memh = container_of(g->lmem, struct ucx_mem, base)->memh;
         ucp_rkey_h rkey = container_of(g->rmem, struct ucx_rmem, base)->rkey;
         r = base->op == KVR_XFER_WRITE ? ucp_put_nbx(ep, g->laddr, g->len, g->raddr, rkey, &prm)
                                        : ucp_get_nbx(ep, g->laddr, g->len, g->raddr, rkey, &prm);
         if (UCS_PTR_IS_PTR(r))
-            ucp_request_free(r); /* UCX keeps it until done; the flush covers it */
+            t->pending++; /* its callback (local completion) counts it down */
         else if (r != NULL)
             goto err;
     }
     if (base->op == KVR_XFER_WRITE)
-        p->unflushed = true;
-    /* one flush per post: its completion means every put above is complete
-     * at the target (remote completion, as an RDMA write completion) */
-    ucp_request_param_t fp = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-        .cb.send = op_cb,
-        .user_data = t,
-    };
-    r = ucp_ep_flush_nbx(ep, &fp);
-    if (UCS_PTR_IS_PTR(r))
-        t->pending++;
-    else if (r != NULL)
-        goto err;
+        p->unflushed = true; /* notify / kvr_xfer_flush flush the endpoint first */
     if (--t->pending == 0)
-        return t->err;
+        return t->err; /* every segment completed inline (shared memory: memcpy) */
     p->base.inflight++;
     return KVR_INPROGRESS;
 
@@ -880,7 +897,9 @@ static void notif_send(struct ucx_peer *p, struct ucx_notif *n);
 /* sends the ready notifications at the head of the queue, in order */
 static void notif_pump(struct ucx_peer *p)
 {
-    for (struct ucx_notif *n = p->nq; n; n = n->next) {
+    struct ucx_notif *next;
+    for (struct ucx_notif *n = p->nq; n; n = next) {
+        next = n->next; /* notif_send may complete n inline and recycle it */
         if (n->state == N_SENDING)
             continue;
         if (n->state != N_READY)
@@ -1008,16 +1027,55 @@ static kvr_status_t ucx_notify(kvr_xfer_peer_t *base, const void *msg, size_t le
     return base->status;
 }
 
+static void pflush_cb(void *req, ucs_status_t st, void *user_data)
+{
+    struct ucx_pflush *fl = user_data;
+    ucp_request_free(req);
+    fl->pending = false;
+    struct ucx_peer *p = fl->p;
+    if (!p) {
+        free(fl);
+        return;
+    }
+    p->base.inflight--;
+    if (st != UCS_OK)
+        peer_failed(p, KVR_ERR_PEER_FAILURE, "endpoint flush failed");
+}
+
+/* kvr_xfer_flush's test: lists complete on local completion, so when
+ * something was put since the last endpoint flush, one is issued here and
+ * the peer is idle only once it completed (the writes are visible then). */
 static bool ucx_peer_idle(kvr_xfer_peer_t *base)
 {
-    return base->inflight == 0 || base->status != KVR_OK;
+    struct ucx_peer *p = up(base);
+    if (base->status != KVR_OK)
+        return true;
+    if (p->unflushed && !p->fl->pending) {
+        ucp_request_param_t fp = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+            .cb.send = pflush_cb,
+            .user_data = p->fl,
+        };
+        p->unflushed = false;
+        ucs_status_ptr_t r = ucp_ep_flush_nbx(p->ep, &fp);
+        if (UCS_PTR_IS_PTR(r)) {
+            p->fl->pending = true;
+            base->inflight++;
+        } else if (r != NULL) {
+            peer_failed(p, ucx_status(UCS_PTR_STATUS(r)), "endpoint flush failed");
+            return true;
+        }
+    }
+    return base->inflight == 0;
 }
 
 /* polls the pidfds of watched local peers, at most every KVR_UCX_WATCH_MS */
 static int watch_peers(struct ucx_engine *e)
 {
     int n = 0;
-    uint64_t now = kvr_now_ns();
+    struct timespec ts; /* the coarse clock (~5 ns, 1-4 ms steps): a 10 ms period */
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
     if (now < e->next_watch_ns)
         return 0;
     e->next_watch_ns = now + KVR_UCX_WATCH_MS * 1000000ull;
