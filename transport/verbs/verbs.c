@@ -593,7 +593,8 @@ static void vb_peer_ready(struct vb_peer *vp)
             vb_peer_failed(vp, s, NULL, "QP to RTS failed");
             return;
         }
-        vp->mtu = w->mtu;
+        if (i == 0 || w->mtu < vp->mtu) /* shown: the smallest path MTU of the rails */
+            vp->mtu = w->mtu;
     }
     vp->state = VB_READY;
     char st[64];
