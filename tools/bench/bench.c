@@ -57,6 +57,7 @@ struct opts {
     uint32_t depth;
     bool coalesce;
     bool check;
+    bool one_buffer;
     bool json;
     bool quiet;
     bool inject_corruption;
@@ -92,6 +93,8 @@ static void usage(FILE *f)
         "                                 backend reaches fastest) or mmap + kvr_xfer_mem_reg\n"
         "  --footprint SIZE               bytes the rotation touches (default: the pool;\n"
         "                                 small = hot caches, like ucx_perftest's one buffer)\n"
+        "  --one-buffer                   every descriptor on the same block-sized buffer\n"
+        "                                 (ucx_perftest's footprint; not with --check)\n"
         "  --iters N                      posts per row (default: by --duration)\n"
         "  --duration SEC                 seconds per row (default 0.5)\n"
         "  --warmup N                     untimed posts before each row (default 2*depth)\n"
@@ -233,6 +236,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"quiet", no_argument, NULL, 'Q'},
         {"inject-corruption", no_argument, NULL, 'X'},
         {"footprint", required_argument, NULL, 'F'},
+        {"one-buffer", no_argument, NULL, 'O'},
         {"mem", required_argument, NULL, 'M'},
         {"target-wait", required_argument, NULL, 'E'},
         {"help", no_argument, NULL, 'h'},
@@ -387,6 +391,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
                 return 2;
             }
             break;
+        case 'O':
+            o->one_buffer = true;
+            break;
         case 'X':
             o->inject_corruption = true;
             break;
@@ -411,6 +418,11 @@ static int parse_args(int argc, char **argv, struct opts *o)
     }
     if (o->role != ROLE_INITIATOR && o->peer) {
         fprintf(stderr, "kvrail-bench: --peer is for --role initiator\n");
+        return 2;
+    }
+    if (o->one_buffer && o->check) {
+        fprintf(stderr, "kvrail-bench: --one-buffer cannot be combined with --check (every "
+                        "post rewrites the same bytes)\n");
         return 2;
     }
     if (o->wait_ms < 0)
@@ -582,7 +594,8 @@ static void print_json(const struct report *r, const struct bench_bye *bye)
     json_str(stdout, r->backend);
     printf(",\"transports\":");
     json_str(stdout, r->transports);
-    printf(",\"mem\":\"%s\",\"footprint_bytes\":%" PRIu64, o->mem_alloc ? "alloc" : "reg",
+    printf(",\"mem\":\"%s\",\"one_buffer\":%s,\"footprint_bytes\":%" PRIu64,
+           o->mem_alloc ? "alloc" : "reg", o->one_buffer ? "true" : "false",
            o->footprint ? o->footprint : r->pool);
     printf(",\"role\":\"%s\",\"op\":\"%s\",\"pool_bytes\":%" PRIu64
            ",\"reg_ms\":%.4f,\"target_reg_ms\":%.4f,\"depth\":%u,\"check\":%s",
@@ -607,11 +620,12 @@ static void print_json(const struct report *r, const struct bench_bye *bye)
         printf("\"ndesc\":%zu,\"ndesc_coalesced\":%zu,\"lists\":%u,\"depth\":%u,\"posts\":%" PRIu64
                ",\"bytes\":%" PRIu64 ",\"seconds\":%.6f,\"gbps\":%.6f,\"posts_per_s\":%.1f,"
                "\"post_ns_p50\":%.1f,\"post_ns_p99\":%.1f,\"post_ns_per_desc_p50\":%.2f,"
+               "\"memcpy_ns_per_desc_p50\":%.2f,"
                "\"lat_us_p50\":%.3f,\"lat_us_p99\":%.3f,\"check\":%s,\"verified_bytes\":%" PRIu64
                "}",
                w->ndesc, w->nseg, w->nlists, w->cfg.depth, w->posts, w->bytes, w->seconds, w->gbps,
                w->posts_per_s, w->post_ns_p50, w->post_ns_p99, w->post_ns_per_desc_p50,
-               w->lat_us_p50, w->lat_us_p99,
+               w->memcpy_ns_per_desc_p50, w->lat_us_p50, w->lat_us_p99,
                w->cfg.check ? (w->check_ok ? "\"ok\"" : "\"failed\"") : "null", w->verified_bytes);
     }
     printf("\n]}\n");
@@ -645,10 +659,12 @@ static size_t sweep(const struct opts *o, kvr_xfer_engine_t *eng, kvr_xfer_peer_
                 .footprint = o->footprint,
                 .coalesce = o->coalesce,
                 .check = o->check,
+                .one_buffer = o->one_buffer,
                 .timeout_ms = o->timeout_ms,
             };
             /* the default sweep skips what does not fit; an explicit list reports it */
-            if (cfg.bsize * cfg.batch > pool && o->nsizes * o->nbatches > 1) {
+            if ((o->one_buffer ? cfg.bsize : cfg.bsize * cfg.batch) > pool &&
+                o->nsizes * o->nbatches > 1) {
                 char b1[32], b2[32];
                 fprintf(stderr, "kvrail-bench: skipping %s x %u: more than the pool (%s)\n",
                         fmt_size(cfg.bsize, b1, sizeof(b1)), cfg.batch,

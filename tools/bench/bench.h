@@ -101,6 +101,8 @@ struct bench_layout {
     uint64_t stride; /* bytes between slots */
     uint32_t coalesce;
     uint32_t op;
+    uint32_t one_buffer; /* depth lists, every descriptor on bytes [0, bsize) */
+    uint32_t pad;
 };
 
 /* Contents of a check-mode notification. */
@@ -138,6 +140,8 @@ struct bench_row_cfg {
     uint64_t footprint; /* bytes the rotation may touch; 0: the whole pool */
     bool coalesce;
     bool check;
+    bool one_buffer; /* every descriptor of every list on one block-sized buffer at
+                        each end: ucx_perftest's footprint and work per message */
     int timeout_ms;
 };
 
@@ -149,6 +153,11 @@ struct bench_row {
     double seconds;
     double gbps, posts_per_s;
     double post_ns_p50, post_ns_p99, post_ns_per_desc_p50;
+    /* the same descriptors copied with memcpy (source: the row's slots in
+     * turn; destination: one buffer of a post), p50 per descriptor: on a
+     * backend whose put is a memcpy (UCX shared memory) post time minus this
+     * is the engine's own overhead */
+    double memcpy_ns_per_desc_p50;
     double lat_us_p50, lat_us_p99;
     uint64_t verified_bytes; /* check mode */
     bool check_ok;

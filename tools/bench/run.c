@@ -97,7 +97,7 @@ kvr_status_t bench_layout_make(const struct bench_row_cfg *cfg, uint64_t pool_le
         snprintf(why, why_len, "block size and batch must be > 0");
         return KVR_ERR_INVALID;
     }
-    if (cfg->bsize > pool_len || cfg->batch > pool_len / cfg->bsize) {
+    if (cfg->bsize > pool_len || (!cfg->one_buffer && cfg->batch > pool_len / cfg->bsize)) {
         snprintf(why, why_len, "a post of %" PRIu64 " B x %u does not fit the pool (%" PRIu64 " B)",
                  cfg->bsize, cfg->batch, pool_len);
         return KVR_ERR_INVALID;
@@ -106,7 +106,17 @@ kvr_status_t bench_layout_make(const struct bench_row_cfg *cfg, uint64_t pool_le
     uint64_t n = pool_len / per_post, stride;
     if (n > BENCH_MAX_LISTS)
         n = BENCH_MAX_LISTS;
-    if (cfg->footprint && cfg->footprint < pool_len) {
+    if (cfg->one_buffer) {
+        /* ucx_perftest's footprint: one buffer of one block at each end, written
+         * over and over by every descriptor of `depth` lists (a list has one
+         * post in flight): one put of the same bytes per message */
+        if (cfg->check) {
+            snprintf(why, why_len, "--one-buffer cannot be combined with --check");
+            return KVR_ERR_INVALID;
+        }
+        n = cfg->depth ? cfg->depth : 1;
+        stride = 0;
+    } else if (cfg->footprint && cfg->footprint < pool_len) {
         /* a small, hot working set (as ucx_perftest's one buffer): slots packed */
         uint64_t want = cfg->footprint / per_post;
         uint64_t min_lists = cfg->depth ? cfg->depth : 1;
@@ -129,6 +139,7 @@ kvr_status_t bench_layout_make(const struct bench_row_cfg *cfg, uint64_t pool_le
         .stride = stride,
         .coalesce = cfg->coalesce,
         .op = (uint32_t)cfg->op,
+        .one_buffer = cfg->one_buffer,
     };
     *l_p = l;
     return KVR_OK;
@@ -137,6 +148,10 @@ kvr_status_t bench_layout_make(const struct bench_row_cfg *cfg, uint64_t pool_le
 void bench_layout_desc(const struct bench_layout *l, uint32_t k, uint32_t i, uint64_t *loff_p,
                        uint64_t *roff_p)
 {
+    if (l->one_buffer) {
+        *loff_p = *roff_p = 0;
+        return;
+    }
     uint64_t base = (uint64_t)k * l->stride;
     *loff_p = base + (uint64_t)i * l->bsize;
     *roff_p = base + (uint64_t)(l->coalesce ? i : l->batch - 1 - i) * l->bsize;
@@ -427,6 +442,32 @@ static kvr_status_t run_posts(struct row_ctx *c, uint64_t n, double duration, bo
     return KVR_OK;
 }
 
+/* The row's descriptors copied by memcpy instead of the engine: `reps`
+ * posts' worth, source slots in turn, into one destination buffer of a post
+ * (laid out as the remote side); p50 per descriptor. */
+static double memcpy_baseline(struct row_ctx *c, uint64_t *samples, size_t reps)
+{
+    uint64_t per_post = c->l.bsize * c->l.batch;
+    uint8_t *dst = aligned_alloc(4096, (per_post + 4095u) & ~4095ull);
+    if (!dst)
+        return 0;
+    memset(dst, 0, per_post);
+    for (size_t r = 0; r < reps; r++) {
+        uint32_t k = (uint32_t)(r % c->l.nlists);
+        uint64_t base = (uint64_t)k * c->l.stride;
+        uint64_t t0 = kvr_now_ns();
+        for (uint32_t i = 0; i < c->l.batch; i++) {
+            uint64_t loff, roff;
+            bench_layout_desc(&c->l, k, i, &loff, &roff);
+            memcpy(dst + (roff - base), c->lpool + loff, c->l.bsize);
+        }
+        samples[r] = kvr_now_ns() - t0;
+    }
+    free(dst);
+    qsort(samples, reps, sizeof(uint64_t), cmp_u64);
+    return percentile(samples, reps, 0.50) / (double)c->l.batch;
+}
+
 /* Waits until every post and notification on the peer has completed. */
 static kvr_status_t flush_all(struct row_ctx *c)
 {
@@ -534,6 +575,8 @@ kvr_status_t bench_row_run(kvr_xfer_engine_t *eng, kvr_xfer_peer_t *peer, kvr_xf
     qsort(c.lat_ns, c.ncompleted, sizeof(uint64_t), cmp_u64);
     row_p->lat_us_p50 = percentile(c.lat_ns, c.ncompleted, 0.50) / 1e3;
     row_p->lat_us_p99 = percentile(c.lat_ns, c.ncompleted, 0.99) / 1e3;
+    if (cap >= 16) /* reuses the latency samples' array */
+        row_p->memcpy_ns_per_desc_p50 = memcpy_baseline(&c, c.lat_ns, cap < 256 ? cap : 256);
 
 out_release:
     if (st != KVR_OK)
