@@ -22,7 +22,7 @@ if [ ! -f "$MODEL/config.json" ]; then
     "$BIN/tools/mkmodel/kvrail-mkmodel" --out "$MODEL" --seed 1 >/dev/null
 fi
 
-CLIENT=$(python3 -c "import yaml;print(yaml.safe_load(open('$CONFIG'))['router']['client'])" 2>/dev/null || echo tcp://127.0.0.1:7700)
+CLIENT=$(/usr/bin/python3 -c "import yaml;print(yaml.safe_load(open('$CONFIG'))['router']['client'])" 2>/dev/null || echo tcp://127.0.0.1:7700)
 LOG=$(mktemp -t kvrail-up.XXXXXX)
 "$BIN/tools/kvrail/kvrail" up "$CONFIG" >"$LOG" 2>&1 &
 UP=$!
