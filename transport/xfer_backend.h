@@ -146,10 +146,10 @@ void kvr_xfer_deliver_notif(kvr_xfer_engine_t *e, const void *msg, size_t len);
 
 /** Backends registered in this build (xfer.c, one #ifdef per backend). */
 extern const struct kvr_xfer_ops kvr_xfer_loop_ops;
-#ifdef KVR_HAVE_UCX
+#ifdef KVR_XFER_BUILD_UCX
 extern const struct kvr_xfer_ops kvr_xfer_ucx_ops;
 #endif
-#ifdef KVR_HAVE_VERBS
+#ifdef KVR_XFER_BUILD_VERBS
 extern const struct kvr_xfer_ops kvr_xfer_verbs_ops;
 #endif
 
