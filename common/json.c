@@ -857,3 +857,19 @@ size_t kvr_json_escape(char *buf, size_t cap, const char *s, size_t len)
         buf[o < cap ? o : cap - 1] = '\0';
     return o;
 }
+
+void kvr_json_fput_str(FILE *f, const char *s, size_t len)
+{
+    char small[1024];
+    size_t need = kvr_json_escape(small, sizeof(small), s, len);
+    if (need < sizeof(small)) {
+        fputs(small, f);
+        return;
+    }
+    char *big = malloc(need + 1);
+    if (!big)
+        return;
+    kvr_json_escape(big, need + 1, s, len);
+    fputs(big, f);
+    free(big);
+}

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include <stdio.h>
 
 #include "kvr_status.h"
 
@@ -26,7 +27,7 @@ enum kvr_json_type {
     KVR_JSON_OBJECT,
 };
 
-typedef struct kvr_json kvr_json_t;      /* a value */
+typedef struct kvr_json kvr_json_t; /* a value */
 typedef struct kvr_json_doc kvr_json_doc_t;
 
 struct kvr_json {
@@ -35,17 +36,17 @@ struct kvr_json {
         bool b;
         struct {
             double num;
-            int64_t i64;      /* exact when the literal was an integer that fits */
+            int64_t i64; /* exact when the literal was an integer that fits */
             bool is_int;
         };
         struct {
-            const char *str;  /* NUL-terminated UTF-8 */
+            const char *str; /* NUL-terminated UTF-8 */
             size_t len;
         };
         struct {
-            size_t n;         /* array elements or object members */
-            kvr_json_t **items;       /* values */
-            const char **keys;        /* objects only: NUL-terminated keys */
+            size_t n;           /* array elements or object members */
+            kvr_json_t **items; /* values */
+            const char **keys;  /* objects only: NUL-terminated keys */
             size_t *key_lens;
         };
     };
@@ -77,5 +78,8 @@ const char *kvr_json_get_str(const kvr_json_t *obj, const char *key, const char 
 /** Appends s as a JSON string literal (quotes, escapes) into buf; returns the
  *  length it needs (like snprintf). */
 size_t kvr_json_escape(char *buf, size_t cap, const char *s, size_t len);
+
+/** Writes s as a JSON string literal to f (any length). */
+void kvr_json_fput_str(FILE *f, const char *s, size_t len);
 
 #endif

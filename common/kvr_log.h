@@ -30,13 +30,12 @@ void kvr_log_set_process(const char *name);
 
 void kvr_log_write(enum kvr_log_level level, const char *component, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-void kvr_log_vwrite(enum kvr_log_level level, const char *component, const char *fmt,
-                    va_list ap);
+void kvr_log_vwrite(enum kvr_log_level level, const char *component, const char *fmt, va_list ap);
 
-#define KVR_LOG(level, comp, ...)                                              \
-    do {                                                                       \
-        if ((int)(level) <= kvr_log_level_current)                             \
-            kvr_log_write((level), (comp), __VA_ARGS__);                       \
+#define KVR_LOG(level, comp, ...)                                                                  \
+    do {                                                                                           \
+        if ((int)(level) <= kvr_log_level_current)                                                 \
+            kvr_log_write((level), (comp), __VA_ARGS__);                                           \
     } while (0)
 
 #define KVR_LOG_ERROR(comp, ...) KVR_LOG(KVR_LOG_ERROR, comp, __VA_ARGS__)

@@ -52,11 +52,10 @@ void kvr_log_vwrite(enum kvr_log_level level, const char *component, const char 
     struct tm tm;
     gettimeofday(&tv, NULL);
     gmtime_r(&tv.tv_sec, &tm);
-    int n = snprintf(line, sizeof(line), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ %c %s %s[%d]: ",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-                     tm.tm_sec, (int)(tv.tv_usec / 1000),
-                     level_char[level < 0 || level > 4 ? 0 : level], log_process, component,
-                     (int)getpid());
+    int n = snprintf(
+        line, sizeof(line), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ %c %s %s[%d]: ", tm.tm_year + 1900,
+        tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(tv.tv_usec / 1000),
+        level_char[level < 0 || level > 4 ? 0 : level], log_process, component, (int)getpid());
     if (n < 0)
         return;
     if ((size_t)n < sizeof(line))

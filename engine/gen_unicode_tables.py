@@ -83,7 +83,7 @@ def main():
       " * regexes; canonical combining classes, full canonical decompositions and\n"
       " * primary composition pairs for NFC.  All sorted for binary search.\n */\n"
       % ud.unidata_version)
-    w('#include "tokenizer_unicode.h"\n\n')
+    w('#include "tokenizer_unicode.h"\n\n/* clang-format off */\n')
     w(f'const char kvr_unicode_version[] = "{ud.unidata_version}";\n\n')
     L = ranges(lambda cp: not is_surrogate(cp) and cat(cp).startswith('L'))
     N = ranges(lambda cp: not is_surrogate(cp) and cat(cp).startswith('N'))

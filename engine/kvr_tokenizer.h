@@ -93,15 +93,13 @@ const char *kvr_tokenizer_kind(const kvr_tokenizer_t *tok);
  * stripped only at the start of the stream, as decode does. */
 
 /** @return KVR_OK; KVR_ERR_INVALID; KVR_ERR_NO_MEMORY. */
-kvr_status_t kvr_detok_create(const kvr_tokenizer_t *tok, bool skip_special,
-                              kvr_detok_t **detok_p);
+kvr_status_t kvr_detok_create(const kvr_tokenizer_t *tok, bool skip_special, kvr_detok_t **detok_p);
 void kvr_detok_destroy(kvr_detok_t *detok);
 /** Feeds one id.  *text_p points into the detokenizer (valid until the next
  *  call) at the newly completed text, *len_p bytes, possibly 0.
  *  @return KVR_OK; KVR_ERR_OUT_OF_RANGE (bad id; nothing changes);
  *          KVR_ERR_NO_MEMORY. */
-kvr_status_t kvr_detok_feed(kvr_detok_t *detok, int32_t id, const char **text_p,
-                            size_t *len_p);
+kvr_status_t kvr_detok_feed(kvr_detok_t *detok, int32_t id, const char **text_p, size_t *len_p);
 /** Ends the stream: returns what is still held back (an incomplete UTF-8
  *  tail, as U+FFFD), and resets the detokenizer for a new stream. */
 kvr_status_t kvr_detok_flush(kvr_detok_t *detok, const char **text_p, size_t *len_p);

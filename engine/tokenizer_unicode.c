@@ -8,6 +8,7 @@
  */
 #include "tokenizer_unicode.h"
 
+/* clang-format off */
 const char kvr_unicode_version[] = "14.0.0";
 
 const uint32_t kvr_uni_letter[][2] = {

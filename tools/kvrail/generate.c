@@ -54,22 +54,6 @@ struct gen_out {
     bool first;
 };
 
-static void print_json_str(const char *s, size_t len)
-{
-    char small[1024];
-    size_t need = kvr_json_escape(small, sizeof(small), s, len);
-    if (need < sizeof(small)) {
-        fputs(small, stdout);
-        return;
-    }
-    char *big = malloc(need + 1);
-    if (!big)
-        return;
-    kvr_json_escape(big, need + 1, s, len);
-    fputs(big, stdout);
-    free(big);
-}
-
 static int on_token(void *arg, const struct kvr_gen_token *t)
 {
     struct gen_out *o = arg;
@@ -81,7 +65,7 @@ static int on_token(void *arg, const struct kvr_gen_token *t)
             printf("]}\n");
         }
         printf("{\"token_id\": %u, \"text\": ", t->token_id);
-        print_json_str(t->text, t->text_len);
+        kvr_json_fput_str(stdout, t->text, t->text_len);
         printf(", \"logprob\": %.6f}\n", (double)t->logprob);
     } else {
         fwrite(t->text, 1, t->text_len, stdout);

@@ -103,22 +103,6 @@ static int parse_num(const char *flag, const char *s, double *out)
     return 0;
 }
 
-static void print_json_text(const char *s, size_t len)
-{
-    char small[1024];
-    size_t need = kvr_json_escape(small, sizeof(small), s, len);
-    if (need < sizeof(small)) {
-        fputs(small, stdout);
-        return;
-    }
-    char *big = malloc(need + 1);
-    if (!big)
-        return;
-    kvr_json_escape(big, need + 1, s, len);
-    fputs(big, stdout);
-    free(big);
-}
-
 struct pending {
     bool have;
     int32_t id;
@@ -163,7 +147,7 @@ static void pending_flush(struct pending *p)
     if (!p->have)
         return;
     printf("{\"token_id\": %d, \"text\": ", p->id);
-    print_json_text(p->text ? p->text : "", p->len);
+    kvr_json_fput_str(stdout, p->text ? p->text : "", p->len);
     printf(", \"logprob\": %.6f}\n", (double)p->logprob);
     fflush(stdout);
     p->have = false;
