@@ -8,7 +8,9 @@
 set -e
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
-PROMPT=${1:-"The quick brown fox jumps over the lazy dog. Disaggregated serving moves the KV cache"}
+# default: a prompt of about a thousand tokens, so that the KV push is visible
+PARA="Prefill nodes run the prompt through the model and build its KV cache; decode nodes hold the pool and generate. "
+PROMPT=${1:-"$PARA$PARA$PARA$PARA$PARA$PARA$PARA$PARA$PARA$PARA$PARA$PARA The quick brown fox"}
 CONFIG=deploy/local/cluster.yaml
 
 tools/install-deps.sh
@@ -45,9 +47,22 @@ until "$BIN/tools/kvrail/kvrail" status --router "$CLIENT" --json 2>/dev/null |
     sleep 0.2
 done
 
-echo "== prompt: $PROMPT"
+echo "== prompt (${#PROMPT} characters): $(printf %s "$PROMPT" | cut -c1-100)..."
 echo "== generated (streamed through the router, prefilled on prefill0, decoded on decode0):"
 "$BIN/tools/kvrail/kvrail" generate --router "$CLIENT" --max-tokens 48 --temperature 0 "$PROMPT"
+echo "(the tiny model's weights are random, so the text is noise; what matters is that"
+echo " the cluster's tokens are exactly those of the single-process reference:)"
+A=$("$BIN/tools/kvrail/kvrail" generate --router "$CLIENT" --max-tokens 48 --temperature 0 --json "$PROMPT" |
+    python3 -c "import json,sys; print([json.loads(l)['token_id'] for l in sys.stdin if 'token_id' in l])")
+B=$("$BIN/tools/kvrail/kvrail" run --model "$MODEL" --max-tokens 48 --temperature 0 --json --prompt "$PROMPT" |
+    python3 -c "import json,sys; print([json.loads(l)['token_id'] for l in sys.stdin if 'token_id' in l])")
+if [ "$A" = "$B" ]; then
+    echo "== cluster == kvrail run: identical, $(echo "$A" | tr ',' '\n' | wc -l) tokens"
+else
+    echo "== MISMATCH: cluster $A" >&2
+    echo "==           run     $B" >&2
+    exit 1
+fi
 echo
 echo "== cluster status:"
 "$BIN/tools/kvrail/kvrail" status --router "$CLIENT"

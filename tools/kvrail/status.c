@@ -95,8 +95,14 @@ static void print_text(const char *ep, const struct kvr_cluster_status *s)
            (double)s->overhead_max_ns / 1e3, s->overhead_samples,
            (double)s->overhead_cpu_p50_ns / 1e3, (double)s->overhead_cpu_p99_ns / 1e3,
            (double)s->token_overhead_p99_ns / 1e3);
-    printf("KV moved prefill -> decode: %" PRIu64 " bytes (%.2f MiB) at %.3f GB/s\n\n",
-           s->kv_bytes_moved, (double)s->kv_bytes_moved / 1048576.0, s->kv_gbps);
+    /* transfer time: each layer's post to the completion the prefill node saw
+     * (at its next layer boundary), so the rate is a lower bound */
+    double secs = (double)s->kv_transfer_ns / 1e9;
+    double rate = secs > 0 ? (double)s->kv_bytes_moved / secs : 0.0;
+    printf("KV moved prefill -> decode: %" PRIu64 " bytes (%.2f MiB) in %.3f ms of transfer time"
+           ", at least %.1f MB/s (%.3f GB/s)\n\n",
+           s->kv_bytes_moved, (double)s->kv_bytes_moved / 1048576.0, secs * 1e3, rate / 1e6,
+           rate / 1e9);
     printf("%-12s %-8s %-5s %-10s %7s %13s %8s %6s %10s %12s %9s\n", "NODE", "ROLE", "ALIVE",
            "TRANSPORT", "HB AGO", "FREE/TOTAL", "CACHED", "BATCH", "PREFILL TK", "KV BYTES",
            "GB/S");
