@@ -67,14 +67,14 @@ enum kvr_xfer_op {
 typedef void (*kvr_xfer_notif_cb_t)(void *arg, const void *msg, size_t len);
 
 struct kvr_xfer_config {
-    const char *backend;   /* "ucx", "verbs", "loop"; NULL: the default ("ucx" if built) */
-    const char *name;      /* for log lines; NULL: "xfer" */
-    int require_rdma;      /* 1: a TCP or shared-memory fall-back is a start-up error
-                              (KVR_ERR_NO_RDMA) at engine create or connect */
-    const char *devices;   /* optional: NICs to use (UCX_NET_DEVICES syntax for ucx,
-                              "mlx5_0,mlx5_1" or "rxe0:1" for verbs); NULL: auto */
-    const char *tls;       /* optional: UCX transport list (UCX_TLS syntax); NULL: auto */
-    int gid_index;         /* verbs: GID index, -1 = auto (RoCE v2, IPv4-mapped first) */
+    const char *backend;          /* "ucx", "verbs", "loop"; NULL: the default ("ucx" if built) */
+    const char *name;             /* for log lines; NULL: "xfer" */
+    int require_rdma;             /* 1: a TCP or shared-memory fall-back is a start-up error
+                                     (KVR_ERR_NO_RDMA) at engine create or connect */
+    const char *devices;          /* optional: NICs to use (UCX_NET_DEVICES syntax for ucx,
+                                     "mlx5_0,mlx5_1" or "rxe0:1" for verbs); NULL: auto */
+    const char *tls;              /* optional: UCX transport list (UCX_TLS syntax); NULL: auto */
+    int gid_index;                /* verbs: GID index, -1 = auto (RoCE v2, IPv4-mapped first) */
     kvr_xfer_notif_cb_t notif_cb; /* optional: notifications for this engine */
     void *notif_arg;
 };
@@ -89,7 +89,8 @@ const char *const *kvr_xfer_backends(void);
  *  @return KVR_OK; KVR_ERR_NOT_FOUND (no such backend in this build);
  *          KVR_ERR_NO_RDMA (require_rdma and no RDMA device); KVR_ERR_IO;
  *          KVR_ERR_NO_MEMORY. */
-kvr_status_t kvr_xfer_engine_create(const struct kvr_xfer_config *cfg, kvr_xfer_engine_t **engine_p);
+kvr_status_t kvr_xfer_engine_create(const struct kvr_xfer_config *cfg,
+                                    kvr_xfer_engine_t **engine_p);
 
 /** Destroys an engine; peers, regions and lists still open are released. */
 void kvr_xfer_engine_destroy(kvr_xfer_engine_t *engine);
@@ -241,8 +242,8 @@ struct kvr_xfer_stats {
     uint32_t ndesc;           /* descriptors as given */
     uint32_t ndesc_coalesced; /* descriptors posted */
     uint64_t bytes;
-    uint64_t post_ns;         /* time spent inside kvr_xfer_post */
-    uint64_t complete_ns;     /* post start -> completion observed */
+    uint64_t post_ns;     /* time spent inside kvr_xfer_post */
+    uint64_t complete_ns; /* post start -> completion observed */
 };
 
 /** Telemetry of the list's last post (complete_ns 0 while in flight). */

@@ -22,7 +22,7 @@
 #include "kvr_xfer.h"
 
 #ifndef container_of
-#define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
+#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 #endif
 
 struct kvr_xfer_ops;
@@ -35,7 +35,7 @@ struct kvr_xfer_link {
 
 struct kvr_xfer_engine {
     const struct kvr_xfer_ops *ops;
-    struct kvr_xfer_config cfg;   /* copied; strings below are owned copies */
+    struct kvr_xfer_config cfg; /* copied; strings below are owned copies */
     char name[64];
     char devices[256];
     char tls[256];
@@ -55,15 +55,15 @@ struct kvr_xfer_mem {
 
 struct kvr_xfer_peer {
     kvr_xfer_engine_t *engine;
-    kvr_status_t status;          /* KVR_OK or the sticky failure */
-    char transports[256];         /* filled by connect: what the link really uses */
-    uint32_t inflight;            /* posts + notifications not yet complete (backend keeps it) */
+    kvr_status_t status;  /* KVR_OK or the sticky failure */
+    char transports[256]; /* filled by connect: what the link really uses */
+    uint32_t inflight;    /* posts + notifications not yet complete (backend keeps it) */
     struct kvr_xfer_link link, rmems, dlists; /* core-private */
 };
 
 struct kvr_xfer_rmem {
     kvr_xfer_peer_t *peer;
-    uint64_t addr;                /* remote virtual address of offset 0 */
+    uint64_t addr; /* remote virtual address of offset 0 */
     uint64_t len;
     enum kvr_mem_kind kind;
     struct kvr_xfer_link link; /* core-private */
@@ -73,21 +73,21 @@ struct kvr_xfer_rmem {
 struct kvr_xfer_seg {
     kvr_xfer_mem_t *lmem;
     kvr_xfer_rmem_t *rmem;
-    void *laddr;                  /* lmem->addr + loff */
-    uint64_t raddr;               /* rmem->addr + roff */
+    void *laddr;    /* lmem->addr + loff */
+    uint64_t raddr; /* rmem->addr + roff */
     uint64_t len;
 };
 
 struct kvr_xfer_dlist {
     kvr_xfer_peer_t *peer;
     enum kvr_xfer_op op;
-    size_t ndesc;                 /* as given */
-    size_t nseg;                  /* after coalescing */
+    size_t ndesc; /* as given */
+    size_t nseg;  /* after coalescing */
     struct kvr_xfer_seg *segs;
     uint64_t bytes;
     /* state of the last post: the backend sets status to KVR_OK or an error
      * when it completes and calls kvr_xfer_dlist_complete(). */
-    kvr_status_t status;          /* KVR_OK initially (nothing in flight) */
+    kvr_status_t status; /* KVR_OK initially (nothing in flight) */
     bool inflight;
     uint64_t t_post_ns;
     struct kvr_xfer_stats stats;
@@ -96,7 +96,7 @@ struct kvr_xfer_dlist {
 
 struct kvr_xfer_ops {
     const char *name;
-    uint16_t id;                  /* in blobs: refuse another backend's blob */
+    uint16_t id; /* in blobs: refuse another backend's blob */
     size_t engine_size, mem_size, peer_size, rmem_size, dlist_size;
 
     kvr_status_t (*engine_init)(kvr_xfer_engine_t *e);
@@ -115,8 +115,8 @@ struct kvr_xfer_ops {
     kvr_status_t (*rmem_unpack)(kvr_xfer_rmem_t *r, const void *buf, size_t len);
     void (*rmem_release)(kvr_xfer_rmem_t *r);
 
-    kvr_status_t (*dlist_prepare)(kvr_xfer_dlist_t *d);  /* optional: default none */
-    void (*dlist_release)(kvr_xfer_dlist_t *d);          /* optional: default none */
+    kvr_status_t (*dlist_prepare)(kvr_xfer_dlist_t *d); /* optional: default none */
+    void (*dlist_release)(kvr_xfer_dlist_t *d);         /* optional: default none */
     /* posts d->segs; returns KVR_INPROGRESS or KVR_OK (done) or an error.
      * Completion later: set d->status, call kvr_xfer_dlist_complete(d). */
     kvr_status_t (*post)(kvr_xfer_dlist_t *d);
