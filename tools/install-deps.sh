@@ -2,16 +2,22 @@
 # install-deps.sh - installs the Debian 12 packages kvrail needs (apt-get, as root).
 #   tools/install-deps.sh          build + run
 #   tools/install-deps.sh --test   also what the test suite needs
+#   tools/install-deps.sh --bench  also what the benchmarks compare against (PyTorch)
 # Every package is named here; nothing is assumed to be on the machine.
 set -e
 PKGS="build-essential meson ninja-build pkg-config
       libucx-dev ucx-utils libibverbs-dev rdma-core ibverbs-providers
       libzmq3-dev protobuf-c-compiler libprotobuf-c-dev
       libopenblas-dev libxxhash-dev libyaml-dev python3 python3-yaml"
-TEST_PKGS="python3-numpy python3-torch iproute2 procps psmisc clang-format
+TEST_PKGS="python3-numpy iproute2 procps psmisc clang-format
       qemu-system-x86 linux-image-amd64 busybox-static kmod cpio ibverbs-utils perftest gnuplot-nox
 "
+BENCH_PKGS="python3-torch"   # tools/bench-engine's PyTorch side
 case "$1" in
+--bench)
+    PKGS="$PKGS $TEST_PKGS $BENCH_PKGS"
+    command -v npm >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
+    ;;
 --test)
     PKGS="$PKGS $TEST_PKGS"
     # Node.js for the tokenizer oracle: use the machine's own if it has one
