@@ -456,15 +456,41 @@ static int case_badkey(void)
     kvr_status_t s = kvr_xfer_rmem_unpack(in.p, bad, tp.rk_len[0], &junk);
     KVR_CHECK(s == KVR_ERR_CORRUPT || s == KVR_ERR_INVALID);
     free(bad);
-    /* the stale rkey: the write is refused by the target's NIC */
+    /* good writes, one post each, posted back to back: the backend signals
+     * only some of their WRs; every one must still complete, with no more
+     * traffic behind them (the unsignaled tail is flushed) */
+    enum { NGOOD = 5 };
+    kvr_xfer_dlist_t *good[NGOOD + 1];
+    for (int i = 0; i <= NGOOD; i++) {
+        struct kvr_xfer_desc g = {in.lm, (uint64_t)i * 65536, in.rr, (uint64_t)i * 65536, 65536};
+        KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(in.p, KVR_XFER_WRITE, &g, 1, &good[i]), KVR_OK);
+    }
+    for (int i = 0; i < NGOOD; i++)
+        KVR_CHECK_STATUS(kvr_xfer_post(good[i]), KVR_INPROGRESS);
+    for (int i = 0; i < NGOOD; i++)
+        KVR_CHECK_STATUS(kvr_xfer_wait(good[i], 10000), KVR_OK);
+    /* the stale rkey: the write is refused by the target's NIC.  Posted
+     * behind unsignaled good writes and ahead of one more: those before it
+     * succeeded (RC completes in order), it gets its own status, the one
+     * after it peer failure */
     struct kvr_xfer_desc d = {in.lm, 0, in.rx, 0, 65536};
     kvr_xfer_dlist_t *dl;
     KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(in.p, KVR_XFER_WRITE, &d, 1, &dl), KVR_OK);
+    for (int i = 0; i < NGOOD; i++)
+        KVR_CHECK_STATUS(kvr_xfer_post(good[i]), KVR_INPROGRESS);
     s = kvr_xfer_post(dl);
     KVR_CHECK(s == KVR_INPROGRESS || s == KVR_ERR_NOT_FOUND);
+    kvr_status_t after = kvr_xfer_post(good[NGOOD]);
+    KVR_CHECK(after == KVR_INPROGRESS || after == KVR_ERR_PEER_FAILURE);
     s = kvr_xfer_wait(dl, 10000);
     printf("write with a stale rkey: %s (%s)\n", kvr_status_name(s), kvr_status_str(s));
     KVR_CHECK_STATUS(s, KVR_ERR_NOT_FOUND);
+    for (int i = 0; i < NGOOD; i++)
+        KVR_CHECK_STATUS(kvr_xfer_wait(good[i], 10000), KVR_OK);
+    if (after == KVR_INPROGRESS)
+        KVR_CHECK_STATUS(kvr_xfer_wait(good[NGOOD], 10000), KVR_ERR_PEER_FAILURE);
+    printf("%d unsignaled good writes before it: OK; the one after it: %s\n", NGOOD,
+           kvr_status_name(KVR_ERR_PEER_FAILURE));
     KVR_CHECK_STATUS(kvr_xfer_peer_status(in.p), KVR_ERR_PEER_FAILURE);
     kvr_xfer_disconnect(in.p);
     /* the same target, reconnected, takes a verified round */

@@ -253,16 +253,31 @@ static void vb_part_done(struct vb_part *pt, kvr_status_t s)
 static void vb_peer_failed(struct vb_peer *vp, kvr_status_t first, struct vb_dlist *first_dl,
                            const char *why);
 
-/* posts WRs [pt->posted, pt->posted + n) of a part; 0 or an errno */
+/* signal every Nth WR of a rail: N <= depth / 4, so a full send queue always
+ * holds a signaled WR and a tail to flush is always shorter than the room */
+static uint32_t vb_signal_every(uint32_t depth)
+{
+    uint32_t n = depth / 4;
+    return n > VB_SIGNAL_EVERY ? VB_SIGNAL_EVERY : n ? n : 1;
+}
+
+/* posts WRs [pt->posted, pt->posted + n) of a part; 0 or an errno.  A WR is
+ * signaled when its sequence number is N - 1 modulo N, or when it ends
+ * the chunk and no signaled WR is in flight (nothing would report this chunk
+ * soon); the others complete with the next signaled WR on the QP (RC retires
+ * a QP's WRs in order), or with a flush from vb_rail_flush(). */
 static int vb_post_chunk(struct vb_rail *r, struct vb_part *pt, uint32_t n, uint32_t depth)
 {
-    uint32_t a = pt->posted, b = a + n;
+    uint32_t a = pt->posted, b = a + n, every = vb_signal_every(depth);
+    uint64_t sig = r->sig;
     for (uint32_t k = a; k < b; k++) {
         uint64_t seq = r->posted + (k - a);
         struct ibv_send_wr *w = &pt->wr[k];
         w->wr_id = seq;
-        bool sig = k == b - 1 || (seq % VB_SIGNAL_EVERY) == VB_SIGNAL_EVERY - 1;
-        w->send_flags = sig ? IBV_SEND_SIGNALED : 0;
+        bool on = (seq % every) == every - 1 || (k == b - 1 && sig <= r->done);
+        w->send_flags = on ? IBV_SEND_SIGNALED : 0;
+        if (on)
+            sig = seq + 1;
         struct vb_slot *sl = &r->slots[seq % depth];
         sl->dl = pt->dl;
         sl->kind = VB_ITEM_PART;
@@ -275,7 +290,40 @@ static int vb_post_chunk(struct vb_rail *r, struct vb_part *pt, uint32_t n, uint
     if (rc)
         return rc;
     r->posted += n;
+    r->sig = sig;
+    r->last_raddr = pt->wr[b - 1].wr.rdma.remote_addr;
+    r->last_rkey = pt->wr[b - 1].wr.rdma.rkey;
     pt->posted = b;
+    return 0;
+}
+
+/* WRs posted after the last signaled one, with no signaled WR in flight to
+ * report them: post a signaled zero-length RDMA WRITE (to the place the last
+ * data WR named, so the rkey is one the target knows) whose completion
+ * retires them all.  0, or an errno. */
+static int vb_rail_flush(struct vb_rail *r, uint32_t depth)
+{
+    if (r->posted == r->sig || r->sig > r->done || vb_rail_free(r, depth) == 0)
+        return 0;
+    struct ibv_send_wr wr = {.wr_id = r->posted,
+                             .num_sge = 0,
+                             .opcode = IBV_WR_RDMA_WRITE,
+                             .send_flags = IBV_SEND_SIGNALED},
+                       *bad = NULL;
+    wr.wr.rdma.remote_addr = r->last_raddr;
+    wr.wr.rdma.rkey = r->last_rkey;
+    struct vb_slot *sl = &r->slots[r->posted % depth];
+    sl->dl = NULL;
+    sl->kind = VB_ITEM_FLUSH;
+    sl->end = 1;
+    int rc = ibv_post_send(r->qp, &wr, &bad);
+    if (rc) {
+        sl->kind = 0;
+        return rc;
+    }
+    r->posted++;
+    r->sig = r->posted;
+    r->flushes++;
     return 0;
 }
 
@@ -299,6 +347,7 @@ static int vb_post_notif(struct vb_rail *r, struct vb_notif *nt, uint32_t depth)
     if (rc)
         return rc;
     r->posted++;
+    r->sig = r->posted;
     return 0;
 }
 
@@ -1120,6 +1169,19 @@ static bool vb_side_closed(struct vb_peer *vp, int timeout_ms)
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR);
 }
 
+/* vb_rail_flush(); a failed post fails the peer */
+static void vb_rail_flush_or_fail(struct vb_rail *r, uint32_t depth)
+{
+    int rc = vb_rail_flush(r, depth);
+    if (rc) {
+        struct vb_peer *vp = r->peer;
+        char why[128];
+        snprintf(why, sizeof(why), "ibv_post_send (completion flush) on %s: %s",
+                 ENG(vp->base.engine)->dev[r->ldev].name, strerror(rc));
+        vb_peer_failed(vp, kvr_verbs_status(-1, rc), NULL, why);
+    }
+}
+
 static int vb_rail_poll(struct vb_rail *r, uint32_t depth)
 {
     struct ibv_wc wc[VB_CQ_BATCH];
@@ -1146,7 +1208,8 @@ static int vb_rail_poll(struct vb_rail *r, uint32_t depth)
         struct vb_engine *ve = ENG(vp->base.engine);
         snprintf(why, sizeof(why), "%s on %s QP %u (%s of %.64s): %s%s; that transfer: %s",
                  dl ? (dl->base.op == KVR_XFER_WRITE ? "RDMA WRITE" : "RDMA READ")
-                    : "notification SEND",
+                 : sl->kind == VB_ITEM_FLUSH ? "zero-length RDMA WRITE (completion flush)"
+                                             : "notification SEND",
                  ve->dev[r->ldev].name, r->qp->qp_num, vp->remote.dev[r->rdev].name,
                  vp->remote.host, ibv_wc_status_str(wc[i].status),
                  gone ? " (the target shut down: its side channel closed)"
@@ -1167,12 +1230,19 @@ static int vb_progress(kvr_xfer_engine_t *e)
     int n = 0;
     if (ve->efd >= 0)
         vb_drain_cq_events(ve);
-    /* completions first: what finished before a peer died still counts */
+    /* completions first: what finished before a peer died still counts.  An
+     * unsignaled tail left by the last call is flushed before polling (a
+     * caller that posts between two calls covers it with its next post
+     * instead); with an event fd the caller may sleep, so also after. */
     for (struct vb_peer *vp = ve->peers; vp; vp = vp->next) {
         if (vp->state != VB_READY)
             continue;
-        for (int i = 0; i < vp->nrails && vp->state == VB_READY; i++)
+        for (int i = 0; i < vp->nrails && vp->state == VB_READY; i++) {
+            vb_rail_flush_or_fail(&vp->rail[i], ve->sq_depth);
             n += vb_rail_poll(&vp->rail[i], ve->sq_depth);
+            if (ve->efd >= 0 && vp->state == VB_READY)
+                vb_rail_flush_or_fail(&vp->rail[i], ve->sq_depth);
+        }
         if (vp->state == VB_READY && vp->rail[0].head) /* fenced notifications */
             n += vb_rail_kick(&vp->rail[0]);
     }

@@ -34,7 +34,7 @@
 #define VB_RQ_DEPTH      64  /* notification receive buffers per inbound rail 0 */
 #define VB_NOTIF_SLOTS   64  /* notification send buffers per peer */
 #define VB_NOTIF_BUF     KVR_XFER_NOTIF_MAX
-#define VB_SIGNAL_EVERY  32
+#define VB_SIGNAL_EVERY  16 /* at most; sq_depth / 4 when smaller */
 #define VB_STRIPE_PIECE  (1u << 20)
 #define VB_MAX_WR_LEN    (1u << 30)
 #define VB_CQ_BATCH      32
@@ -134,7 +134,7 @@ struct vb_rmem {
 
 struct vb_dlist;
 
-enum vb_item_kind { VB_ITEM_PART = 1, VB_ITEM_NOTIF = 2 };
+enum vb_item_kind { VB_ITEM_PART = 1, VB_ITEM_NOTIF = 2, VB_ITEM_FLUSH = 3 };
 
 /* something waiting on a rail's FIFO */
 struct vb_item {
@@ -161,7 +161,7 @@ struct vb_notif {
 /* what a send-queue slot belongs to */
 struct vb_slot {
     struct vb_dlist *dl; /* NULL for a notification, or once the list was released */
-    uint8_t kind;        /* VB_ITEM_PART or VB_ITEM_NOTIF */
+    uint8_t kind;        /* VB_ITEM_PART, VB_ITEM_NOTIF or VB_ITEM_FLUSH */
     uint8_t end;         /* last WR of its part */
 };
 
@@ -174,7 +174,11 @@ struct vb_rail {
     uint32_t psn;
     uint32_t weight;
     uint64_t posted, done, enq; /* WR counters: posted to the SQ, retired, enqueued */
-    struct vb_slot *slots;      /* sq_depth, indexed by seq % sq_depth */
+    uint64_t sig;               /* 1 + seq of the last signaled WR posted (0: none) */
+    uint64_t flushes;           /* zero-length signaled WRITEs posted to cover a tail */
+    uint64_t last_raddr;        /* target of the last data WR: what a flush WRITE names */
+    uint32_t last_rkey;
+    struct vb_slot *slots; /* sq_depth, indexed by seq % sq_depth */
     struct vb_item *head, *tail;
 };
 
