@@ -182,6 +182,38 @@ struct kvr_prefill_req {
 kvr_status_t kvr_engine_prefill(kvr_ctx_t *ctx, const struct kvr_kv_pool *pool,
                                 const struct kvr_prefill_req *req, float *logits_p);
 
+/** One sequence of a batched prefill (kvr_engine_prefill_batch). */
+struct kvr_prefill_seq {
+    const int32_t *tokens;      /* [n_tokens] the whole sequence so far     */
+    int32_t n_tokens;           /* > n_cached                               */
+    int32_t n_cached;           /* tokens with K/V already in the blocks    */
+    const int32_t *block_table; /* [n_blocks] pool block ids, own blocks    */
+    int32_t n_blocks;           /* >= ceil(n_tokens / block_size)           */
+};
+
+/** Prefills n sequences in one forward pass: the projections and the MLP
+ *  run over the new rows of all of them together, attention runs per
+ *  sequence through its own block table over its own cached prefix, and
+ *  logits_p[n][vocab] receives each sequence's last-position logits.
+ *  layer_done (optional) is called once per layer for the whole batch.  The
+ *  new tokens of all sequences together must fit in one chunk (sum of
+ *  n_tokens - n_cached <= max_tokens); the sequences write disjoint blocks.
+ *  Each sequence's logits and K/V are bit for bit those of
+ *  kvr_engine_prefill() on it alone (rows of sequences of <= KVR_GEMV_ROWS
+ *  new tokens go through the batch-invariant kernel as they would alone;
+ *  longer ones through the GEMM).  n = 1 is kvr_engine_prefill().
+ *  @return KVR_OK; KVR_ERR_INVALID (n < 1, too many new tokens, or a
+ *          sequence invalid as for kvr_engine_prefill); an error returned by
+ *          layer_done. */
+kvr_status_t kvr_engine_prefill_batch(kvr_ctx_t *ctx, const struct kvr_kv_pool *pool,
+                                      const struct kvr_prefill_seq *seqs, size_t n,
+                                      kvr_layer_done_fn layer_done, void *layer_done_arg,
+                                      float *logits_p);
+
+/** The most new tokens one kvr_engine_prefill_batch() call takes (the
+ *  context's max_tokens). */
+int32_t kvr_ctx_max_tokens(const kvr_ctx_t *ctx);
+
 /* ---------------------------------------------------------------- decode */
 
 struct kvr_decode_seq {
