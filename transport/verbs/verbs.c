@@ -36,8 +36,11 @@
  * send queue has room for and posts it with one ibv_post_send; the rest
  * waits on the rail's FIFO and is posted by progress as completions free
  * slots (back-pressure: nothing dropped, post never blocks).  Signaling is
- * selective: every 32nd WR and the last one of every chunk posted.  Every WR
- * has a sequence number (wr_id); a completion retires all slots up to it.
+ * selective across posts: every 16th WR (at most SQ/4), and a chunk's last WR
+ * when no signaled WR is in flight; an unsignaled tail left with none in
+ * flight is covered by a signaled zero-length WRITE from progress.  Every WR
+ * has a sequence number (wr_id); a completion retires all slots up to it and
+ * completes every list whose last WR is among them (RC completes in order).
  * Notifications are SENDs from a registered ring on rail 0, into receive
  * buffers the target pre-posts (RNR retry "infinite" makes a slow target
  * back-pressure, not loss).  RC executes a QP's requests in order, so a
