@@ -3,8 +3,11 @@
  *
  * The router sends Prefill{request, prompt} (and, once the decode node has
  * reserved blocks, PrefillTarget{decode node, rkeys, block ids, cached
- * tokens}).  Requests wait in a FIFO prefill queue and are computed one at a
- * time (the engine splits a long prompt into chunks of its max_tokens).
+ * tokens}).  Requests wait in a FIFO prefill queue.  Several short prompts
+ * at its head (each <= KVR_PREFILL_BATCH_TOKENS, together within the
+ * engine's chunk) are computed in one batched engine call, whose layer
+ * callback posts every member's layer; a longer prompt is computed alone
+ * (the engine splits it into chunks of its max_tokens).
  *
  * KV is computed into this node's own staging pool (one slab per layer,
  * registered once).  The staging blocks of finished prompts stay in a local
@@ -38,6 +41,9 @@
 #include "node.h"
 
 #define COMP "prefill"
+
+#define KVR_PREFILL_BATCH_MAX    16  /* most prompts in one batched prefill */
+#define KVR_PREFILL_BATCH_TOKENS 256 /* default: prompts up to this long are batched */
 
 enum preq_state { PQ_QUEUED, PQ_COMPUTING, PQ_AWAIT_TARGET, PQ_DRAINING };
 
@@ -93,6 +99,10 @@ struct prefill {
     struct preq *queue, *queue_tail;
     struct preq *active; /* computing, awaiting target or draining */
     struct preq *current;
+    struct preq *batch[KVR_PREFILL_BATCH_MAX]; /* the batched prefill's members */
+    size_t n_batch;
+    float *batch_logits;  /* [KVR_PREFILL_BATCH_MAX][vocab] */
+    int32_t batch_tokens; /* prompts up to this long are batched; 0: none */
     struct dpeer *peers;
     void *addr;
     size_t addr_len;
@@ -102,6 +112,7 @@ struct prefill {
     /* counters */
     uint64_t n_ok, n_failed, n_canceled, bytes_pushed, transfer_ns, ndesc_raw, ndesc_posted;
     uint64_t computed_tokens, local_cached_tokens, queued_tokens;
+    uint64_t n_batched, batched_reqs; /* batched engine calls, requests in them */
     bool stats_dirty;
     uint64_t last_stats_ns;
 };
@@ -664,19 +675,19 @@ static void finish_computed(struct prefill *p, struct preq *r)
     r->state = PQ_DRAINING;
 }
 
-static void start_next(struct prefill *p)
+/* Takes r (the queue's head) out of the queue into the active list with its
+ * staging blocks (the local prefix cache's, then fresh ones) and, if its
+ * target is known, its descriptor lists.  false: r failed (and is gone). */
+static bool begin_req(struct prefill *p, struct preq *r)
 {
-    struct preq *r = p->queue;
     const struct kvr_kv_layout *L = &p->node.layout;
     uint32_t bs = (uint32_t)L->block_size;
     uint32_t nb = ((uint32_t)r->n_tokens + bs - 1) / bs;
-    if (kvr_blocktab_available(p->bt) < nb)
-        return; /* staging held by draining requests: retry on the next turn */
     queue_remove(p, r);
     r->lblocks = malloc(nb * sizeof *r->lblocks);
     if (!r->lblocks) {
         req_fail(p, r, KVR_ERR_NO_MEMORY, "out of memory");
-        return;
+        return false;
     }
     size_t nh = 0;
     (void)kvr_blockhash_seq((const uint32_t *)r->tokens, (size_t)r->n_tokens, bs, p->hash_scratch,
@@ -686,39 +697,37 @@ static void start_next(struct prefill *p)
     if (kvr_blocktab_alloc(p->bt, nb - r->cached_p, r->lblocks + r->cached_p) != KVR_OK) {
         kvr_blocktab_release(p->bt, r->lblocks, r->cached_p);
         req_fail(p, r, KVR_ERR_INTERNAL, "staging allocation failed");
-        return;
+        return false;
     }
     r->n_lblocks = nb;
     r->state = PQ_COMPUTING;
     r->t_start = kvr_now_ns();
     r->next = p->active;
     p->active = r;
-    p->current = r;
     if (r->have_target && !r->prepared) {
         kvr_status_t s = prepare_lists(p, r);
         if (s != KVR_OK) {
-            p->current = NULL;
             unlink_req(&p->active, r);
             req_fail(p, r, s, "preparing descriptor lists failed");
-            return;
+            return false;
         }
     }
-    struct kvr_prefill_req pr = {
-        .tokens = r->tokens,
-        .n_tokens = r->n_tokens,
-        .n_cached = (int32_t)(r->cached_p * bs),
-        .block_table = (const int32_t *)r->lblocks,
-        .n_blocks = (int32_t)nb,
-        .layer_done = p->layerwise ? layer_done : NULL,
-        .layer_done_arg = p,
-    };
-    kvr_status_t s = kvr_engine_prefill(p->ctx, &p->pool, &pr, p->logits);
-    p->current = NULL;
+    return true;
+}
+
+/* After the engine: s is the computation's status for r, logits its last
+ * position's; samples the first token and sends what follows (or fails r). */
+static void end_req(struct prefill *p, struct preq *r, kvr_status_t s, const float *logits)
+{
+    uint32_t bs = (uint32_t)p->node.layout.block_size;
+    int32_t n_cached = (int32_t)(r->cached_p * bs);
     r->t_computed = kvr_now_ns();
-    if (!p->layerwise && s == KVR_OK) {
-        kvr_node_drain(&p->node);
+    if (r->canceled)
+        s = KVR_ERR_CANCELED;
+    else if (r->err)
+        s = r->err; /* set by a failed target or post (a batch goes on without it) */
+    if (!p->layerwise && s == KVR_OK)
         r->layers_done = p->node.layout.n_layers;
-    }
     if (s != KVR_OK) {
         unlink_req(&p->active, r);
         if (r->canceled)
@@ -727,14 +736,14 @@ static void start_next(struct prefill *p)
             req_fail(p, r, s, r->errmsg[0] ? r->errmsg : "the engine's prefill failed");
         return;
     }
-    p->computed_tokens += (uint64_t)(r->n_tokens - pr.n_cached);
-    p->local_cached_tokens += (uint64_t)pr.n_cached;
+    p->computed_tokens += (uint64_t)(r->n_tokens - n_cached);
+    p->local_cached_tokens += (uint64_t)n_cached;
     kvr_sampler_t *smp = NULL;
     char err[200];
     s = kvr_sampler_create(&r->sp, p->vocab, &smp, err, sizeof err);
     if (s == KVR_OK) {
         kvr_sampler_add_prompt(smp, r->tokens, (size_t)r->n_tokens);
-        s = kvr_sampler_sample(smp, p->logits, &r->first_token, &r->logprob);
+        s = kvr_sampler_sample(smp, logits, &r->first_token, &r->logprob);
         kvr_sampler_destroy(smp);
     }
     if (s != KVR_OK) {
@@ -746,6 +755,117 @@ static void start_next(struct prefill *p)
         finish_computed(p, r);
     else
         r->state = PQ_AWAIT_TARGET;
+}
+
+static uint32_t req_blocks(const struct prefill *p, const struct preq *r)
+{
+    uint32_t bs = (uint32_t)p->node.layout.block_size;
+    return ((uint32_t)r->n_tokens + bs - 1) / bs;
+}
+
+/* The batched prefill's layer callback: every member's layer list is posted
+ * (a canceled or failed member is skipped, and left to fail after the
+ * computation); stops the computation only when no member is left. */
+static kvr_status_t layer_done_batch(void *arg, int32_t layer)
+{
+    struct prefill *p = arg;
+    for (size_t i = 0; i < p->n_batch; i++)
+        p->batch[i]->layers_done = layer + 1;
+    kvr_xfer_progress(p->node.xfer);
+    kvr_node_drain(&p->node);
+    size_t live = 0;
+    for (size_t i = 0; i < p->n_batch; i++) {
+        struct preq *r = p->batch[i];
+        if (r->canceled || r->err)
+            continue;
+        kvr_status_t s = post_ready_layers(p, r);
+        if (s != KVR_OK) {
+            r->err = s;
+            continue;
+        }
+        live++;
+    }
+    kvr_xfer_progress(p->node.xfer);
+    return live ? KVR_OK : KVR_ERR_CANCELED;
+}
+
+/* Several short prompts at the queue's head, each of <= batch_tokens tokens
+ * and together within the engine's chunk, are prefilled in one engine call.
+ * true: it ran (or the queue's head needs to wait); false: not a batch. */
+static bool start_batch(struct prefill *p)
+{
+    const int32_t chunk = kvr_ctx_max_tokens(p->ctx);
+    uint32_t need = 0;
+    int64_t total = 0;
+    size_t k = 0;
+    for (struct preq *r = p->queue; r && k < KVR_PREFILL_BATCH_MAX; r = r->next) {
+        if (r->n_tokens > p->batch_tokens || total + r->n_tokens > chunk)
+            break;
+        total += r->n_tokens;
+        need += req_blocks(p, r);
+        k++;
+    }
+    if (k < 2)
+        return false;
+    if (kvr_blocktab_available(p->bt) < need)
+        return true; /* staging held by draining requests: retry on the next turn */
+    struct kvr_prefill_seq seqs[KVR_PREFILL_BATCH_MAX];
+    p->n_batch = 0;
+    for (size_t i = 0; i < k; i++) {
+        struct preq *r = p->queue;
+        if (!begin_req(p, r))
+            continue;
+        seqs[p->n_batch] = (struct kvr_prefill_seq){
+            .tokens = r->tokens,
+            .n_tokens = r->n_tokens,
+            .n_cached = (int32_t)(r->cached_p * (uint32_t)p->node.layout.block_size),
+            .block_table = (const int32_t *)r->lblocks,
+            .n_blocks = (int32_t)r->n_lblocks,
+        };
+        p->batch[p->n_batch++] = r;
+    }
+    if (p->n_batch == 0)
+        return true;
+    kvr_status_t s =
+        kvr_engine_prefill_batch(p->ctx, &p->pool, seqs, p->n_batch,
+                                 p->layerwise ? layer_done_batch : NULL, p, p->batch_logits);
+    size_t n = p->n_batch;
+    p->n_batch = 0;
+    if (!p->layerwise && s == KVR_OK)
+        kvr_node_drain(&p->node);
+    if (n > 1) {
+        p->n_batched++;
+        p->batched_reqs += n;
+    }
+    for (size_t i = 0; i < n; i++)
+        end_req(p, p->batch[i], s, p->batch_logits + i * (size_t)p->vocab);
+    return true;
+}
+
+static void start_next(struct prefill *p)
+{
+    if (p->batch_tokens > 0 && start_batch(p))
+        return;
+    struct preq *r = p->queue;
+    if (kvr_blocktab_available(p->bt) < req_blocks(p, r))
+        return; /* staging held by draining requests: retry on the next turn */
+    if (!begin_req(p, r))
+        return;
+    p->current = r;
+    struct kvr_prefill_req pr = {
+        .tokens = r->tokens,
+        .n_tokens = r->n_tokens,
+        .n_cached = (int32_t)(r->cached_p * (uint32_t)p->node.layout.block_size),
+        .block_table = (const int32_t *)r->lblocks,
+        .n_blocks = (int32_t)r->n_lblocks,
+        .layer_done = p->layerwise ? layer_done : NULL,
+        .layer_done_arg = p,
+    };
+    kvr_status_t s = kvr_engine_prefill(p->ctx, &p->pool, &pr, p->logits);
+    p->current = NULL;
+    if (!p->layerwise && s == KVR_OK)
+        kvr_node_drain(&p->node);
+    end_req(p, r, s, p->logits);
 }
 
 /* Completes draining requests, times out those waiting for their target. */
@@ -872,14 +992,15 @@ static void write_stats(struct prefill *p)
              ", \"bytes_pushed\": %" PRIu64 ", \"transfer_ns\": %" PRIu64
              ", \"descriptors_raw\": %" PRIu64 ", \"descriptors_posted\": %" PRIu64
              ", \"computed_tokens\": %" PRIu64 ", \"local_cached_tokens\": %" PRIu64
+             ", \"batched_prefills\": %" PRIu64 ", \"batched_requests\": %" PRIu64
              ", \"queued\": %d, \"active\": %d, \"staging_total\": %u, \"staging_free\": %u, "
              "\"staging_cached\": %u, \"staging_referenced\": %u, \"block_bytes\": %zu, "
              "\"layers\": %d, \"bad_frames\": %" PRIu64 "}",
              p->node.name, p->node.registered ? "true" : "false", p->n_ok, p->n_failed,
              p->n_canceled, p->bytes_pushed, p->transfer_ns, p->ndesc_raw, p->ndesc_posted,
-             p->computed_tokens, p->local_cached_tokens, nq, na, c.total, c.free, c.cached,
-             c.referenced, kvr_kv_block_bytes(&p->node.layout), p->node.layout.n_layers,
-             p->node.bad_frames);
+             p->computed_tokens, p->local_cached_tokens, p->n_batched, p->batched_reqs, nq, na,
+             c.total, c.free, c.cached, c.referenced, kvr_kv_block_bytes(&p->node.layout),
+             p->node.layout.n_layers, p->node.bad_frames);
     kvr_node_write_stats(&p->node, buf);
 }
 
@@ -920,7 +1041,23 @@ int main(int argc, char **argv)
     p->mem = calloc((size_t)L->n_layers, sizeof *p->mem);
     p->hash_scratch = calloc(p->max_blocks_per_req + 1, sizeof *p->hash_scratch);
     p->logits = malloc((size_t)p->vocab * sizeof *p->logits);
-    if (!p->pool.layer_base || !p->mem || !p->hash_scratch || !p->logits) {
+    p->batch_logits = malloc(KVR_PREFILL_BATCH_MAX * (size_t)p->vocab * sizeof *p->batch_logits);
+    p->batch_tokens = KVR_PREFILL_BATCH_TOKENS;
+    const char *bt_env = getenv("KVR_PREFILL_BATCH_TOKENS");
+    if (bt_env) {
+        char *end;
+        long v = strtol(bt_env, &end, 10);
+        if (end == bt_env || *end || v < 0 || v > 1 << 20) {
+            rc = 2;
+            fprintf(stderr, "kvrail-prefill: KVR_PREFILL_BATCH_TOKENS=%s: not a count 0..%d\n",
+                    bt_env, 1 << 20);
+            goto out;
+        }
+        p->batch_tokens = (int32_t)v;
+        KVR_LOG_INFO(COMP, "KVR_PREFILL_BATCH_TOKENS=%d: prompts up to %d tokens are batched%s",
+                     p->batch_tokens, p->batch_tokens, v ? "" : " (none)");
+    }
+    if (!p->pool.layer_base || !p->mem || !p->hash_scratch || !p->logits || !p->batch_logits) {
         fprintf(stderr, "kvrail-prefill: out of memory\n");
         goto out;
     }
@@ -1002,6 +1139,7 @@ out:
     free(p->mem);
     free(p->hash_scratch);
     free(p->logits);
+    free(p->batch_logits);
     kvr_node_fini(&p->node);
     return rc;
 }
