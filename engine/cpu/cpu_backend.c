@@ -662,7 +662,9 @@ struct swiglu_job {
 KVR_CLONES static void swiglu_task(void *arg, int ith, int nth, int tid)
 {
     const struct swiglu_job *j = arg;
-    size_t per = (j->n + (size_t)nth - 1) / (size_t)nth;
+    /* slices in whole vectors, so an element's result (vector exp or the
+     * scalar tail) does not depend on how the range was split */
+    size_t per = ((j->n + (size_t)nth - 1) / (size_t)nth + 15) & ~(size_t)15;
     size_t i0 = (size_t)ith * per, i1 = i0 + per < j->n ? i0 + per : j->n;
     size_t i = i0;
     for (; i + 16 <= i1; i += 16) {
