@@ -229,9 +229,13 @@ def case_exhaust(args, bins, wd):
 
 
 def case_failover(args, bins, wd):
-    model = make_model(bins, wd)
+    # long enough outputs on a slightly larger model that the victim is still
+    # decoding when the kill lands (with the tiny model and 400 tokens the whole
+    # load could finish within the stats file's 50 ms refresh)
+    model = make_model(bins, wd, ["--layers", "4", "--hidden", "128", "--intermediate", "384"])
     rng = random.Random(13)
-    prompts = [([rng.randrange(4, 512) for _ in range(rng.randrange(100, 400))], 400) for _ in range(8)]
+    prompts = [([rng.randrange(4, 512) for _ in range(rng.randrange(100, 400))], 1200)
+               for _ in range(8)]
     ref = reference(bins, model, prompts, ignore_eos=True)
     c = Cluster(bins, wd, model, n_prefill=1, n_decode=2)
     try:

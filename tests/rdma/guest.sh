@@ -101,8 +101,9 @@ wait_veth_gids() {
 cmd_of() {
     case $1 in
     rdma_devices) echo "ibv_devices | grep -q rxe_lo && ibv_devices | grep -q rxe0 && ibv_devices | grep -q rxe1 &&
-        (ibv_rc_pingpong -d rxe0 -g 0 -n 20 & sleep 2; ibv_rc_pingpong -d rxe1 -g 0 -n 20 127.0.0.1) &&
-        wait" ;;
+        (ibv_rc_pingpong -d rxe0 -g 0 -n 20 & i=0; sleep 1;
+         until ibv_rc_pingpong -d rxe1 -g 0 -n 20 127.0.0.1; do
+             i=\$((i + 1)); [ \$i -ge 10 ] && exit 1; sleep 1; done; wait)" ;;
     verbs_conformance) echo "[ -x $BUILD/tests/unit/test_xfer_conformance ] || { echo 'test_xfer_conformance not built'; exit 77; };
         KVR_VERBS_DEVICES=rxe_lo $BUILD/tests/unit/test_xfer_conformance verbs" ;;
     verbs_pair_lo) echo "$BIN/test_verbs_pair --case pair --dev-a rxe_lo --dev-b rxe_lo" ;;
