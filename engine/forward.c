@@ -41,6 +41,22 @@ enum logits_mode {
     LOGITS_ALL,  /* every row: out[M][V] */
 };
 
+/* Attention arguments of a forward pass over the M rows of the run state. */
+static struct kvr_attn_args attn_args(const struct kvr_model_config *c,
+                                      const struct kvr_run_state *s, const struct kvr_kv_pool *pool,
+                                      int32_t M)
+{
+    return (struct kvr_attn_args){
+        .n_rows = M,
+        .pos = s->pos,
+        .block_table = s->bt,
+        .layout = &pool->layout,
+        .n_heads = c->n_heads,
+        .window = c->sliding_window,
+        .scale = 1.0f / sqrtf((float)c->head_dim),
+    };
+}
+
 static kvr_status_t forward(kvr_ctx_t *ctx, const struct kvr_kv_pool *pool, int32_t M,
                             kvr_layer_done_fn layer_done, void *arg, enum logits_mode lm,
                             bool invariant, float *out)
@@ -55,15 +71,7 @@ static kvr_status_t forward(kvr_ctx_t *ctx, const struct kvr_kv_pool *pool, int3
     const int32_t d = c->hidden;
 
     ops->embed(be, s->x, s->tokens, M, &w->embed);
-    struct kvr_attn_args a = {
-        .n_rows = M,
-        .pos = s->pos,
-        .block_table = s->bt,
-        .layout = &pool->layout,
-        .n_heads = c->n_heads,
-        .window = c->sliding_window,
-        .scale = 1.0f / sqrtf((float)c->head_dim),
-    };
+    struct kvr_attn_args a = attn_args(c, s, pool, M);
     for (int32_t l = 0; l < c->n_layers; l++) {
         const struct kvr_layer_weights *lw = &w->layers[l];
         /* attention */
@@ -206,15 +214,7 @@ static kvr_status_t forward_batch(kvr_ctx_t *ctx, const struct kvr_kv_pool *pool
     const size_t qd = (size_t)c->n_heads * (size_t)c->head_dim;
 
     ops->embed(be, s->x, s->tokens, M, &w->embed);
-    struct kvr_attn_args a = {
-        .n_rows = M,
-        .pos = s->pos,
-        .block_table = s->bt,
-        .layout = &pool->layout,
-        .n_heads = c->n_heads,
-        .window = c->sliding_window,
-        .scale = 1.0f / sqrtf((float)c->head_dim),
-    };
+    struct kvr_attn_args a = attn_args(c, s, pool, M);
     for (int32_t l = 0; l < c->n_layers; l++) {
         const struct kvr_layer_weights *lw = &w->layers[l];
         ops->rmsnorm(be, s->xb, s->x, M, d, lw->attn_norm, c->norm_eps);

@@ -18,6 +18,7 @@
 
 #include "kvr_engine.h"
 #include "kvr_test.h"
+#include "engine_test_util.h"
 
 #define BS   8
 #define NSEQ 9
@@ -28,18 +29,12 @@ static int32_t V, L;
 
 static void pool_init(struct kvr_kv_pool *p, int32_t n_blocks)
 {
-    KVR_CHECK_STATUS(kvr_kv_layout_init(model, BS, &p->layout), KVR_OK);
-    p->n_blocks = n_blocks;
-    p->layer_base = calloc((size_t)L, sizeof(float *));
-    for (int l = 0; l < L; l++)
-        p->layer_base[l] = calloc(1, kvr_kv_layer_bytes(&p->layout, n_blocks));
+    test_pool_init(model, BS, L, p, n_blocks);
 }
 
 static void pool_free(struct kvr_kv_pool *p)
 {
-    for (int l = 0; l < L; l++)
-        free(p->layer_base[l]);
-    free(p->layer_base);
+    test_pool_free(p, L);
 }
 
 static void tokens(int32_t *t, int n, unsigned seed)
