@@ -26,9 +26,6 @@
 
 #define DEFAULT_ENDPOINT "tcp://127.0.0.1:7700"
 
-/* Router endpoint from --router, --config / $KVRAIL_CONFIG, or the default. */
-const char *kvr_cmd_router_endpoint(const char *router, const char *config, char *buf, size_t cap);
-
 const char *kvr_cmd_router_endpoint(const char *router, const char *config, char *buf, size_t cap)
 {
     if (router)

@@ -11,4 +11,10 @@ int kvr_cmd_generate(int argc, char **argv); /* generate.c: stream from the rout
 int kvr_cmd_status(int argc, char **argv);   /* status.c: cluster status */
 int kvr_cmd_up(int argc, char **argv);       /* up.c: start this host's nodes */
 
+#include <stddef.h>
+
+/** Router client endpoint from --router, else --config / $KVRAIL_CONFIG,
+ *  else the default tcp://127.0.0.1:7700 (generate.c; shared with status). */
+const char *kvr_cmd_router_endpoint(const char *router, const char *config, char *buf, size_t cap);
+
 #endif

@@ -19,8 +19,6 @@
 #include "kvr_cmd.h"
 #include "kvr_json.h"
 
-const char *kvr_cmd_router_endpoint(const char *router, const char *config, char *buf, size_t cap);
-
 static void jstr(const char *s)
 {
     char buf[1024];
