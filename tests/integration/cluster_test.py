@@ -100,10 +100,16 @@ def case_prefix(args, bins, wd):
         check(rc == 0 and outs[0]["status"] == 0, "request A failed: %s" % log)
         da = outs[0]["decode_node"]
         check(not outs[0]["local_prefill"], "request A was prefilled locally")
-        c.wait_idle()
-        time.sleep(0.6)  # block events and heartbeats reach the router
+        ds = c.wait_idle()
+        # A's prefix blocks reach the router's directory (block events): by state
+        deadline = time.time() + 10
+        while {n["name"]: n for n in c.status()["nodes"]}[da]["cached_blocks"] < 512 // 16:
+            check(time.time() < deadline, "router never learned A's cached prefix on %s" % da)
+            time.sleep(0.05)
+        before_ok = c.stats(c.prefills[0])["prefills_ok"]
         before_p = c.stats(c.prefills[0])["bytes_pushed"]
         before_d = {n: c.stats(n)["kv_bytes_received"] for n in c.decodes}
+        before_done = c.stats(da)["done"]
         rc, outs, log = c.loadgen([(b, 4)], ["--no-ignore-eos"], name="b")
         check(rc == 0 and outs[0]["status"] == 0, "request B failed: %s" % log)
         ob = outs[0]
@@ -111,6 +117,14 @@ def case_prefix(args, bins, wd):
                                                                      ob["cached_tokens"], ob["kv_bytes"]))
         check(ob["decode_node"] == da, "B went to %s, the prefix is on %s" % (ob["decode_node"], da))
         check(ob["cached_tokens"] == 512, "B reused %d cached tokens, want 512" % ob["cached_tokens"])
+        ds = c.wait_idle()
+        # the stats files are rewritten periodically: wait (by state) for the
+        # prefill node's file that counts B, not for time
+        deadline = time.time() + 10
+        while c.stats(c.prefills[0]).get("prefills_ok", 0) <= before_ok or \
+                c.stats(da).get("done", 0) <= before_done:
+            check(time.time() < deadline, "node stats never counted request B")
+            time.sleep(0.05)
         ds = c.wait_idle()
         bb, layers = ds[da]["block_bytes"], ds[da]["layers"]
         nblocks_b = (len(b) + 15) // 16
