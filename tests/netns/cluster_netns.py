@@ -97,10 +97,16 @@ def main():
                                 "import socket; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,"
                                 " socket.SO_REUSEADDR, 1); s.bind(('%s', 17999)); s.listen(1); "
                                 "s.settimeout(10); c,_=s.accept(); c.sendall(b'ok')" % net.ip["decode"]])
-        time.sleep(0.3)
+        # the client retries until the server listens (no sleep as synchronization)
         r = subprocess.run(["ip", "netns", "exec", net.ns["prefill"], sys.executable, "-c",
-                            "import socket; print(socket.create_connection(('%s', 17999), 5)"
-                            ".recv(2).decode())" % net.ip["decode"]],
+                            "import socket, time\n"
+                            "t = time.time() + 10\n"
+                            "while True:\n"
+                            "    try:\n"
+                            "        print(socket.create_connection(('%s', 17999), 5).recv(2).decode()); break\n"
+                            "    except ConnectionRefusedError:\n"
+                            "        if time.time() > t: raise\n"
+                            "        time.sleep(0.05)\n" % net.ip["decode"]],
                            capture_output=True, text=True, timeout=15)
         srv.wait(timeout=15)
         check(r.stdout.strip() == "ok", "no TCP connectivity over the veth bridge: %s" % r.stderr)
