@@ -308,6 +308,8 @@ static kvr_status_t parse_node(struct ctx *c, const yaml_node_t *map, size_t idx
     strcpy(n->transport, "ucx");
     n->threads = 1;
     n->max_batch = 32;
+    n->restart = KVR_RESTART_ON_FAILURE;
+    n->restart_max = 5;
     bool have_role = false;
     FOREACH_PAIR(c, map, k, v)
     {
@@ -370,10 +372,25 @@ static kvr_status_t parse_node(struct ctx *c, const yaml_node_t *map, size_t idx
         } else if (!strcmp(k, "max_batch")) {
             st = get_u64(c, v, full, 1, 65536, false, &x);
             n->max_batch = (int)x;
+        } else if (!strcmp(k, "restart")) {
+            const char *s = scalar(v);
+            if (s && !strcmp(s, "on-failure"))
+                n->restart = KVR_RESTART_ON_FAILURE;
+            else if (s && !strcmp(s, "always"))
+                n->restart = KVR_RESTART_ALWAYS;
+            else if (s && !strcmp(s, "never"))
+                n->restart = KVR_RESTART_NEVER;
+            else
+                st = fail(c, v, full,
+                          "'%s' is not a restart policy (want always, on-failure or never)",
+                          s ? s : "(not a string)");
+        } else if (!strcmp(k, "restart_max")) {
+            st = get_u64(c, v, full, 0, 1000, false, &x);
+            n->restart_max = (int)x;
         } else {
             st = fail(c, v, full,
                       "unknown key in a node (known: name, host, role, device, transport, "
-                      "pool_blocks, pool_bytes, threads, max_batch)");
+                      "pool_blocks, pool_bytes, threads, max_batch, restart, restart_max)");
         }
         if (st != KVR_OK)
             return st;

@@ -29,6 +29,13 @@ enum kvr_node_role {
     KVR_NODE_ROLE_ROUTER = 3,
 };
 
+/* `kvrail up`'s policy for a node that exits (nodes[].restart). */
+enum kvr_restart {
+    KVR_RESTART_ON_FAILURE = 0, /* default: restart after a non-zero exit or a signal */
+    KVR_RESTART_ALWAYS = 1,     /* restart after any exit */
+    KVR_RESTART_NEVER = 2,      /* report it and leave it down */
+};
+
 typedef struct kvr_cluster_node {
     char name[KVR_CLUSTER_NAME_MAX];
     char host[KVR_CLUSTER_STR_MAX]; /* default "localhost" */
@@ -43,6 +50,8 @@ typedef struct kvr_cluster_node {
     uint64_t pool_bytes;               /* decode: KV pool size in bytes (0 = from pool_blocks) */
     int threads;                       /* compute threads, default 1 */
     int max_batch;                     /* decode: running sequences, default 32 */
+    enum kvr_restart restart;          /* what `kvrail up` does when it exits */
+    int restart_max;                   /* restarts in a row before left down, default 5 */
     int line;                          /* line of the node in the file */
 } kvr_cluster_node_t;
 

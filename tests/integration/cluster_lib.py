@@ -1,6 +1,14 @@
 """cluster_lib.py - starts a real kvrail cluster (router, prefill and decode
 nodes as separate processes) for the end-to-end tests, and talks to it.
 
+Every process a test starts goes through spawn() / run() here: each child
+leads its own process group (a new session), has PR_SET_PDEATHSIG(SIGKILL)
+set between fork and exec (so even a SIGKILL of the test takes it along), and
+is recorded; reap_all() kills every recorded group (SIGTERM, then SIGKILL
+after 5 s) and runs on every exit path: normal exit and uncaught exceptions
+(atexit), SIGTERM / SIGINT / SIGHUP (meson's timeout sends SIGTERM).  Tests
+that do not use Cluster import spawn / run / reap_all from here too.
+
 A Cluster writes a cluster file with free loopback ports (or the addresses of
 network namespaces), starts every process with --config/--node (decode and
 prefill nodes also write --stats-file JSON that the tests read), waits until
@@ -8,6 +16,8 @@ the router reports every node alive, and stops everything at the end
 (SIGTERM, then SIGKILL).  Requests go through kvrail-loadgen (--prompts FILE
 --outputs FILE); references come from `kvrail run --json`.  Stdlib only.
 """
+import atexit
+import ctypes
 import json
 import os
 import random
@@ -20,6 +30,129 @@ import tempfile
 import time
 
 SKIP = 77
+
+# ---- process groups: every child of a test is reaped on every exit path ----
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+_children = []  # Popen objects, each the leader of its own process group
+_harness_pid = os.getpid()
+
+
+def _child_setup():
+    """Runs in the child between fork and exec (after setsid): die with the
+    test, and give up if the test already died before the prctl."""
+    if _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        os._exit(126)
+    if os.getppid() != _harness_pid:
+        os._exit(126)
+
+
+def spawn(argv, **kw):
+    """subprocess.Popen in a new session (its own process group) that dies
+    with this process; recorded for reap_all()."""
+    kw["start_new_session"] = True
+    # the child of a forked helper process has a different parent
+    global _harness_pid
+    _harness_pid = os.getpid()
+    kw["preexec_fn"] = _child_setup
+    p = subprocess.Popen(argv, **kw)
+    _children.append(p)
+    return p
+
+
+def killgroup(p, sig):
+    """Sends sig to p's whole process group (also after p itself exited:
+    the group id stays taken while any member lives)."""
+    try:
+        os.killpg(p.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_group(p, grace=5.0):
+    """SIGTERM to p's group, SIGKILL after grace seconds; waits for p."""
+    if p.poll() is None:
+        killgroup(p, signal.SIGTERM)
+        try:
+            p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    killgroup(p, signal.SIGKILL)  # stragglers in the group, or p itself
+    try:
+        p.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        print("harness: pid %d did not die after SIGKILL" % p.pid, file=sys.stderr)
+    if p in _children:
+        _children.remove(p)
+
+
+def run(argv, timeout, **kw):
+    """subprocess.run(capture_output=True, text=True) through spawn(): on a
+    timeout or any exception the child's whole group is killed."""
+    kw.setdefault("stdout", subprocess.PIPE)
+    kw.setdefault("stderr", subprocess.PIPE)
+    kw.setdefault("text", True)
+    inp = kw.pop("input", None)
+    if inp is not None:
+        kw["stdin"] = subprocess.PIPE
+    p = spawn(argv, **kw)
+    try:
+        out, err = p.communicate(input=inp, timeout=timeout)
+    except BaseException:
+        stop_group(p, grace=0)
+        raise
+    killgroup(p, signal.SIGKILL)  # anything it left behind in its group
+    if p in _children:
+        _children.remove(p)
+    return subprocess.CompletedProcess(argv, p.returncode, out, err)
+
+
+_reaping = False
+
+
+def reap_all():
+    """Stops every recorded process group: SIGTERM to all, SIGKILL after 5 s."""
+    global _reaping
+    if _reaping or os.getpid() != _harness_pid:
+        return
+    _reaping = True
+    try:
+        live = list(_children)
+        for p in live:
+            if p.poll() is None:
+                killgroup(p, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        for p in live:
+            try:
+                p.wait(timeout=max(0.05, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            killgroup(p, signal.SIGKILL)
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        _children.clear()
+    finally:
+        _reaping = False
+
+
+def _on_signal(sig, frame):
+    print("harness: signal %d: stopping %d process group(s)" % (sig, len(_children)),
+          file=sys.stderr)
+    if _reaping:  # interrupted reap_all: no more grace
+        for p in list(_children):
+            killgroup(p, signal.SIGKILL)
+    else:
+        reap_all()
+    sys.stderr.flush()
+    os._exit(128 + sig)
+
+
+atexit.register(reap_all)
+for _s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(_s, _on_signal)
 
 # No pause between client processes: the router keeps a connection epoch per
 # client fd, so a new client reusing a just-closed fd is not canceled by the
@@ -66,8 +199,7 @@ def add_bin_args(ap):
 
 def make_model(bins, workdir, extra=()):
     d = os.path.join(workdir, "model")
-    r = subprocess.run([bins.mkmodel, "--out", d, *extra], capture_output=True, text=True,
-                       timeout=60)
+    r = run([bins.mkmodel, "--out", d, *extra], timeout=60)
     check(r.returncode == 0, "kvrail-mkmodel failed: %s" % r.stderr)
     return d
 
@@ -120,8 +252,7 @@ class Cluster:
             argv = ["ip", "netns", "exec", ns] + argv
         env = dict(os.environ)
         env.setdefault("KVR_LOG_LEVEL", "info")
-        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                             start_new_session=True)
+        p = spawn(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.procs.append((name, p))
         self.logs[name] = log.name
         return p
@@ -164,9 +295,9 @@ class Cluster:
             return ""
 
     def status(self, timeout_ms=3000):
-        r = subprocess.run(self._ns_client() + [self.bins.loadgen, "--router", self.client_ep,
-                                                "--status", "--timeout-ms", str(timeout_ms)],
-                           capture_output=True, text=True, timeout=timeout_ms / 1000 + 10)
+        r = run(self._ns_client() + [self.bins.loadgen, "--router", self.client_ep,
+                                     "--status", "--timeout-ms", str(timeout_ms)],
+                timeout=timeout_ms / 1000 + 10)
         time.sleep(CLIENT_GAP_S)
         if r.returncode != 0:
             return None
@@ -196,7 +327,7 @@ class Cluster:
                 f.write(json.dumps({"id": i, "tokens": toks, "max_tokens": mt}) + "\n")
         argv = self._ns_client() + [self.bins.loadgen, "--router", self.client_ep, "--prompts", pf,
                                     "--outputs", of, "--timeout-ms", str(int(timeout * 1000 - 5000))]
-        r = subprocess.run(argv + list(extra), capture_output=True, text=True, timeout=timeout)
+        r = run(argv + list(extra), timeout=timeout)
         time.sleep(CLIENT_GAP_S)
         outs = {}
         if os.path.exists(of):
@@ -226,7 +357,7 @@ class Cluster:
     def kill(self, name, sig=signal.SIGKILL):
         for n, p in self.procs:
             if n == name and p.poll() is None:
-                os.killpg(p.pid, sig)
+                killgroup(p, sig)
                 p.wait(timeout=10)
 
     def loadgen_start(self, prompts, extra=(), name="load", timeout=240):
@@ -238,13 +369,15 @@ class Cluster:
                 f.write(json.dumps({"id": i, "tokens": toks, "max_tokens": mt}) + "\n")
         argv = self._ns_client() + [self.bins.loadgen, "--router", self.client_ep, "--prompts", pf,
                                     "--outputs", of, "--timeout-ms", str(int(timeout * 1000 - 5000))]
-        p = subprocess.Popen(argv + list(extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True)
+        p = spawn(argv + list(extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         return (p, of, timeout)
 
     def loadgen_wait(self, h):
         p, of, timeout = h
-        out, _ = p.communicate(timeout=timeout)
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        finally:
+            stop_group(p, grace=0)
         time.sleep(CLIENT_GAP_S)
         outs = {}
         if os.path.exists(of):
@@ -261,20 +394,10 @@ class Cluster:
     def stop(self):
         for name, p in self.procs:
             if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except OSError:
-                    pass
-        deadline = time.time() + 5
+                killgroup(p, signal.SIGTERM)
+        deadline = time.monotonic() + 5
         for name, p in self.procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-                p.wait(timeout=5)
+            stop_group(p, grace=max(0.1, deadline - time.monotonic()))
 
 
 def reference(bins, model, prompts, jobs=2, ignore_eos=False):
@@ -288,11 +411,14 @@ def reference(bins, model, prompts, jobs=2, ignore_eos=False):
             argv = [bins.kvrail, "run", "--model", model, "--prompt-tokens",
                     ",".join(map(str, toks)), "--max-tokens", str(mt), "--temperature", "0",
                     "--json"] + (["--ignore-eos"] if ignore_eos else [])
-            running.append((i, subprocess.Popen(argv, stdout=subprocess.PIPE,
-                                                stderr=subprocess.PIPE, text=True)))
+            running.append((i, spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)))
             i += 1
         idx, p = running.pop(0)
-        out, err = p.communicate(timeout=120)
+        try:
+            out, err = p.communicate(timeout=120)
+        finally:
+            stop_group(p, grace=0)
         check(p.returncode == 0, "kvrail run failed for prompt %d: %s" % (idx, err))
         ids = []
         for line in out.splitlines():
