@@ -1,9 +1,14 @@
 /*
  * kvrail.c - the `kvrail` operator tool: dispatches to its subcommands.
  * Subcommands whose source is not in this build say so instead of running.
+ * `kvrail --version` prints the project version meson was configured with.
  */
 #include <stdio.h>
 #include <string.h>
+
+#ifndef KVR_VERSION
+#error "KVR_VERSION comes from meson (tools/kvrail/meson.build)"
+#endif
 
 #include "kvr_cmd.h"
 
@@ -26,12 +31,13 @@ static const struct subcmd cmds[] = {
 #ifdef KVR_CMD_HAVE_UP
     {"up", kvr_cmd_up, "start every node a cluster file places on this host"},
 #endif
+    {"cluster", kvr_cmd_cluster, "cluster file tools: `cluster render` fills in hosts"},
     {NULL, NULL, NULL},
 };
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvrail <command> [options]\n\ncommands:\n");
+    fprintf(f, "usage: kvrail <command> [options]\n       kvrail --version\n\ncommands:\n");
     for (const struct subcmd *c = cmds; c->name; c++)
         fprintf(f, "  %-10s %s\n", c->name, c->help);
     fprintf(f, "\n'kvrail <command> --help' describes a command's options.\n");
@@ -46,6 +52,10 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ||
         strcmp(argv[1], "help") == 0) {
         usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+        printf("kvrail %s\n", KVR_VERSION);
         return 0;
     }
     for (const struct subcmd *c = cmds; c->name; c++)
