@@ -3,13 +3,14 @@
  * incremental (streaming) detokenization.
  *
  * Two model families are supported, as the Llama-family checkpoints use them:
- *  - byte-level BPE (GPT-2, Llama 3, Qwen2): the pre-tokenizer's Split regex
- *    (GPT-2's, or Llama 3's / Qwen2's) is run by hand-written matchers over
- *    Unicode category tables, bytes are mapped by the ByteLevel byte-to-unicode
- *    table, and each word is merged by merge rank;
+ *  - byte-level BPE (GPT-2, Llama 3, Qwen2, ...): the pre-tokenizer's Split
+ *    regex runs in Oniguruma (GPT-2's, Llama 3's and Qwen2's in hand-written
+ *    matchers tested equal to it), bytes are mapped by the ByteLevel
+ *    byte-to-unicode table, and each word is merged by merge rank;
  *  - sentencepiece-style BPE with byte fallback (Llama 2, Mistral): normalizer
  *    Prepend("▁") + Replace(" ", "▁") or a Metaspace pre-tokenizer, merges,
  *    <0xXX> byte-fallback tokens, and the matching decoder.
+ * Normalizers NFC / NFD / NFKC / NFKD come from libutf8proc.
  * Added tokens (special or not) are split out of the text before the model
  * runs, honouring lstrip/rstrip/single_word.  tokenizer_config.json and
  * generation_config.json next to tokenizer.json, when present, give bos/eos
@@ -41,6 +42,17 @@ typedef struct kvr_detok kvr_detok_t;
  *          KVR_ERR_IO. */
 kvr_status_t kvr_tokenizer_load(const char *path, kvr_tokenizer_t **tok_p, char *err,
                                 size_t err_len);
+
+struct kvr_tokenizer_options {
+    /** Run every pre-tokenizer regex in Oniguruma, even the three patterns
+     *  (GPT-2, Llama 3, Qwen2) that have hand-written matchers (for tests
+     *  and benchmarks; the result is the same, only slower). */
+    bool no_fast_paths;
+};
+
+/** kvr_tokenizer_load with options (NULL: the defaults). */
+kvr_status_t kvr_tokenizer_load_opts(const char *path, const struct kvr_tokenizer_options *opts,
+                                     kvr_tokenizer_t **tok_p, char *err, size_t err_len);
 void kvr_tokenizer_destroy(kvr_tokenizer_t *tok);
 
 /** Encodes text[0..len) (UTF-8; invalid bytes are encoded as their bytes, or
@@ -103,23 +115,5 @@ kvr_status_t kvr_detok_feed(kvr_detok_t *detok, int32_t id, const char **text_p,
 /** Ends the stream: returns what is still held back (an incomplete UTF-8
  *  tail, as U+FFFD), and resets the detokenizer for a new stream. */
 kvr_status_t kvr_detok_flush(kvr_detok_t *detok, const char **text_p, size_t *len_p);
-
-/* ---- a small generated tokenizer for test models (tokenizer_gen.c) ---- */
-
-/** Writes a byte-level BPE tokenizer.json at path: the 256 byte tokens, merges
- *  learned from a built-in English/code sample until the vocabulary (with the
- *  special tokens <|begin_of_text|>, <|end_of_text|>, ...) has vocab_size
- *  entries, the Llama 3 pre-tokenizer regex and ByteLevel decoder.  seed
- *  breaks ties between equally frequent pairs; the same seed gives the same
- *  file.  Ids: 0-255 the bytes, 256 <|begin_of_text|> (bos), 257
- *  <|end_of_text|> (eos), 258 <|eot_id|>, then the merges.  Writes nothing
- *  else (the post-processor prepends bos; without a tokenizer_config.json the
- *  loader takes these two as bos/eos; the caller may write one).
- *  When the sample yields fewer merges than vocab_size needs, the rest of
- *  the ids are <|reserved_special_token_N|> added tokens, so the file always
- *  has exactly vocab_size ids.
- *  @return KVR_OK; KVR_ERR_INVALID (vocab_size < 259 or > 2^22, NULL path);
- *          KVR_ERR_IO (the file cannot be written); KVR_ERR_NO_MEMORY. */
-kvr_status_t kvr_tokenizer_gen_bytelevel(const char *path, int vocab_size, uint64_t seed);
 
 #endif

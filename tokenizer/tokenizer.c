@@ -305,6 +305,7 @@ struct loader {
     const char *file;
     char *err;
     size_t err_len;
+    bool no_fast_paths;
 };
 
 static kvr_status_t parse_normalizer(struct loader *L, const kvr_json_t *n)
@@ -334,8 +335,12 @@ static kvr_status_t parse_normalizer(struct loader *L, const kvr_json_t *n)
     t->norms = nn;
     struct norm *o = &nn[t->n_norms];
     memset(o, 0, sizeof(*o));
-    if (!strcmp(ty, "NFC")) {
-        o->op = NORM_NFC;
+    if (!strcmp(ty, "NFC") || !strcmp(ty, "NFD") || !strcmp(ty, "NFKC") || !strcmp(ty, "NFKD")) {
+        o->op = NORM_UNICODE;
+        o->form = !strcmp(ty, "NFC")    ? KVR_UNI_NFC
+                  : !strcmp(ty, "NFD")  ? KVR_UNI_NFD
+                  : !strcmp(ty, "NFKC") ? KVR_UNI_NFKC
+                                        : KVR_UNI_NFKD;
     } else if (!strcmp(ty, "Prepend")) {
         const kvr_json_t *p = kvr_json_get(n, "prepend");
         if (!p || p->type != KVR_JSON_STRING)
@@ -367,11 +372,30 @@ static kvr_status_t parse_normalizer(struct loader *L, const kvr_json_t *n)
         }
     } else {
         return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
-                    "%s: normalizer type \"%s\" is not supported (NFC, Prepend, Replace, "
-                    "Sequence are)",
+                    "%s: normalizer type \"%s\" is not supported (NFC, NFD, NFKC, NFKD, "
+                    "Prepend, Replace, Sequence are)",
                     L->file, ty);
     }
     t->n_norms++;
+    return KVR_OK;
+}
+
+/* The pre-tokenizer regex: the hand-written matcher when the pattern is one
+ * of the three it implements (unless the options turn fast paths off), and
+ * always the Oniguruma regex, which any other pattern runs in. */
+static kvr_status_t set_regex(struct loader *L, const char *pattern, size_t len)
+{
+    kvr_tokenizer_t *t = L->t;
+    char rerr[256] = "";
+    kvr_status_t st = kvr_pretok_regex_new(pattern, len, &t->regex, rerr, sizeof(rerr));
+    if (st == KVR_ERR_INVALID)
+        return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
+                    "%s: pre_tokenizer regex %.200s does not compile in Oniguruma: %s", L->file,
+                    pattern, rerr);
+    if (st != KVR_OK)
+        return st;
+    t->has_regex = true;
+    t->pretok = L->no_fast_paths ? KVR_PRETOK_NONE : kvr_pretok_fast_path(pattern, len);
     return KVR_OK;
 }
 
@@ -400,11 +424,11 @@ static kvr_status_t parse_pretok(struct loader *L, const kvr_json_t *p, bool *by
         *bytelevel_p = true;
         t->bl_prefix_space = kvr_json_get_bool(p, "add_prefix_space", false, NULL);
         if (kvr_json_get_bool(p, "use_regex", true, NULL)) {
-            if (t->pretok != KVR_PRETOK_NONE)
+            if (t->has_regex)
                 return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
                             "%s: a Split regex followed by ByteLevel use_regex is not supported",
                             L->file);
-            t->pretok = KVR_PRETOK_GPT2;
+            return set_regex(L, kvr_pretok_regex_gpt2, strlen(kvr_pretok_regex_gpt2));
         }
         return KVR_OK;
     }
@@ -421,21 +445,10 @@ static kvr_status_t parse_pretok(struct loader *L, const kvr_json_t *p, bool *by
                         "is)",
                         L->file, beh,
                         kvr_json_get_bool(p, "invert", false, NULL) ? " with invert" : "");
-        if (t->pretok != KVR_PRETOK_NONE)
+        if (t->has_regex)
             return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
                         "%s: more than one pre-tokenizer regex", L->file);
-        if (!strcmp(re->str, kvr_pretok_regex_llama3))
-            t->pretok = KVR_PRETOK_LLAMA3;
-        else if (!strcmp(re->str, kvr_pretok_regex_qwen2))
-            t->pretok = KVR_PRETOK_QWEN2;
-        else if (!strcmp(re->str, kvr_pretok_regex_gpt2))
-            t->pretok = KVR_PRETOK_GPT2;
-        else
-            return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
-                        "%s: pre_tokenizer Split regex %.200s is not one of the known "
-                        "(GPT-2, Llama 3, Qwen2) patterns",
-                        L->file, re->str);
-        return KVR_OK;
+        return set_regex(L, re->str, re->len);
     }
     if (!strcmp(ty, "Metaspace")) {
         const char *r = kvr_json_get_str(p, "replacement", "\xe2\x96\x81", NULL);
@@ -750,7 +763,7 @@ static kvr_status_t build(struct loader *L, const kvr_json_t *root)
     if (dr && dr->type == KVR_JSON_NUMBER && dr->num > 0)
         return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED, "%s: BPE dropout is not supported",
                     L->file);
-    if (!bytelevel && t->pretok != KVR_PRETOK_NONE)
+    if (!bytelevel && t->has_regex)
         return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
                     "%s: a Split regex without ByteLevel is not supported", L->file);
 
@@ -965,6 +978,12 @@ err_nomem:
 kvr_status_t kvr_tokenizer_load(const char *path, kvr_tokenizer_t **tok_p, char *err,
                                 size_t err_len)
 {
+    return kvr_tokenizer_load_opts(path, NULL, tok_p, err, err_len);
+}
+
+kvr_status_t kvr_tokenizer_load_opts(const char *path, const struct kvr_tokenizer_options *opts,
+                                     kvr_tokenizer_t **tok_p, char *err, size_t err_len)
+{
     if (!path || !tok_p)
         return fail(err, err_len, KVR_ERR_INVALID, "tokenizer: no path given");
     bytelevel_init();
@@ -1002,7 +1021,7 @@ kvr_status_t kvr_tokenizer_load(const char *path, kvr_tokenizer_t **tok_p, char 
     static atomic_uint_fast64_t next_uid = 1;
     t->uid = atomic_fetch_add(&next_uid, 1);
     t->bos_id = t->eos_id = t->unk_id = -1;
-    struct loader L = {t, file, err, err_len};
+    struct loader L = {t, file, err, err_len, opts && opts->no_fast_paths};
     st = build(&L, kvr_json_root(doc));
     kvr_json_free(doc);
     if (st == KVR_OK)
@@ -1047,6 +1066,7 @@ void kvr_tokenizer_destroy(kvr_tokenizer_t *t)
     }
     free(t->norms);
     free(t->eos_ids);
+    kvr_pretok_regex_free(t->regex);
     free(t);
 }
 

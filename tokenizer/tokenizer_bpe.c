@@ -352,8 +352,8 @@ static kvr_status_t encode_section(struct bpe *b, const char *s, size_t len)
         const char *src = cur ? cur : s;
         char *o = NULL;
         size_t ol = 0;
-        if (nm->op == NORM_NFC) {
-            if (!kvr_uni_nfc(src, cur_len, &o, &ol))
+        if (nm->op == NORM_UNICODE) {
+            if (!kvr_uni_normalize(nm->form, src, cur_len, &o, &ol))
                 goto err_nomem;
         } else if (nm->op == NORM_PREPEND) {
             if (cur_len == 0)
@@ -399,7 +399,12 @@ static kvr_status_t encode_section(struct bpe *b, const char *s, size_t len)
             text = p;
             cur_len++;
         }
-        st = kvr_pretok_split(t->pretok, text, cur_len, bpe_word, b);
+        if (t->pretok != KVR_PRETOK_NONE)
+            st = kvr_pretok_split(t->pretok, text, cur_len, bpe_word, b);
+        else if (t->has_regex)
+            st = kvr_pretok_regex_split(t->regex, text, cur_len, bpe_word, b);
+        else
+            st = bpe_word(b, text, cur_len);
     } else if (t->metaspace) {
         st = metaspace_words(b, text, cur_len);
     } else {

@@ -14,15 +14,17 @@
 
 #include "kvr_tokenizer.h"
 #include "tokenizer_pretok.h"
+#include "tokenizer_unicode.h"
 
 enum kind { KIND_BYTELEVEL, KIND_SP };
 
-enum norm_op { NORM_NFC, NORM_PREPEND, NORM_REPLACE };
+enum norm_op { NORM_UNICODE, NORM_PREPEND, NORM_REPLACE };
 
 struct norm {
     enum norm_op op;
-    char *a; /* prepend text / replace pattern */
-    char *b; /* replace content */
+    enum kvr_uni_form form; /* NORM_UNICODE */
+    char *a;                /* prepend text / replace pattern */
+    char *b;                /* replace content */
     size_t alen, blen;
 };
 
@@ -56,8 +58,10 @@ struct added {
 
 struct kvr_tokenizer {
     enum kind kind;
-    enum kvr_pretok pretok;
-    bool bl_prefix_space; /* ByteLevel add_prefix_space */
+    bool has_regex;            /* a Split / ByteLevel regex splits the text */
+    enum kvr_pretok pretok;    /* its hand-written fast path, or NONE */
+    kvr_pretok_regex_t *regex; /* the regex in Oniguruma */
+    bool bl_prefix_space;      /* ByteLevel add_prefix_space */
     bool metaspace, ms_split;
     int ms_prepend; /* 0 never, 1 first, 2 always */
     char ms_repl[8];

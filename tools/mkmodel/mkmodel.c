@@ -22,9 +22,7 @@
 #include <xxhash.h>
 
 #include "kvr_json.h"
-#if KVR_MKMODEL_HAVE_TOKGEN
-#include "kvr_tokenizer.h"
-#endif
+#include "kvr_tokgen.h"
 
 enum { DT_F32, DT_F16, DT_BF16 };
 
@@ -245,71 +243,6 @@ static FILE *open_out(const char *dir, const char *name, char *path, size_t cap)
     return f;
 }
 
-#if !KVR_MKMODEL_HAVE_TOKGEN
-/* Fallback tokenizer.json (until engine/tokenizer_gen.c exists): the 256
- * ByteLevel byte tokens, no merges, special tokens, reserved padding. */
-static int write_byte_tokenizer(const char *path, int vocab)
-{
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return -1;
-    int bs[256], nb = 0;
-    for (int b = '!'; b <= '~'; b++)
-        bs[nb++] = b;
-    for (int b = 0xa1; b <= 0xac; b++)
-        bs[nb++] = b;
-    for (int b = 0xae; b <= 0xff; b++)
-        bs[nb++] = b;
-    int cp[256];
-    bool in[256] = {0};
-    for (int i = 0; i < nb; i++) {
-        in[bs[i]] = true;
-        cp[bs[i]] = bs[i];
-    }
-    int extra = 0;
-    for (int b = 0; b < 256; b++)
-        if (!in[b])
-            cp[b] = 256 + extra++;
-    fprintf(f, "{\"version\":\"1.0\",\"truncation\":null,\"padding\":null,\"added_tokens\":[");
-    const char *sp[] = {"<|begin_of_text|>", "<|end_of_text|>"};
-    for (int i = 256; i < vocab; i++) {
-        char name[64];
-        if (i - 256 < 2)
-            snprintf(name, sizeof(name), "%s", sp[i - 256]);
-        else
-            snprintf(name, sizeof(name), "<|reserved_special_token_%d|>", i - 258);
-        fprintf(f,
-                "%s{\"id\":%d,\"content\":\"%s\",\"single_word\":false,\"lstrip\":false,"
-                "\"rstrip\":false,\"normalized\":false,\"special\":true}",
-                i > 256 ? "," : "", i, name);
-    }
-    fprintf(f, "],\"normalizer\":null,\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_"
-               "space\":false,\"trim_offsets\":true,\"use_regex\":true},\"post_processor\":null,"
-               "\"decoder\":{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"trim_offsets\":"
-               "true,\"use_regex\":true},\"model\":{\"type\":\"BPE\",\"dropout\":null,\"unk_"
-               "token\":null,\"continuing_subword_prefix\":null,\"end_of_word_suffix\":null,"
-               "\"fuse_unk\":false,\"byte_fallback\":false,\"ignore_merges\":false,\"vocab\":{");
-    for (int b = 0; b < 256; b++) {
-        char u[8];
-        size_t ul;
-        int c = cp[b];
-        if (c < 0x80) {
-            u[0] = (char)c;
-            ul = 1;
-        } else {
-            u[0] = (char)(0xc0 | (c >> 6));
-            u[1] = (char)(0x80 | (c & 0x3f));
-            ul = 2;
-        }
-        char esc[32];
-        kvr_json_escape(esc, sizeof(esc), u, ul);
-        fprintf(f, "%s%s:%d", b ? "," : "", esc, b);
-    }
-    fprintf(f, "},\"merges\":[]}}\n");
-    return fclose(f) == 0 ? 0 : -1;
-}
-#endif
-
 /* Ids of <|begin_of_text|> and <|end_of_text|> in the written tokenizer.json. */
 static int special_ids(const char *path, int *bos, int *eos)
 {
@@ -521,20 +454,12 @@ int main(int argc, char **argv)
 
     /* tokenizer first: its special ids go into the configs */
     snprintf(path, sizeof(path), "%s/tokenizer.json", o.out);
-#if KVR_MKMODEL_HAVE_TOKGEN
     kvr_status_t tst = kvr_tokenizer_gen_bytelevel(path, o.vocab, o.seed);
     if (tst != KVR_OK) {
         fprintf(stderr, "kvrail-mkmodel: %s: tokenizer generation failed: %s\n", path,
                 kvr_status_str(tst));
         return 1;
     }
-#else
-    if (o.vocab < 258 || write_byte_tokenizer(path, o.vocab) != 0) {
-        fprintf(stderr, "kvrail-mkmodel: %s: cannot write tokenizer (vocab must be >= 258)\n",
-                path);
-        return 1;
-    }
-#endif
     int bos, eos;
     if (special_ids(path, &bos, &eos) != 0)
         return 1;

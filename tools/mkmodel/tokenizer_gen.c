@@ -20,7 +20,7 @@
 
 #include "kvr_json.h"
 #include "kvr_log.h"
-#include "kvr_tokenizer.h"
+#include "kvr_tokgen.h"
 #include "tokenizer_pretok.h"
 #include "tokenizer_unicode.h"
 
