@@ -6,11 +6,12 @@
 #ifndef KVR_CMD_H
 #define KVR_CMD_H
 
-int kvr_cmd_run(int argc, char **argv);      /* run.c: single-process reference generation */
-int kvr_cmd_generate(int argc, char **argv); /* generate.c: stream from the router */
-int kvr_cmd_status(int argc, char **argv);   /* status.c: cluster status */
-int kvr_cmd_up(int argc, char **argv);       /* up.c: start this host's nodes */
-int kvr_cmd_cluster(int argc, char **argv);  /* render.c: `cluster render` */
+int kvr_cmd_run(int argc, char **argv);            /* run.c: single-process reference generation */
+int kvr_cmd_generate(int argc, char **argv);       /* generate.c: stream from the router */
+int kvr_cmd_status(int argc, char **argv);         /* status.c: cluster status */
+int kvr_cmd_up(int argc, char **argv);             /* up.c: start this host's nodes */
+int kvr_cmd_cluster(int argc, char **argv);        /* cluster.c: `cluster render|nodes|wait` */
+int kvr_cmd_cluster_render(int argc, char **argv); /* render.c */
 
 #include <stddef.h>
 

@@ -559,12 +559,8 @@ done:
     return rc;
 }
 
-int kvr_cmd_cluster(int argc, char **argv)
+/* kvrail cluster render ARGS (the dispatch lives in cluster.c) */
+int kvr_cmd_cluster_render(int argc, char **argv)
 {
-    if (argc >= 2 && !strcmp(argv[1], "render"))
-        return render_main(argc - 1, argv + 1);
-    FILE *f = argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) ? stdout : stderr;
-    fprintf(f, "usage: kvrail cluster render ...   (the only cluster subcommand)\n%s",
-            render_usage);
-    return f == stdout ? 0 : 2;
+    return render_main(argc, argv);
 }
