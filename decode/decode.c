@@ -29,7 +29,15 @@
  * Cancel frees a request's blocks at once, except while a prefill node may
  * still be writing into them: then they wait (quarantine) for its KV_READY
  * or KV_ABORT, or 2 s, whichever comes first.  An expired lease frees the
- * blocks and reports the request failed.  Everything runs on one thread.
+ * blocks and reports the request failed.
+ *
+ * The model runs on the engine worker thread (node/worker.h).  Each job is
+ * one step: at most one chunk (the cluster's prefill_chunk_tokens) of the
+ * oldest local prefill, then one decode step of the running batch.  So a
+ * long local prefill is spread over many steps and the running sequences
+ * get a token every step meanwhile; the loop answers the router during
+ * every step.  A request that a job refers to is not freed until the job
+ * is over (a cancel during a step ends it when the step's DONE arrives).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -41,6 +49,7 @@
 #include "kvr_clock.h"
 #include "kvr_log.h"
 #include "node.h"
+#include "pool.h"
 
 #define COMP              "decode"
 #define QUARANTINE_MS     2000
@@ -70,6 +79,12 @@ struct dreq {
     bool ignore_eos, aborted;
     char prefill_node[KVR_CLUSTER_NAME_MAX];
     uint64_t t_reserve, t_ready, deadline;
+    /* local prefill: prompt tokens whose K/V is in the blocks */
+    uint32_t n_computed;
+    uint64_t prefill_ns; /* the worker's time on its chunks */
+    /* the current job refers to it: ending waits for the job's DONE */
+    bool in_job, end_pending, end_keep;
+    uint64_t last_step_tok_ns; /* when the last decode step's token went out */
 };
 
 struct ppeer { /* what a prefill node said in its HELLO */
@@ -85,15 +100,31 @@ struct evbuf {
     size_t n, cap;
 };
 
+/* One step on the engine worker: a chunk of a local prefill and/or one
+ * decode step of the batch.  The loop fills it, the worker runs it. */
+struct djob {
+    struct kvr_worker_job base;
+    const struct kvr_kv_pool *pool;
+    struct dreq *chunk_req; /* NULL: no chunk */
+    struct kvr_prefill_req pr;
+    float *chunk_logits; /* [vocab] */
+    kvr_status_t chunk_status;
+    uint64_t chunk_ns;
+    int n;                       /* sequences in the decode step (0: none) */
+    struct kvr_decode_seq *seqs; /* [max_batch] */
+    struct dreq **members;       /* [max_batch] */
+    float *logits;               /* [max_batch][vocab] */
+    kvr_status_t decode_status;
+    uint64_t decode_ns;
+};
+
 struct decode {
     kvr_node_t node;
-    struct kvr_kv_pool pool;
-    kvr_xfer_mem_t **mem;
+    struct kvr_node_pool npool;
     kvr_blocktab_t *bt;
-    kvr_ctx_t *ctx;
-    int32_t vocab, maxpos, max_batch;
-    float *logits; /* [max_batch][vocab] */
-    struct kvr_decode_seq *seqs;
+    int32_t vocab, maxpos, max_batch, chunk;
+    struct djob job;
+    bool busy; /* the job is on the worker */
     struct dreq **batch;
     int n_batch;
     struct dreq *reqs; /* every request */
@@ -105,14 +136,13 @@ struct decode {
     uint64_t ev_seq;
     void *addr;
     size_t addr_len;
-    void **rkeys;
-    size_t *rkey_lens;
     uint64_t *hash_scratch;
     /* counters */
     uint64_t n_done, n_failed, n_canceled, n_expired, n_rejected, n_local, n_remote;
-    uint64_t kv_bytes, tokens_out, steps, cached_tokens;
-    bool stats_dirty;
-    uint64_t last_stats_ns;
+    uint64_t kv_bytes, tokens_out, steps, cached_tokens, bad_notifs;
+    /* the worker's own timings (ns) and the gaps between a running
+     * sequence's tokens as sent */
+    uint64_t chunks, chunk_ns_max, decode_ns_max, step_ns_last, itl_ns_max;
 };
 
 /* ---- block events ---- */
@@ -138,7 +168,7 @@ static void on_block_event(void *arg, enum kvr_block_event ev, uint64_t hash, ui
     b->kinds[b->n] = ev == KVR_BLOCK_STORED ? KVRAIL__BLOCK_EVENT__KIND__STORED
                                             : KVRAIL__BLOCK_EVENT__KIND__REMOVED;
     b->n++;
-    d->stats_dirty = true;
+    kvr_node_stats_dirty(&d->node);
 }
 
 /* Sends the buffered events: one BlockEvent per run of the same kind. */
@@ -220,7 +250,7 @@ static void send_resync(struct decode *d)
 static struct dreq *find_req(struct decode *d, uint64_t id)
 {
     for (struct dreq *r = d->reqs; r; r = r->next)
-        if (r->id == id && r->state != DR_QUARANTINE)
+        if (r->id == id && r->state != DR_QUARANTINE && !r->end_pending)
             return r;
     return NULL;
 }
@@ -249,6 +279,11 @@ static void batch_remove(struct decode *d, struct dreq *r)
  * the prefix cache when keep_cache). */
 static void req_end(struct decode *d, struct dreq *r, bool keep_cache)
 {
+    if (r->in_job) { /* the worker may be using its blocks: after the step */
+        r->end_pending = true;
+        r->end_keep = keep_cache;
+        return;
+    }
     for (struct dreq **pp = &d->reqs; *pp; pp = &(*pp)->next)
         if (*pp == r) {
             *pp = r->next;
@@ -266,7 +301,7 @@ static void req_end(struct decode *d, struct dreq *r, bool keep_cache)
     free(r->hashes);
     free(r->stop_ids);
     free(r);
-    d->stats_dirty = true;
+    kvr_node_stats_dirty(&d->node);
 }
 
 static void send_token(struct decode *d, struct dreq *r, int32_t tok, float logprob,
@@ -474,11 +509,12 @@ static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
     r->deadline = r->t_reserve + (uint64_t)lease * 1000000ull;
     snprintf(r->prefill_node, sizeof r->prefill_node, "%s", m->prefill_node ? m->prefill_node : "");
     r->state = m->local_prefill ? DR_LOCAL_PREFILL : DR_RESERVED;
+    r->n_computed = r->n_cached_blocks * bs;
     r->next = d->reqs;
     d->reqs = r;
     d->cached_tokens += (uint64_t)r->n_cached_blocks * bs;
     send_reserved(d, r);
-    d->stats_dirty = true;
+    kvr_node_stats_dirty(&d->node);
     return;
 nomem_r:
     kvr_sampler_destroy(r->smp);
@@ -580,14 +616,10 @@ static void on_notif(void *arg, const void *msg, size_t len)
 {
     struct decode *d = arg;
     struct kvr_notif n;
-    if (len != sizeof n) {
-        KVR_LOG_WARN(COMP, "dropped a notification of %zu bytes (want %zu)", len, sizeof n);
-        return;
-    }
-    memcpy(&n, msg, sizeof n);
-    n.node[sizeof n.node - 1] = 0;
-    if (n.magic != KVR_NOTIF_MAGIC || n.version != KVR_NOTIF_VERSION) {
-        KVR_LOG_WARN(COMP, "dropped a notification with magic %08x version %u", n.magic, n.version);
+    char why[200];
+    if (kvr_notif_decode(msg, len, &n, why, sizeof why) != KVR_OK) {
+        d->bad_notifs++;
+        KVR_LOG_WARN(COMP, "dropped a notification of %zu bytes from a prefill node: %s", len, why);
         return;
     }
     if (n.kind == KVR_NOTIF_HELLO) {
@@ -637,50 +669,39 @@ static void on_notif(void *arg, const void *msg, size_t len)
     start_decoding(d, r, n.first_token, n.logprob);
 }
 
-/* ---- compute ---- */
+/* ---- compute: one step at a time on the engine worker ---- */
 
-static void local_prefill(struct decode *d, struct dreq *r)
+/* Runs on the engine worker: the chunk, then the decode step. */
+static kvr_status_t djob_run(struct kvr_worker_job *base, kvr_ctx_t *ctx)
 {
-    uint32_t bs = (uint32_t)d->node.layout.block_size;
-    uint64_t t0 = kvr_now_ns();
-    struct kvr_prefill_req pr = {
-        .tokens = r->tokens,
-        .n_tokens = (int32_t)r->n_prompt,
-        .n_cached = (int32_t)(r->n_cached_blocks * bs),
-        .block_table = (const int32_t *)r->blocks,
-        .n_blocks = (int32_t)r->n_blocks,
-    };
-    kvr_status_t s = kvr_engine_prefill(d->ctx, &d->pool, &pr, d->logits);
-    int32_t tok = 0;
-    float lp = 0;
-    if (s == KVR_OK)
-        s = kvr_sampler_sample(r->smp, d->logits, &tok, &lp);
-    Kvrail__PrefillDone m = KVRAIL__PREFILL_DONE__INIT;
-    Kvrail__Status st = KVRAIL__STATUS__INIT;
-    st.code = s;
-    st.message = s == KVR_OK ? "" : "local prefill failed";
-    m.request_id = r->id;
-    m.status = &st;
-    m.first_token = (uint32_t)tok;
-    m.logprob = lp;
-    m.compute_us = (kvr_now_ns() - t0) / 1000;
-    m.total_us = (kvr_now_ns() - r->t_reserve) / 1000;
-    m.computed_tokens = r->n_prompt - (uint32_t)pr.n_cached;
-    m.node_name = d->node.name;
-    m.local = 1;
-    KVR_LOG_DEBUG(COMP,
-                  "request %" PRIu64 ": local prefill of %u tokens (%u cached) in %" PRIu64 " us",
-                  r->id, r->n_prompt, (uint32_t)pr.n_cached, m.compute_us);
-    kvr_node_send(&d->node, KVRAIL__METHOD__PREFILL_DONE, &m.base);
-    if (s != KVR_OK) {
-        req_fail(d, r, s, "local prefill failed");
-        return;
+    struct djob *j = (struct djob *)base;
+    if (j->chunk_req) {
+        uint64_t t0 = kvr_now_ns();
+        j->chunk_status = kvr_engine_prefill(ctx, j->pool, &j->pr, j->chunk_logits);
+        j->chunk_ns = kvr_now_ns() - t0;
     }
-    d->n_local++;
-    start_decoding(d, r, tok, lp);
+    if (j->n > 0) {
+        uint64_t t0 = kvr_now_ns();
+        j->decode_status = kvr_engine_decode(ctx, j->pool, j->seqs, j->n, j->logits);
+        j->decode_ns = kvr_now_ns() - t0;
+    }
+    return KVR_OK;
 }
 
-static void decode_step(struct decode *d)
+/* The oldest request prefilling here, or NULL. */
+static struct dreq *next_local_prefill(struct decode *d)
+{
+    struct dreq *lp = NULL;
+    for (struct dreq *r = d->reqs; r; r = r->next)
+        if (r->state == DR_LOCAL_PREFILL && !r->end_pending)
+            lp = r; /* reqs is newest first */
+    return lp;
+}
+
+static void on_worker(void *arg, const struct kvr_worker_event *ev);
+
+/* Builds and submits the next step, if there is work. */
+static void start_step(struct decode *d)
 {
     /* join: ready sequences take free batch slots, oldest first */
     if (d->n_batch < d->max_batch) {
@@ -695,30 +716,131 @@ static void decode_step(struct decode *d)
             d->batch[d->n_batch++] = cand[i];
         }
     }
-    if (d->n_batch == 0)
-        return;
-    int n = d->n_batch;
-    for (int i = 0; i < n; i++) {
+    struct djob *j = &d->job;
+    j->chunk_req = next_local_prefill(d);
+    if (j->chunk_req) {
+        struct dreq *r = j->chunk_req;
+        uint32_t end = r->n_computed + (uint32_t)d->chunk;
+        if (end > r->n_prompt)
+            end = r->n_prompt;
+        j->pr = (struct kvr_prefill_req){
+            .tokens = r->tokens,
+            .n_tokens = (int32_t)end,
+            .n_cached = (int32_t)r->n_computed,
+            .block_table = (const int32_t *)r->blocks,
+            .n_blocks = (int32_t)r->n_blocks,
+        };
+        r->in_job = true;
+        j->chunk_status = KVR_INPROGRESS;
+        j->chunk_ns = 0;
+    }
+    j->n = d->n_batch;
+    for (int i = 0; i < j->n; i++) {
         struct dreq *r = d->batch[i];
-        d->seqs[i].token = r->tokens[r->n_tokens - 1];
-        d->seqs[i].pos = (int32_t)r->n_tokens - 1;
-        d->seqs[i].block_table = (const int32_t *)r->blocks;
-        d->seqs[i].n_blocks = (int32_t)r->n_blocks;
+        j->members[i] = r;
+        j->seqs[i].token = r->tokens[r->n_tokens - 1];
+        j->seqs[i].pos = (int32_t)r->n_tokens - 1;
+        j->seqs[i].block_table = (const int32_t *)r->blocks;
+        j->seqs[i].n_blocks = (int32_t)r->n_blocks;
+        r->in_job = true;
     }
-    kvr_status_t s = kvr_engine_decode(d->ctx, &d->pool, d->seqs, n, d->logits);
-    d->steps++;
+    j->decode_ns = 0;
+    if (!j->chunk_req && j->n == 0)
+        return;
+    j->base.run = djob_run;
+    j->pool = &d->npool.kv;
+    d->busy = true;
+    if (kvr_worker_submit(d->node.worker, &j->base) != KVR_OK) {
+        /* cannot happen short of a broken inproc socket: fail what it held */
+        d->busy = false;
+        j->base.status = KVR_ERR_IO;
+        j->chunk_status = KVR_ERR_IO;
+        j->decode_status = KVR_ERR_IO;
+        struct kvr_worker_event ev = {KVR_WORKER_DONE, -1, &j->base};
+        d->busy = true;
+        on_worker(d, &ev);
+    }
+}
+
+/* A request the finished job referred to: false when it ended meanwhile
+ * (and is now gone). */
+static bool job_release(struct decode *d, struct dreq *r)
+{
+    r->in_job = false;
+    if (!r->end_pending)
+        return true;
+    req_end(d, r, r->end_keep);
+    return false;
+}
+
+/* The chunk is computed: the next one follows, or after the last the
+ * first token is sampled and the sequence starts decoding. */
+static void chunk_done(struct decode *d, struct djob *j)
+{
+    struct dreq *r = j->chunk_req;
+    uint32_t bs = (uint32_t)d->node.layout.block_size;
+    kvr_status_t s = j->chunk_status;
+    d->chunks++;
+    if (j->chunk_ns > d->chunk_ns_max)
+        d->chunk_ns_max = j->chunk_ns;
+    r->prefill_ns += j->chunk_ns;
+    if (s == KVR_OK) {
+        r->n_computed = (uint32_t)j->pr.n_tokens;
+        if (r->n_computed < r->n_prompt)
+            return;
+    }
+    int32_t tok = 0;
+    float lp = 0;
+    if (s == KVR_OK)
+        s = kvr_sampler_sample(r->smp, j->chunk_logits, &tok, &lp);
+    uint32_t n_cached = r->n_cached_blocks * bs;
+    Kvrail__PrefillDone m = KVRAIL__PREFILL_DONE__INIT;
+    Kvrail__Status st = KVRAIL__STATUS__INIT;
+    st.code = s;
+    st.message = s == KVR_OK ? "" : "local prefill failed";
+    m.request_id = r->id;
+    m.status = &st;
+    m.first_token = (uint32_t)tok;
+    m.logprob = lp;
+    m.compute_us = r->prefill_ns / 1000;
+    m.total_us = (kvr_now_ns() - r->t_reserve) / 1000;
+    m.computed_tokens = r->n_prompt - n_cached;
+    m.node_name = d->node.name;
+    m.local = 1;
+    KVR_LOG_DEBUG(COMP,
+                  "request %" PRIu64 ": local prefill of %u tokens (%u cached) in %" PRIu64
+                  " us of compute",
+                  r->id, r->n_prompt, n_cached, m.compute_us);
+    kvr_node_send(&d->node, KVRAIL__METHOD__PREFILL_DONE, &m.base);
     if (s != KVR_OK) {
-        for (int i = n - 1; i >= 0; i--)
-            req_fail(d, d->batch[i], s, "decode step failed");
+        req_fail(d, r, s, "local prefill failed");
         return;
     }
+    d->n_local++;
+    start_decoding(d, r, tok, lp);
+}
+
+/* The decode step is computed: sample, stream, end the finished. */
+static void step_done(struct decode *d, struct djob *j)
+{
+    d->steps++;
+    if (j->decode_ns > d->decode_ns_max)
+        d->decode_ns_max = j->decode_ns;
+    uint64_t now = kvr_now_ns();
     struct dreq *ending[256];
     int ne = 0;
-    for (int i = 0; i < n; i++) {
-        struct dreq *r = d->batch[i];
+    for (int i = 0; i < j->n; i++) {
+        struct dreq *r = j->members[i];
+        if (!job_release(d, r))
+            continue;
+        if (j->decode_status != KVR_OK) {
+            req_fail(d, r, j->decode_status, "decode step failed");
+            continue;
+        }
         int32_t tok = 0;
         float lp = 0;
-        s = kvr_sampler_sample(r->smp, d->logits + (size_t)i * (size_t)d->vocab, &tok, &lp);
+        kvr_status_t s =
+            kvr_sampler_sample(r->smp, j->logits + (size_t)i * (size_t)d->vocab, &tok, &lp);
         if (s != KVR_OK) {
             send_token(d, r, 0, 0, KVRAIL__FINISH_REASON__FINISH_ERROR, s, "sampling failed", true);
             ending[ne++] = r;
@@ -727,6 +849,9 @@ static void decode_step(struct decode *d)
         r->tokens[r->n_tokens++] = tok;
         r->ngen++;
         d->tokens_out++;
+        if (r->last_step_tok_ns && now - r->last_step_tok_ns > d->itl_ns_max)
+            d->itl_ns_max = now - r->last_step_tok_ns;
+        r->last_step_tok_ns = now;
         Kvrail__FinishReason fin = KVRAIL__FINISH_REASON__FINISH_NONE;
         bool done = finished(d, r, tok, &fin);
         send_token(d, r, tok, lp, fin, KVR_OK, NULL, false);
@@ -737,6 +862,22 @@ static void decode_step(struct decode *d)
         d->n_done++;
         req_end(d, ending[i], true);
     }
+}
+
+static void on_worker(void *arg, const struct kvr_worker_event *ev)
+{
+    struct decode *d = arg;
+    struct djob *j = &d->job;
+    if (ev->kind != KVR_WORKER_DONE || ev->job != &j->base || !d->busy)
+        return;
+    d->busy = false;
+    d->step_ns_last = j->chunk_ns + j->decode_ns;
+    if (j->chunk_req && job_release(d, j->chunk_req))
+        chunk_done(d, j);
+    if (j->n > 0)
+        step_done(d, j);
+    flush_events(d);
+    kvr_node_stats_dirty(&d->node);
 }
 
 static void check_leases(struct decode *d)
@@ -761,8 +902,9 @@ static void check_leases(struct decode *d)
 
 /* ---- registration, heartbeat, stats ---- */
 
-static void send_register(struct decode *d)
+static void send_register(void *arg)
 {
+    struct decode *d = arg;
     const struct kvr_kv_layout *L = &d->node.layout;
     Kvrail__RegisterRequest r = KVRAIL__REGISTER_REQUEST__INIT;
     Kvrail__KvLayout l;
@@ -771,22 +913,23 @@ static void send_register(struct decode *d)
     uint64_t base[256];
     size_t nl = (size_t)L->n_layers < 256 ? (size_t)L->n_layers : 256;
     for (size_t i = 0; i < nl; i++) {
-        rk[i].data = d->rkeys[i];
-        rk[i].len = d->rkey_lens[i];
-        base[i] = (uint64_t)(uintptr_t)d->pool.layer_base[i];
+        rk[i].data = d->npool.rkeys[i];
+        rk[i].len = d->npool.rkey_lens[i];
+        base[i] = (uint64_t)(uintptr_t)d->npool.kv.layer_base[i];
     }
     r.layer_rkeys = rk;
     r.n_layer_rkeys = nl;
     r.layer_base = base;
     r.n_layer_base = nl;
-    r.total_blocks = (uint32_t)d->pool.n_blocks;
-    r.layer_stride = kvr_kv_layer_bytes(L, d->pool.n_blocks);
+    r.total_blocks = (uint32_t)d->npool.kv.n_blocks;
+    r.layer_stride = kvr_kv_layer_bytes(L, d->npool.kv.n_blocks);
     r.block_bytes = kvr_kv_block_bytes(L);
     kvr_node_send(&d->node, KVRAIL__METHOD__REGISTER, &r.base);
 }
 
-static void send_heartbeat(struct decode *d)
+static void send_heartbeat(void *arg)
 {
+    struct decode *d = arg;
     Kvrail__Heartbeat h = KVRAIL__HEARTBEAT__INIT;
     struct kvr_blocktab_counts c;
     kvr_blocktab_counts(d->bt, &c);
@@ -802,75 +945,74 @@ static void send_heartbeat(struct decode *d)
     kvr_node_send(&d->node, KVRAIL__METHOD__HEARTBEAT, &h.base);
 }
 
-struct sbuf {
-    char *p;
-    size_t n, cap;
-};
-
-static void sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(struct sbuf *b, const char *fmt, ...)
-{
-    va_list ap;
-    for (;;) {
-        va_start(ap, fmt);
-        int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0)
-            return;
-        if (b->p && b->n + (size_t)k < b->cap) {
-            b->n += (size_t)k;
-            return;
-        }
-        size_t cap = (b->cap + (size_t)k + 1) * 2;
-        char *np = realloc(b->p, cap);
-        if (!np)
-            return;
-        b->p = np;
-        b->cap = cap;
-    }
-}
-
 static void stats_hash(void *arg, uint64_t hash, uint32_t block)
 {
-    struct sbuf *b = arg;
+    struct kvr_sbuf *b = arg;
     (void)block;
-    sb_printf(b, "%s\"%016" PRIx64 "\"", b->p[b->n - 1] == '[' ? "" : ", ", hash);
+    kvr_sbuf_printf(b, "%s\"%016" PRIx64 "\"", b->p[b->n - 1] == '[' ? "" : ", ", hash);
 }
 
-static void write_stats(struct decode *d)
+static void role_stats(void *arg, struct kvr_sbuf *b)
 {
+    struct decode *d = arg;
     struct kvr_blocktab_counts c;
     kvr_blocktab_counts(d->bt, &c);
-    int nres = 0, nq = 0, nready = 0;
+    int nres = 0, nq = 0, nready = 0, nlocal = 0;
     for (struct dreq *r = d->reqs; r; r = r->next) {
         nres++;
         nq += r->state == DR_QUARANTINE;
         nready += r->state == DR_READY;
+        nlocal += r->state == DR_LOCAL_PREFILL;
     }
-    struct sbuf b = {0};
-    sb_printf(&b,
-              "{\"node\": \"%s\", \"role\": \"decode\", \"registered\": %s, \"total_blocks\": %u, "
-              "\"free_blocks\": %u, \"evictable_blocks\": %u, \"cached_blocks\": %u, "
-              "\"reserved_blocks\": %u, \"requests\": %d, \"quarantined\": %d, \"ready\": %d, "
-              "\"batch\": %d, \"done\": %" PRIu64 ", \"failed\": %" PRIu64
-              ", \"canceled\": %" PRIu64 ", \"expired\": %" PRIu64 ", \"rejected\": %" PRIu64
-              ", \"local_prefills\": %" PRIu64 ", \"remote_prefills\": %" PRIu64
-              ", \"kv_bytes_received\": %" PRIu64 ", \"tokens_out\": %" PRIu64
-              ", \"steps\": %" PRIu64 ", \"cached_tokens_reused\": %" PRIu64
-              ", \"block_event_seq\": %" PRIu64 ", \"block_bytes\": %zu, \"layers\": %d, "
-              "\"bad_frames\": %" PRIu64 ", \"cached_hashes\": [",
-              d->node.name, d->node.registered ? "true" : "false", c.total, c.free, c.evictable,
-              c.cached, c.referenced, nres, nq, nready, d->n_batch, d->n_done, d->n_failed,
-              d->n_canceled, d->n_expired, d->n_rejected, d->n_local, d->n_remote, d->kv_bytes,
-              d->tokens_out, d->steps, d->cached_tokens, d->ev_seq,
-              kvr_kv_block_bytes(&d->node.layout), d->node.layout.n_layers, d->node.bad_frames);
-    if (b.p)
-        kvr_blocktab_foreach_cached(d->bt, stats_hash, &b);
-    sb_printf(&b, "]}");
-    if (b.p)
-        kvr_node_write_stats(&d->node, b.p);
-    free(b.p);
+    kvr_sbuf_printf(
+        b,
+        ", \"total_blocks\": %u, \"free_blocks\": %u, \"evictable_blocks\": %u, "
+        "\"cached_blocks\": %u, \"reserved_blocks\": %u, \"requests\": %d, \"quarantined\": %d, "
+        "\"ready\": %d, \"local_prefilling\": %d, \"batch\": %d, \"done\": %" PRIu64
+        ", \"failed\": %" PRIu64 ", \"canceled\": %" PRIu64 ", \"expired\": %" PRIu64
+        ", \"rejected\": %" PRIu64 ", \"local_prefills\": %" PRIu64
+        ", \"remote_prefills\": %" PRIu64 ", \"kv_bytes_received\": %" PRIu64
+        ", \"tokens_out\": %" PRIu64 ", \"steps\": %" PRIu64 ", \"cached_tokens_reused\": %" PRIu64
+        ", \"block_event_seq\": %" PRIu64
+        ", \"block_bytes\": %zu, \"layers\": %d, \"bad_notifications\": %" PRIu64
+        ", \"prefill_chunk_tokens\": %d, \"chunks\": %" PRIu64 ", \"chunk_ns_max\": %" PRIu64
+        ", \"decode_step_ns_max\": %" PRIu64 ", \"step_ns_last\": %" PRIu64
+        ", \"itl_ns_max\": %" PRIu64 ", \"pool_setup_ns\": %" PRIu64 ", \"pool_huge_pages\": %s"
+        ", \"cached_hashes\": [",
+        c.total, c.free, c.evictable, c.cached, c.referenced, nres, nq, nready, nlocal, d->n_batch,
+        d->n_done, d->n_failed, d->n_canceled, d->n_expired, d->n_rejected, d->n_local, d->n_remote,
+        d->kv_bytes, d->tokens_out, d->steps, d->cached_tokens, d->ev_seq,
+        kvr_kv_block_bytes(&d->node.layout), d->node.layout.n_layers, d->bad_notifs, d->chunk,
+        d->chunks, d->chunk_ns_max, d->decode_ns_max, d->step_ns_last, d->itl_ns_max,
+        d->npool.setup_ns, d->npool.huge ? "true" : "false");
+    if (b->p)
+        kvr_blocktab_foreach_cached(d->bt, stats_hash, b);
+    kvr_sbuf_printf(b, "]");
 }
+
+static int turn(void *arg)
+{
+    struct decode *d = arg;
+    check_leases(d);
+    if (!d->busy)
+        start_step(d);
+    flush_events(d);
+    if (d->busy)
+        return 50; /* the step's DONE wakes the loop */
+    for (struct dreq *r = d->reqs; r; r = r->next)
+        if (r->state == DR_RESERVED || r->state == DR_QUARANTINE)
+            return 5; /* the event fd wakes it; leases are checked often */
+    return 20;
+}
+
+static const struct kvr_node_ops decode_ops = {
+    .send_register = send_register,
+    .send_heartbeat = send_heartbeat,
+    .on_msg = on_msg,
+    .on_worker = on_worker,
+    .turn = turn,
+    .stats = role_stats,
+};
 
 int main(int argc, char **argv)
 {
@@ -885,8 +1027,6 @@ int main(int argc, char **argv)
         kvr_node_fini(&d->node);
         return s == KVR_ERR_INVALID ? 2 : 1;
     }
-    d->node.on_msg = on_msg;
-    d->node.on_msg_arg = d;
     const struct kvr_kv_layout *L = &d->node.layout;
     d->vocab = kvr_model_vocab(d->node.model);
     d->maxpos = kvr_model_max_pos(d->node.model);
@@ -900,47 +1040,22 @@ int main(int argc, char **argv)
         nblocks = d->node.self->pool_bytes / ((uint64_t)bb * (uint64_t)L->n_layers);
     if (!nblocks)
         nblocks = 2048;
-    if (nblocks * bb > (4ull << 30) || nblocks > (1u << 30)) {
-        fprintf(stderr, "kvrail-decode: pool of %" PRIu64 " blocks makes layer slabs over 4 GiB\n",
-                nblocks);
-        goto out;
-    }
-    d->pool.layout = *L;
-    d->pool.n_blocks = (int32_t)nblocks;
-    d->pool.layer_base = calloc((size_t)L->n_layers, sizeof *d->pool.layer_base);
-    d->mem = calloc((size_t)L->n_layers, sizeof *d->mem);
-    d->rkeys = calloc((size_t)L->n_layers, sizeof *d->rkeys);
-    d->rkey_lens = calloc((size_t)L->n_layers, sizeof *d->rkey_lens);
-    d->logits = malloc((size_t)d->max_batch * (size_t)d->vocab * sizeof *d->logits);
-    d->seqs = calloc((size_t)d->max_batch, sizeof *d->seqs);
+    d->job.logits = malloc((size_t)d->max_batch * (size_t)d->vocab * sizeof *d->job.logits);
+    d->job.chunk_logits = malloc((size_t)d->vocab * sizeof *d->job.chunk_logits);
+    d->job.seqs = calloc((size_t)d->max_batch, sizeof *d->job.seqs);
+    d->job.members = calloc((size_t)d->max_batch, sizeof *d->job.members);
     d->batch = calloc((size_t)d->max_batch, sizeof *d->batch);
-    if (!d->pool.layer_base || !d->mem || !d->rkeys || !d->rkey_lens || !d->logits || !d->seqs ||
-        !d->batch) {
+    if (!d->job.logits || !d->job.chunk_logits || !d->job.seqs || !d->job.members || !d->batch) {
         fprintf(stderr, "kvrail-decode: out of memory\n");
         goto out;
     }
-    size_t slab = kvr_kv_layer_bytes(L, (int32_t)nblocks);
-    uint64_t t0 = kvr_now_ns();
-    for (int32_t l = 0; l < L->n_layers; l++) {
-        /* memory the transport reaches fastest (with UCX on one host: shared
-         * memory the prefill node maps, so its puts are one-sided copies) */
-        s = kvr_xfer_mem_alloc(d->node.xfer, slab, KVR_MEM_HOST, 0, &d->mem[l]);
-        if (s == KVR_OK) {
-            d->pool.layer_base[l] = kvr_xfer_mem_addr(d->mem[l]);
-            memset(d->pool.layer_base[l], 0, slab);
-            s = kvr_xfer_mem_pack(d->mem[l], &d->rkeys[l], &d->rkey_lens[l]);
-        }
-        if (s != KVR_OK) {
-            fprintf(stderr, "kvrail-decode: allocating the slab of layer %d: %s\n", l,
-                    kvr_status_str(s));
-            goto out;
-        }
+    /* memory the transport reaches fastest (with UCX on one host: shared
+     * memory the prefill node maps, so its puts are one-sided copies) */
+    s = kvr_node_pool_create(d->node.xfer, L, nblocks, true, &d->npool, err, sizeof err);
+    if (s != KVR_OK) {
+        fprintf(stderr, "kvrail-decode: KV pool: %s\n", err);
+        goto out;
     }
-    KVR_LOG_INFO(COMP,
-                 "KV pool: %" PRIu64 " blocks of %d tokens x %d layers = %.1f MiB, "
-                 "registered in %.1f ms; max batch %d",
-                 nblocks, L->block_size, L->n_layers, (double)slab * L->n_layers / 1048576.0,
-                 (double)(kvr_now_ns() - t0) / 1e6, d->max_batch);
     if (kvr_blocktab_create((uint32_t)nblocks, on_block_event, d, &d->bt) != KVR_OK) {
         fprintf(stderr, "kvrail-decode: out of memory\n");
         goto out;
@@ -948,70 +1063,40 @@ int main(int argc, char **argv)
     struct kvr_ctx_opts co = {0};
     co.n_threads = d->node.self->threads > 0 ? d->node.self->threads : 1;
     co.max_batch = d->max_batch;
-    s = kvr_ctx_create(d->node.model, &co, &d->ctx, err, sizeof err);
+    s = kvr_node_start_worker(&d->node, &co, err, sizeof err);
     if (s != KVR_OK) {
-        fprintf(stderr, "kvrail-decode: compute context: %s\n", err);
+        fprintf(stderr, "kvrail-decode: engine worker: %s\n", err);
         goto out;
     }
+    d->chunk = kvr_worker_max_tokens(d->node.worker);
     s = kvr_xfer_address(d->node.xfer, &d->addr, &d->addr_len);
     if (s != KVR_OK) {
         fprintf(stderr, "kvrail-decode: transport address: %s\n", kvr_status_str(s));
         goto out;
     }
+    KVR_LOG_INFO(COMP, "max batch %d, local prefill in chunks of %d tokens", d->max_batch,
+                 d->chunk);
 
-    while (!kvr_node_stopping()) {
-        if (kvr_node_register_due(&d->node))
-            send_register(d);
-        if (kvr_node_heartbeat_due(&d->node)) {
-            send_heartbeat(d);
-            d->stats_dirty = true;
-        }
-        bool busy = d->n_batch > 0, waiting = false;
-        for (struct dreq *r = d->reqs; r; r = r->next) {
-            busy |= r->state == DR_READY || r->state == DR_LOCAL_PREFILL;
-            waiting |= r->state == DR_RESERVED || r->state == DR_QUARANTINE;
-        }
-        kvr_node_poll(&d->node, busy ? 0 : waiting ? 5 : 20); /* the event fd wakes it */
-        check_leases(d);
-        /* one local prefill per turn (oldest first), so running sequences
-         * keep stepping between prefills */
-        struct dreq *lp = NULL;
-        for (struct dreq *r = d->reqs; r; r = r->next)
-            if (r->state == DR_LOCAL_PREFILL)
-                lp = r;
-        if (lp)
-            local_prefill(d, lp);
-        decode_step(d);
-        flush_events(d);
-        uint64_t now = kvr_now_ns();
-        if (d->node.stats_path && (d->stats_dirty || now - d->last_stats_ns > 500000000ull) &&
-            now - d->last_stats_ns > 50000000ull) {
-            write_stats(d);
-            d->stats_dirty = false;
-            d->last_stats_ns = now;
-        }
-    }
+    kvr_node_run(&d->node, &decode_ops, d);
     KVR_LOG_INFO(COMP, "stopping: %" PRIu64 " requests done, %" PRIu64 " tokens", d->n_done,
                  d->tokens_out);
     rc = 0;
 out:
+    /* the worker may be computing into the pool: stop it first */
+    kvr_worker_destroy(d->node.worker);
+    d->node.worker = NULL;
+    d->busy = false;
+    for (struct dreq *r = d->reqs; r; r = r->next)
+        r->in_job = false;
     while (d->reqs)
         req_end(d, d->reqs, false);
     free(d->addr);
-    if (d->ctx)
-        kvr_ctx_destroy(d->ctx);
     kvr_blocktab_destroy(d->bt);
-    for (int32_t l = 0; d->rkeys && l < L->n_layers; l++)
-        free(d->rkeys[l]);
-    for (int32_t l = 0; d->mem && l < L->n_layers; l++)
-        if (d->mem[l])
-            kvr_xfer_mem_dereg(d->mem[l]);
-    free(d->pool.layer_base);
-    free(d->mem);
-    free(d->rkeys);
-    free(d->rkey_lens);
-    free(d->logits);
-    free(d->seqs);
+    kvr_node_pool_destroy(&d->npool);
+    free(d->job.logits);
+    free(d->job.chunk_logits);
+    free(d->job.seqs);
+    free(d->job.members);
     free(d->batch);
     free(d->ev.hashes);
     free(d->ev.kinds);

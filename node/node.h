@@ -2,16 +2,23 @@
  * node.h - the runtime that kvrail-prefill and kvrail-decode share: command
  * line (--config FILE --node NAME), cluster file, model, transfer engine,
  * the DEALER socket to the router's node endpoint (routing id = node name),
- * registration and heartbeats, the poll loop, the P/D notification format
- * and the stats file that tests read.
+ * registration and heartbeats, the event loop and the stats file that
+ * tests read.  The rest of node/ is what both roles use besides: the KV
+ * pool (pool.h), the block table (blocktab.h), the engine worker
+ * (worker.h) and the P -> D notification codec (notif.h).
  *
- * One thread runs everything: kvr_node_poll() waits on the router socket and
- * the transfer engine's event fd (or a short timeout), progresses the
- * engine and hands each decoded control message to the role's handler.
+ * Two threads: the loop (kvr_node_run) waits on the router socket, the
+ * transfer engine's event fd and the engine worker's event socket, with a
+ * timeout set by the next due timer (heartbeat, registration, stats, the
+ * role's own); it progresses the transfer engine and hands each decoded
+ * control message and each worker event to the role.  The engine worker
+ * thread runs the model and nothing else, so the loop answers the router
+ * within milliseconds during any computation.
  */
 #ifndef KVR_NODE_H
 #define KVR_NODE_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -22,46 +29,33 @@
 #include "kvr_sample.h"
 #include "kvr_status.h"
 #include "kvr_xfer.h"
-
-/* ---- P -> D notification (after the KV writes, on the same peer) ---- */
-
-#define KVR_NOTIF_MAGIC   0x4e52564bu /* "KVRN" */
-#define KVR_NOTIF_VERSION 1
-
-enum kvr_notif_kind {
-    KVR_NOTIF_HELLO = 1,    /* first message on a new peer: layout + fingerprint */
-    KVR_NOTIF_KV_READY = 2, /* every layer of a request written; first token */
-    KVR_NOTIF_KV_ABORT = 3, /* the request stopped; no more writes will follow */
-};
-
-struct kvr_notif {
-    uint32_t magic;
-    uint16_t version;
-    uint16_t kind;
-    uint64_t request_id;
-    uint64_t incarnation; /* of the sender */
-    char node[KVR_CLUSTER_NAME_MAX];
-    /* HELLO */
-    uint64_t fingerprint;
-    int32_t n_layers, n_kv_heads, head_dim, block_size, dtype;
-    uint32_t proto_version;
-    /* KV_READY */
-    int32_t first_token;
-    float logprob;
-    uint32_t n_tokens; /* prompt tokens */
-    uint32_t cached_tokens;
-    uint64_t bytes;       /* bytes written for the request */
-    int32_t status;       /* KV_ABORT: why */
-    uint32_t first_block; /* KV_READY/KV_ABORT: the decode node's block id of the first
-                             uncached block: tells two dispatches of one request apart */
-};
+#include "notif.h"
+#include "worker.h"
 
 /* ---- the node ---- */
 
 typedef struct kvr_node kvr_node_t;
 
-/** Handler of one decoded control message (msg is freed after it returns). */
-typedef void (*kvr_node_msg_fn)(void *arg, unsigned method, ProtobufCMessage *msg);
+struct kvr_sbuf;
+
+/** What a role plugs into the loop (kvr_node_run); every callback runs on
+ *  the loop thread with the role's arg. */
+struct kvr_node_ops {
+    /* sends the role's RegisterRequest (kvr_node_fill_register + its fields) */
+    void (*send_register)(void *arg);
+    /* sends the role's Heartbeat */
+    void (*send_heartbeat)(void *arg);
+    /* one decoded control message (freed after it returns) */
+    void (*on_msg)(void *arg, unsigned method, ProtobufCMessage *msg);
+    /* one event of the engine worker */
+    void (*on_worker)(void *arg, const struct kvr_worker_event *ev);
+    /* the role's work between waits; returns how long the loop may wait
+     * for input (ms; 0 = come back at once) */
+    int (*turn)(void *arg);
+    /* appends the role's fields to the stats object (after the common ones,
+     * each starting with ", ") */
+    void (*stats)(void *arg, struct kvr_sbuf *b);
+};
 
 struct kvr_node {
     kvr_cluster_t *cluster;
@@ -86,8 +80,12 @@ struct kvr_node {
     uint32_t heartbeat_ms;
     uint64_t bad_frames;
 
-    kvr_node_msg_fn on_msg;
-    void *on_msg_arg;
+    kvr_worker_t *worker; /* NULL until kvr_node_start_worker */
+
+    const struct kvr_node_ops *ops;
+    void *ops_arg;
+    bool stats_dirty;
+    uint64_t last_stats_ns;
 };
 
 /** Parses the command line, loads the cluster file and the model, checks
@@ -110,22 +108,37 @@ kvr_status_t kvr_node_send(kvr_node_t *node, unsigned method, const ProtobufCMes
 void kvr_node_fill_register(kvr_node_t *node, Kvrail__RegisterRequest *r,
                             Kvrail__KvLayout *layout_p, const void *addr, size_t addr_len);
 
-/** Waits up to timeout_ms for a control message or transfer event, then
- *  progresses the transfer engine and dispatches every waiting message.
- *  Returns the number of messages and transfer events handled. */
-int kvr_node_poll(kvr_node_t *node, int timeout_ms);
+/** Creates the engine worker (worker.h) that owns the node's compute
+ *  context; its events reach ops->on_worker from then on.
+ *  @return as kvr_worker_create. */
+kvr_status_t kvr_node_start_worker(kvr_node_t *node, const struct kvr_ctx_opts *opts, char *err,
+                                   size_t err_len);
 
-/** Dispatches only the control messages already waiting (no wait, no
- *  transfer progress): for use from inside a long computation. */
-int kvr_node_drain(kvr_node_t *node);
+/** Runs the loop until SIGINT/SIGTERM: registration (again every second
+ *  until the router accepts), heartbeats every interval, ops->turn, the
+ *  wait, the dispatch of messages and worker events, and the stats file
+ *  (when dirty, at most every 50 ms; every 500 ms regardless). */
+void kvr_node_run(kvr_node_t *node, const struct kvr_node_ops *ops, void *arg);
 
-/** True when a Register (re)send is due: not registered and 1 s passed. */
-bool kvr_node_register_due(kvr_node_t *node);
-/** True when the heartbeat interval passed since the last one (and marks it sent). */
-bool kvr_node_heartbeat_due(kvr_node_t *node);
+/** Marks the stats file for rewriting at the next chance. */
+void kvr_node_stats_dirty(kvr_node_t *node);
 
-/** Writes text to the stats file atomically (tmp + rename). */
-void kvr_node_write_stats(const kvr_node_t *node, const char *json);
+/** Whether the router has accepted this node's registration. */
+static inline bool kvr_node_registered(const kvr_node_t *node)
+{
+    return node->registered;
+}
+
+/* ---- a growable text buffer for the stats JSON ---- */
+
+struct kvr_sbuf {
+    char *p;
+    size_t n, cap;
+    bool failed; /* an allocation failed: the text is incomplete */
+};
+
+void kvr_sbuf_printf(struct kvr_sbuf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /** Sets *stop when SIGINT/SIGTERM arrived. */
 bool kvr_node_stopping(void);

@@ -1,13 +1,16 @@
 /*
- * node.c - the runtime shared by kvrail-prefill and kvrail-decode (node.h):
- * start-up from the cluster file, the router connection, registration and
- * heartbeat timing, the one poll loop, and the stats file.
+ * runtime.c - the runtime shared by kvrail-prefill and kvrail-decode
+ * (node.h): start-up from the cluster file, the router connection,
+ * registration and heartbeat timing, the event loop (router socket,
+ * transfer event fd, engine worker events, timers), and the stats file.
  */
 #include "node.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <getopt.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,6 +182,7 @@ kvr_status_t kvr_node_init(kvr_node_t *node, int argc, char **argv, enum kvr_nod
 
 void kvr_node_fini(kvr_node_t *node)
 {
+    kvr_worker_destroy(node->worker);
     if (node->sock)
         zmq_close(node->sock);
     if (node->zctx)
@@ -231,13 +235,13 @@ void kvr_node_fill_register(kvr_node_t *node, Kvrail__RegisterRequest *r, Kvrail
     node->last_register_ns = kvr_now_ns();
 }
 
-bool kvr_node_register_due(kvr_node_t *node)
+static bool register_due(kvr_node_t *node)
 {
     return !node->registered &&
            (node->last_register_ns == 0 || kvr_now_ns() - node->last_register_ns > 1000000000ull);
 }
 
-bool kvr_node_heartbeat_due(kvr_node_t *node)
+static bool heartbeat_due(kvr_node_t *node)
 {
     uint64_t now = kvr_now_ns();
     if (!node->registered || now - node->last_heartbeat_ns < node->heartbeat_ms * 1000000ull)
@@ -276,7 +280,7 @@ static void handle_builtin(kvr_node_t *node, unsigned method, ProtobufCMessage *
     }
 }
 
-int kvr_node_drain(kvr_node_t *node)
+static int drain_router(kvr_node_t *node)
 {
     int n = 0;
     for (int i = 0; i < 1024; i++) {
@@ -321,20 +325,38 @@ int kvr_node_drain(kvr_node_t *node)
                 node->registered = false;
         } else if (method == KVRAIL__METHOD__REGISTER || method == KVRAIL__METHOD__HEARTBEAT) {
             handle_builtin(node, method, m);
-        } else if (node->on_msg) {
-            node->on_msg(node->on_msg_arg, method, m);
+        } else if (node->ops && node->ops->on_msg) {
+            node->ops->on_msg(node->ops_arg, method, m);
         }
         protobuf_c_message_free_unpacked(m, NULL);
     }
     return n;
 }
 
-int kvr_node_poll(kvr_node_t *node, int timeout_ms)
+static int drain_worker(kvr_node_t *node)
 {
-    zmq_pollitem_t items[2] = {{node->sock, 0, ZMQ_POLLIN, 0},
-                               {NULL, node->xfer_fd, ZMQ_POLLIN, 0}};
-    int nitems = node->xfer_fd >= 0 ? 2 : 1;
-    if (node->xfer_fd < 0 && timeout_ms > 2)
+    int n = 0;
+    struct kvr_worker_event ev;
+    while (node->worker && kvr_worker_next_event(node->worker, &ev)) {
+        n++;
+        if (node->ops && node->ops->on_worker)
+            node->ops->on_worker(node->ops_arg, &ev);
+    }
+    return n;
+}
+
+/* Waits up to timeout_ms for a control message, a transfer event or a
+ * worker event, then progresses the transfer engine and dispatches. */
+static int poll_once(kvr_node_t *node, int timeout_ms)
+{
+    zmq_pollitem_t items[3];
+    int nitems = 0;
+    items[nitems++] = (zmq_pollitem_t){node->sock, 0, ZMQ_POLLIN, 0};
+    if (node->worker)
+        items[nitems++] = (zmq_pollitem_t){kvr_worker_socket(node->worker), 0, ZMQ_POLLIN, 0};
+    if (node->xfer_fd >= 0)
+        items[nitems++] = (zmq_pollitem_t){NULL, node->xfer_fd, ZMQ_POLLIN, 0};
+    else if (timeout_ms > 2)
         timeout_ms = 2; /* no event fd: poll the engine often */
     if (timeout_ms > 0 && kvr_xfer_progress(node->xfer) > 0)
         timeout_ms = 0;
@@ -342,23 +364,106 @@ int kvr_node_poll(kvr_node_t *node, int timeout_ms)
     if (zmq_poll(items, nitems, timeout_ms) < 0 && errno != EINTR)
         KVR_LOG_WARN(COMP, "zmq_poll: %s", zmq_strerror(errno));
     n += kvr_xfer_progress(node->xfer);
-    n += kvr_node_drain(node);
+    n += drain_router(node);
+    n += drain_worker(node);
     return n;
 }
 
-void kvr_node_write_stats(const kvr_node_t *node, const char *json)
+kvr_status_t kvr_node_start_worker(kvr_node_t *node, const struct kvr_ctx_opts *opts, char *err,
+                                   size_t err_len)
 {
-    if (!node->stats_path)
+    return kvr_worker_create(node->zctx, node->model, opts, &node->worker, err, err_len);
+}
+
+void kvr_node_stats_dirty(kvr_node_t *node)
+{
+    node->stats_dirty = true;
+}
+
+void kvr_sbuf_printf(struct kvr_sbuf *b, const char *fmt, ...)
+{
+    va_list ap;
+    for (;;) {
+        va_start(ap, fmt);
+        int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
+        va_end(ap);
+        if (k < 0) {
+            b->failed = true;
+            return;
+        }
+        if (b->p && b->n + (size_t)k < b->cap) {
+            b->n += (size_t)k;
+            return;
+        }
+        size_t cap = (b->cap + (size_t)k + 1) * 2;
+        char *np = realloc(b->p, cap);
+        if (!np) {
+            b->failed = true;
+            return;
+        }
+        b->p = np;
+        b->cap = cap;
+    }
+}
+
+/* The stats file: the common fields, then the role's; written to a
+ * temporary file and renamed, so a reader never sees half of it. */
+static void write_stats(kvr_node_t *node)
+{
+    struct kvr_sbuf b = {0};
+    kvr_sbuf_printf(&b,
+                    "{\"node\": \"%s\", \"role\": \"%s\", \"registered\": %s, \"incarnation\": "
+                    "%" PRIu64 ", \"bad_frames\": %" PRIu64,
+                    node->name, kvr_node_role_name(node->role), node->registered ? "true" : "false",
+                    node->incarnation, node->bad_frames);
+    if (node->ops && node->ops->stats)
+        node->ops->stats(node->ops_arg, &b);
+    kvr_sbuf_printf(&b, "}\n");
+    if (b.failed || !b.p) {
+        free(b.p);
         return;
+    }
     char tmp[KVR_CLUSTER_PATH_MAX + 8];
     snprintf(tmp, sizeof tmp, "%s.tmp", node->stats_path);
     FILE *f = fopen(tmp, "w");
-    if (!f)
-        return;
-    fputs(json, f);
-    fputc('\n', f);
-    if (fclose(f) == 0)
-        rename(tmp, node->stats_path);
+    if (f) {
+        fputs(b.p, f);
+        if (fclose(f) == 0)
+            rename(tmp, node->stats_path);
+    }
+    free(b.p);
+}
+
+void kvr_node_run(kvr_node_t *node, const struct kvr_node_ops *ops, void *arg)
+{
+    node->ops = ops;
+    node->ops_arg = arg;
+    while (!kvr_node_stopping()) {
+        if (register_due(node))
+            ops->send_register(arg);
+        if (heartbeat_due(node)) {
+            ops->send_heartbeat(arg);
+            node->stats_dirty = true;
+        }
+        int timeout = ops->turn(arg);
+        /* wake for the next heartbeat or registration retry */
+        uint64_t now = kvr_now_ns(), next;
+        if (node->registered)
+            next = node->last_heartbeat_ns + node->heartbeat_ms * 1000000ull;
+        else
+            next = node->last_register_ns + 1000000000ull;
+        int64_t until = next > now ? (int64_t)((next - now) / 1000000ull) + 1 : 0;
+        if (until < timeout)
+            timeout = (int)until;
+        poll_once(node, timeout);
+        now = kvr_now_ns();
+        if (node->stats_path && (node->stats_dirty || now - node->last_stats_ns > 500000000ull) &&
+            now - node->last_stats_ns > 50000000ull) {
+            write_stats(node);
+            node->stats_dirty = false;
+            node->last_stats_ns = now;
+        }
+    }
 }
 
 void kvr_node_sampling(const Kvrail__SamplingParams *sp, uint64_t seed,

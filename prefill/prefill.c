@@ -21,10 +21,14 @@
  * data, and PrefillDone to the router; the staging blocks are reused once
  * the writes have completed.
  *
- * If the target is not known yet when a layer finishes, that layer is
- * posted as soon as it arrives (the control socket is drained from inside
- * the layer callback).  Cancel stops the computation at the next layer and
- * sends KV_ABORT after whatever was posted, so the decode node can reuse the
+ * The model runs on the node's engine worker thread (node/worker.h); this
+ * thread, the loop, hands it one prefill job at a time and receives its
+ * layer-done and done events as messages, so heartbeats, targets and
+ * cancels are answered while the prompt is computed.  The loop posts each
+ * layer's writes when its layer event arrives (it owns the transfer
+ * engine), or as soon as the target arrives if that is later.  Cancel stops
+ * the computation at the next layer (the job's cancel flag) and sends
+ * KV_ABORT after whatever was posted, so the decode node can reuse the
  * blocks.  A transport failure fails only the request(s) on that peer; the
  * next target reconnects.
  */
@@ -39,6 +43,7 @@
 #include "kvr_clock.h"
 #include "kvr_log.h"
 #include "node.h"
+#include "pool.h"
 
 #define COMP "prefill"
 
@@ -88,18 +93,27 @@ struct preq {
     uint32_t ndesc_raw, ndesc_posted;
 };
 
+/* One prefill computation on the engine worker: one prompt, or several
+ * short ones batched.  The loop fills it, the worker runs it. */
+struct pjob {
+    struct kvr_worker_job base;
+    const struct kvr_kv_pool *pool;
+    struct kvr_prefill_seq seqs[KVR_PREFILL_BATCH_MAX];
+    size_t n;
+    bool layerwise;
+    float *logits; /* [n][vocab] */
+};
+
 struct prefill {
     kvr_node_t node;
-    struct kvr_kv_pool pool;
-    kvr_xfer_mem_t **mem; /* [n_layers] */
+    struct kvr_node_pool npool;
     kvr_blocktab_t *bt;
-    kvr_ctx_t *ctx;
-    float *logits;
-    int32_t vocab;
+    int32_t vocab, chunk; /* the worker context's max tokens per call */
     struct preq *queue, *queue_tail;
     struct preq *active; /* computing, awaiting target or draining */
-    struct preq *current;
-    struct preq *batch[KVR_PREFILL_BATCH_MAX]; /* the batched prefill's members */
+    struct pjob job;
+    bool busy;                                 /* the job is on the worker */
+    struct preq *batch[KVR_PREFILL_BATCH_MAX]; /* the job's members */
     size_t n_batch;
     float *batch_logits;  /* [KVR_PREFILL_BATCH_MAX][vocab] */
     int32_t batch_tokens; /* prompts up to this long are batched; 0: none */
@@ -113,9 +127,9 @@ struct prefill {
     uint64_t n_ok, n_failed, n_canceled, bytes_pushed, transfer_ns, ndesc_raw, ndesc_posted;
     uint64_t computed_tokens, local_cached_tokens, queued_tokens;
     uint64_t n_batched, batched_reqs; /* batched engine calls, requests in them */
-    bool stats_dirty;
-    uint64_t last_stats_ns;
 };
+
+static void job_recheck(struct prefill *p);
 
 static struct preq *find_req(struct prefill *p, uint64_t id)
 {
@@ -236,8 +250,6 @@ static kvr_status_t peer_get(struct prefill *p, const Kvrail__PrefillTarget *t, 
     /* the layout descriptor: the decode node checks it and refuses KV from a
      * node whose model or layout differs */
     struct kvr_notif h = {0};
-    h.magic = KVR_NOTIF_MAGIC;
-    h.version = KVR_NOTIF_VERSION;
     h.kind = KVR_NOTIF_HELLO;
     h.incarnation = p->node.incarnation;
     snprintf(h.node, sizeof h.node, "%s", p->node.name);
@@ -248,7 +260,9 @@ static kvr_status_t peer_get(struct prefill *p, const Kvrail__PrefillTarget *t, 
     h.block_size = L->block_size;
     h.dtype = L->dtype;
     h.proto_version = KVR_PROTO_VERSION;
-    (void)kvr_xfer_notify(d->peer, &h, sizeof h);
+    uint8_t wire[KVR_NOTIF_WIRE_MAX];
+    size_t wl = kvr_notif_encode(&h, wire, sizeof wire);
+    (void)kvr_xfer_notify(d->peer, wire, wl);
     KVR_LOG_INFO(COMP, "connected to decode node '%s' over %s in %.2f ms", d->name,
                  kvr_xfer_peer_transports(d->peer), (double)(kvr_now_ns() - t0) / 1e6);
     d->users = 1;
@@ -314,7 +328,7 @@ static void send_done(struct prefill *p, struct preq *r, kvr_status_t code, cons
                   r->cached_d * (uint32_t)p->node.layout.block_size, d.queue_us, d.compute_us,
                   d.transfer_us, r->bytes, r->ndesc_posted, r->ndesc_raw);
     kvr_node_send(&p->node, KVRAIL__METHOD__PREFILL_DONE, &d.base);
-    p->stats_dirty = true;
+    kvr_node_stats_dirty(&p->node);
 }
 
 static void notify_abort(struct prefill *p, struct preq *r, kvr_status_t why)
@@ -322,15 +336,15 @@ static void notify_abort(struct prefill *p, struct preq *r, kvr_status_t why)
     if (!r->peer || r->peer->failed || r->notified)
         return;
     struct kvr_notif n = {0};
-    n.magic = KVR_NOTIF_MAGIC;
-    n.version = KVR_NOTIF_VERSION;
     n.kind = KVR_NOTIF_KV_ABORT;
     n.request_id = r->id;
     n.incarnation = p->node.incarnation;
     snprintf(n.node, sizeof n.node, "%s", p->node.name);
     n.status = why;
     n.first_block = r->dblocks ? r->dblocks[r->cached_d] : UINT32_MAX;
-    (void)kvr_xfer_notify(r->peer->peer, &n, sizeof n);
+    uint8_t wire[KVR_NOTIF_WIRE_MAX];
+    size_t wl = kvr_notif_encode(&n, wire, sizeof wire);
+    (void)kvr_xfer_notify(r->peer->peer, wire, wl);
     r->notified = true;
 }
 
@@ -379,7 +393,7 @@ static kvr_status_t prepare_lists(struct prefill *p, struct preq *r)
     kvr_status_t s = KVR_OK;
     for (int32_t l = 0; l < L->n_layers && s == KVR_OK; l++) {
         for (uint32_t i = 0; i < n; i++) {
-            descs[i].lmem = p->mem[l];
+            descs[i].lmem = p->npool.mem[l];
             descs[i].loff = (uint64_t)r->lblocks[first + i] * bb;
             descs[i].rmem = r->peer->rmem[l];
             descs[i].roff = (uint64_t)r->dblocks[first + i] * bb;
@@ -425,8 +439,6 @@ static kvr_status_t post_ready_layers(struct prefill *p, struct preq *r)
 static kvr_status_t send_ready(struct prefill *p, struct preq *r)
 {
     struct kvr_notif n = {0};
-    n.magic = KVR_NOTIF_MAGIC;
-    n.version = KVR_NOTIF_VERSION;
     n.kind = KVR_NOTIF_KV_READY;
     n.request_id = r->id;
     n.incarnation = p->node.incarnation;
@@ -437,7 +449,9 @@ static kvr_status_t send_ready(struct prefill *p, struct preq *r)
     n.cached_tokens = r->cached_d * (uint32_t)p->node.layout.block_size;
     n.bytes = r->bytes;
     n.first_block = r->dblocks[r->cached_d];
-    kvr_status_t s = kvr_xfer_notify(r->peer->peer, &n, sizeof n);
+    uint8_t wire[KVR_NOTIF_WIRE_MAX];
+    size_t wl = kvr_notif_encode(&n, wire, sizeof wire);
+    kvr_status_t s = wl ? kvr_xfer_notify(r->peer->peer, wire, wl) : KVR_ERR_INVALID;
     if (s == KVR_OK)
         r->notified = true;
     else
@@ -528,6 +542,7 @@ static void on_prefill(struct prefill *p, const Kvrail__Prefill *m)
             unlink_req(&p->active, old);
             req_fail(p, old, KVR_ERR_CANCELED, "dispatched again");
         }
+        job_recheck(p);
     }
     if (m->n_token_ids == 0 || m->n_token_ids >= (size_t)maxpos) {
         snprintf(msg, sizeof msg, "prompt of %zu tokens: must be 1 .. %d", m->n_token_ids,
@@ -586,6 +601,10 @@ static void on_target(struct prefill *p, const Kvrail__PrefillTarget *t)
         return;
     }
     kvr_status_t s = apply_target(p, r, t);
+    if (s == KVR_OK && r->state == PQ_COMPUTING) {
+        s = post_ready_layers(p, r); /* the layers the worker finished already */
+        kvr_xfer_progress(p->node.xfer);
+    }
     if (s != KVR_OK) {
         r->err = s;
         if (r->state == PQ_QUEUED) {
@@ -594,7 +613,8 @@ static void on_target(struct prefill *p, const Kvrail__PrefillTarget *t)
         } else if (r->state == PQ_AWAIT_TARGET) {
             unlink_req(&p->active, r);
             req_fail(p, r, s, r->errmsg);
-        } /* computing: the layer callback sees r->err */
+        } /* computing: failed at the job's end */
+        job_recheck(p);
     }
 }
 
@@ -613,6 +633,7 @@ static void on_cancel(struct prefill *p, const Kvrail__NodeCancel *c)
     }
     /* computing: stops at the next layer; draining: the data is out already
      * (marked canceled, so that a new dispatch of the same id is a new request) */
+    job_recheck(p);
 }
 
 static void on_msg(void *arg, unsigned method, ProtobufCMessage *m)
@@ -635,22 +656,16 @@ static void on_msg(void *arg, unsigned method, ProtobufCMessage *m)
 
 /* ---- computation ---- */
 
-static kvr_status_t layer_done(void *arg, int32_t layer)
+/* Stops the job on the worker at its next layer when none of its members
+ * is still wanted (a batch goes on for the ones that are). */
+static void job_recheck(struct prefill *p)
 {
-    struct prefill *p = arg;
-    struct preq *r = p->current;
-    r->layers_done = layer + 1;
-    kvr_xfer_progress(p->node.xfer); /* completes (and stamps) earlier layers' writes */
-    kvr_node_drain(&p->node);        /* a target or a cancel may have arrived */
-    if (r->canceled)
-        return KVR_ERR_CANCELED;
-    if (r->err)
-        return r->err;
-    kvr_status_t s = post_ready_layers(p, r);
-    if (s != KVR_OK)
-        return r->err = s;
-    kvr_xfer_progress(p->node.xfer);
-    return KVR_OK;
+    if (!p->busy)
+        return;
+    for (size_t i = 0; i < p->n_batch; i++)
+        if (!p->batch[i]->canceled && !p->batch[i]->err)
+            return;
+    atomic_store(&p->job.base.cancel, true);
 }
 
 static void finish_computed(struct prefill *p, struct preq *r)
@@ -763,43 +778,109 @@ static uint32_t req_blocks(const struct prefill *p, const struct preq *r)
     return ((uint32_t)r->n_tokens + bs - 1) / bs;
 }
 
-/* The batched prefill's layer callback: every member's layer list is posted
- * (a canceled or failed member is skipped, and left to fail after the
- * computation); stops the computation only when no member is left. */
-static kvr_status_t layer_done_batch(void *arg, int32_t layer)
+/* Runs on the engine worker: the job's prefill, layer events to the loop. */
+static kvr_status_t pjob_run(struct kvr_worker_job *base, kvr_ctx_t *ctx)
 {
-    struct prefill *p = arg;
-    for (size_t i = 0; i < p->n_batch; i++)
-        p->batch[i]->layers_done = layer + 1;
-    kvr_xfer_progress(p->node.xfer);
-    kvr_node_drain(&p->node);
-    size_t live = 0;
+    struct pjob *j = (struct pjob *)base;
+    kvr_layer_done_fn cb = j->layerwise ? kvr_worker_layer_done : NULL;
+    if (j->n == 1) {
+        struct kvr_prefill_req pr = {
+            .tokens = j->seqs[0].tokens,
+            .n_tokens = j->seqs[0].n_tokens,
+            .n_cached = j->seqs[0].n_cached,
+            .block_table = j->seqs[0].block_table,
+            .n_blocks = j->seqs[0].n_blocks,
+            .layer_done = cb,
+            .layer_done_arg = base,
+        };
+        return kvr_engine_prefill(ctx, j->pool, &pr, j->logits);
+    }
+    return kvr_engine_prefill_batch(ctx, j->pool, j->seqs, j->n, cb, base, j->logits);
+}
+
+/* A layer of the job is in the staging pool: post it for every member
+ * whose target is known (the others post it when the target arrives). */
+static void on_layer(struct prefill *p, int32_t layer)
+{
     for (size_t i = 0; i < p->n_batch; i++) {
         struct preq *r = p->batch[i];
+        if (layer + 1 > r->layers_done)
+            r->layers_done = layer + 1;
         if (r->canceled || r->err)
             continue;
         kvr_status_t s = post_ready_layers(p, r);
-        if (s != KVR_OK) {
+        if (s != KVR_OK)
             r->err = s;
-            continue;
-        }
-        live++;
     }
     kvr_xfer_progress(p->node.xfer);
-    return live ? KVR_OK : KVR_ERR_CANCELED;
+    job_recheck(p);
+}
+
+/* The job is over: every member gets its result. */
+static void on_job_done(struct prefill *p, kvr_status_t s)
+{
+    size_t n = p->n_batch;
+    p->busy = false;
+    p->n_batch = 0;
+    if (n > 1) {
+        p->n_batched++;
+        p->batched_reqs += n;
+    }
+    for (size_t i = 0; i < n; i++)
+        end_req(p, p->batch[i], s, p->batch_logits + i * (size_t)p->vocab);
+}
+
+static void on_worker(void *arg, const struct kvr_worker_event *ev)
+{
+    struct prefill *p = arg;
+    if (ev->job != &p->job.base || !p->busy)
+        return;
+    if (ev->kind == KVR_WORKER_LAYER)
+        on_layer(p, ev->layer);
+    else if (ev->kind == KVR_WORKER_DONE)
+        on_job_done(p, ev->job->status);
+}
+
+static void submit_job(struct prefill *p)
+{
+    struct pjob *j = &p->job;
+    j->base.run = pjob_run;
+    j->pool = &p->npool.kv;
+    j->n = p->n_batch;
+    j->layerwise = p->layerwise;
+    j->logits = p->batch_logits;
+    for (size_t i = 0; i < p->n_batch; i++) {
+        struct preq *r = p->batch[i];
+        j->seqs[i] = (struct kvr_prefill_seq){
+            .tokens = r->tokens,
+            .n_tokens = r->n_tokens,
+            .n_cached = (int32_t)(r->cached_p * (uint32_t)p->node.layout.block_size),
+            .block_table = (const int32_t *)r->lblocks,
+            .n_blocks = (int32_t)r->n_lblocks,
+        };
+    }
+    p->busy = true;
+    kvr_status_t s = kvr_worker_submit(p->node.worker, &j->base);
+    if (s != KVR_OK) {
+        p->busy = false;
+        size_t n = p->n_batch;
+        p->n_batch = 0;
+        for (size_t i = 0; i < n; i++)
+            end_req(p, p->batch[i], s, p->batch_logits);
+    }
 }
 
 /* Several short prompts at the queue's head, each of <= batch_tokens tokens
  * and together within the engine's chunk, are prefilled in one engine call.
- * true: it ran (or the queue's head needs to wait); false: not a batch. */
+ * true: a job started (or the queue's head needs to wait); false: not a
+ * batch. */
 static bool start_batch(struct prefill *p)
 {
-    const int32_t chunk = kvr_ctx_max_tokens(p->ctx);
     uint32_t need = 0;
     int64_t total = 0;
     size_t k = 0;
     for (struct preq *r = p->queue; r && k < KVR_PREFILL_BATCH_MAX; r = r->next) {
-        if (r->n_tokens > p->batch_tokens || total + r->n_tokens > chunk)
+        if (r->n_tokens > p->batch_tokens || total + r->n_tokens > p->chunk)
             break;
         total += r->n_tokens;
         need += req_blocks(p, r);
@@ -809,36 +890,14 @@ static bool start_batch(struct prefill *p)
         return false;
     if (kvr_blocktab_available(p->bt) < need)
         return true; /* staging held by draining requests: retry on the next turn */
-    struct kvr_prefill_seq seqs[KVR_PREFILL_BATCH_MAX];
     p->n_batch = 0;
     for (size_t i = 0; i < k; i++) {
         struct preq *r = p->queue;
-        if (!begin_req(p, r))
-            continue;
-        seqs[p->n_batch] = (struct kvr_prefill_seq){
-            .tokens = r->tokens,
-            .n_tokens = r->n_tokens,
-            .n_cached = (int32_t)(r->cached_p * (uint32_t)p->node.layout.block_size),
-            .block_table = (const int32_t *)r->lblocks,
-            .n_blocks = (int32_t)r->n_lblocks,
-        };
-        p->batch[p->n_batch++] = r;
+        if (begin_req(p, r))
+            p->batch[p->n_batch++] = r;
     }
-    if (p->n_batch == 0)
-        return true;
-    kvr_status_t s =
-        kvr_engine_prefill_batch(p->ctx, &p->pool, seqs, p->n_batch,
-                                 p->layerwise ? layer_done_batch : NULL, p, p->batch_logits);
-    size_t n = p->n_batch;
-    p->n_batch = 0;
-    if (!p->layerwise && s == KVR_OK)
-        kvr_node_drain(&p->node);
-    if (n > 1) {
-        p->n_batched++;
-        p->batched_reqs += n;
-    }
-    for (size_t i = 0; i < n; i++)
-        end_req(p, p->batch[i], s, p->batch_logits + i * (size_t)p->vocab);
+    if (p->n_batch > 0)
+        submit_job(p);
     return true;
 }
 
@@ -851,21 +910,9 @@ static void start_next(struct prefill *p)
         return; /* staging held by draining requests: retry on the next turn */
     if (!begin_req(p, r))
         return;
-    p->current = r;
-    struct kvr_prefill_req pr = {
-        .tokens = r->tokens,
-        .n_tokens = r->n_tokens,
-        .n_cached = (int32_t)(r->cached_p * (uint32_t)p->node.layout.block_size),
-        .block_table = (const int32_t *)r->lblocks,
-        .n_blocks = (int32_t)r->n_lblocks,
-        .layer_done = p->layerwise ? layer_done : NULL,
-        .layer_done_arg = p,
-    };
-    kvr_status_t s = kvr_engine_prefill(p->ctx, &p->pool, &pr, p->logits);
-    p->current = NULL;
-    if (!p->layerwise && s == KVR_OK)
-        kvr_node_drain(&p->node);
-    end_req(p, r, s, p->logits);
+    p->batch[0] = r;
+    p->n_batch = 1;
+    submit_job(p);
 }
 
 /* Completes draining requests, times out those waiting for their target. */
@@ -934,7 +981,7 @@ static void check_active(struct prefill *p)
             kvr_xfer_dlist_stats(r->dl[l], &xs);
             p->transfer_ns += xs.complete_ns;
         }
-        p->stats_dirty = true;
+        kvr_node_stats_dirty(&p->node);
         /* keep the prompt's full blocks in the local prefix cache */
         uint32_t bs = (uint32_t)p->node.layout.block_size;
         size_t nh = 0;
@@ -946,17 +993,19 @@ static void check_active(struct prefill *p)
     }
 }
 
-static void send_register(struct prefill *p)
+static void send_register(void *arg)
 {
+    struct prefill *p = arg;
     Kvrail__RegisterRequest r = KVRAIL__REGISTER_REQUEST__INIT;
     Kvrail__KvLayout l;
     kvr_node_fill_register(&p->node, &r, &l, p->addr, p->addr_len);
-    r.total_blocks = (uint32_t)p->pool.n_blocks;
+    r.total_blocks = (uint32_t)p->npool.kv.n_blocks;
     kvr_node_send(&p->node, KVRAIL__METHOD__REGISTER, &r.base);
 }
 
-static void send_heartbeat(struct prefill *p)
+static void send_heartbeat(void *arg)
 {
+    struct prefill *p = arg;
     Kvrail__Heartbeat h = KVRAIL__HEARTBEAT__INIT;
     struct kvr_blocktab_counts c;
     kvr_blocktab_counts(p->bt, &c);
@@ -976,9 +1025,9 @@ static void send_heartbeat(struct prefill *p)
     kvr_node_send(&p->node, KVRAIL__METHOD__HEARTBEAT, &h.base);
 }
 
-static void write_stats(struct prefill *p)
+static void role_stats(void *arg, struct kvr_sbuf *b)
 {
-    char buf[2048];
+    struct prefill *p = arg;
     struct kvr_blocktab_counts c;
     kvr_blocktab_counts(p->bt, &c);
     int nq = 0, na = 0;
@@ -986,23 +1035,45 @@ static void write_stats(struct prefill *p)
         nq++;
     for (struct preq *r = p->active; r; r = r->next)
         na++;
-    snprintf(buf, sizeof buf,
-             "{\"node\": \"%s\", \"role\": \"prefill\", \"registered\": %s, \"prefills_ok\": "
-             "%" PRIu64 ", \"prefills_failed\": %" PRIu64 ", \"prefills_canceled\": %" PRIu64
-             ", \"bytes_pushed\": %" PRIu64 ", \"transfer_ns\": %" PRIu64
-             ", \"descriptors_raw\": %" PRIu64 ", \"descriptors_posted\": %" PRIu64
-             ", \"computed_tokens\": %" PRIu64 ", \"local_cached_tokens\": %" PRIu64
-             ", \"batched_prefills\": %" PRIu64 ", \"batched_requests\": %" PRIu64
-             ", \"queued\": %d, \"active\": %d, \"staging_total\": %u, \"staging_free\": %u, "
-             "\"staging_cached\": %u, \"staging_referenced\": %u, \"block_bytes\": %zu, "
-             "\"layers\": %d, \"bad_frames\": %" PRIu64 "}",
-             p->node.name, p->node.registered ? "true" : "false", p->n_ok, p->n_failed,
-             p->n_canceled, p->bytes_pushed, p->transfer_ns, p->ndesc_raw, p->ndesc_posted,
-             p->computed_tokens, p->local_cached_tokens, p->n_batched, p->batched_reqs, nq, na,
-             c.total, c.free, c.cached, c.referenced, kvr_kv_block_bytes(&p->node.layout),
-             p->node.layout.n_layers, p->node.bad_frames);
-    kvr_node_write_stats(&p->node, buf);
+    kvr_sbuf_printf(b,
+                    ", \"prefills_ok\": %" PRIu64 ", \"prefills_failed\": %" PRIu64
+                    ", \"prefills_canceled\": %" PRIu64 ", \"bytes_pushed\": %" PRIu64
+                    ", \"transfer_ns\": %" PRIu64 ", \"descriptors_raw\": %" PRIu64
+                    ", \"descriptors_posted\": %" PRIu64 ", \"computed_tokens\": %" PRIu64
+                    ", \"local_cached_tokens\": %" PRIu64 ", \"batched_prefills\": %" PRIu64
+                    ", \"batched_requests\": %" PRIu64 ", \"queued\": %d, \"active\": %d, "
+                    "\"computing\": %s, \"staging_total\": %u, \"staging_free\": %u, "
+                    "\"staging_cached\": %u, \"staging_referenced\": %u, \"block_bytes\": %zu, "
+                    "\"layers\": %d, \"pool_setup_ns\": %" PRIu64,
+                    p->n_ok, p->n_failed, p->n_canceled, p->bytes_pushed, p->transfer_ns,
+                    p->ndesc_raw, p->ndesc_posted, p->computed_tokens, p->local_cached_tokens,
+                    p->n_batched, p->batched_reqs, nq, na, p->busy ? "true" : "false", c.total,
+                    c.free, c.cached, c.referenced, kvr_kv_block_bytes(&p->node.layout),
+                    p->node.layout.n_layers, p->npool.setup_ns);
 }
+
+static int turn(void *arg)
+{
+    struct prefill *p = arg;
+    if (p->queue && !p->busy)
+        start_next(p);
+    check_active(p);
+    bool waiting = false;
+    for (struct preq *r = p->active; r; r = r->next)
+        waiting |= r->state != PQ_COMPUTING;
+    /* a computing job wakes the loop with its events; draining requests
+     * are checked often */
+    return p->queue && !p->busy ? 0 : waiting ? 1 : 50;
+}
+
+static const struct kvr_node_ops prefill_ops = {
+    .send_register = send_register,
+    .send_heartbeat = send_heartbeat,
+    .on_msg = on_msg,
+    .on_worker = on_worker,
+    .turn = turn,
+    .stats = role_stats,
+};
 
 int main(int argc, char **argv)
 {
@@ -1017,8 +1088,6 @@ int main(int argc, char **argv)
         kvr_node_fini(&p->node);
         return s == KVR_ERR_INVALID ? 2 : 1;
     }
-    p->node.on_msg = on_msg;
-    p->node.on_msg_arg = p;
     const char *lw = getenv("KVR_PREFILL_LAYERWISE");
     p->layerwise = !(lw && strcmp(lw, "0") == 0);
     if (!p->layerwise)
@@ -1035,12 +1104,7 @@ int main(int argc, char **argv)
         nblocks = 4ull * p->max_blocks_per_req; /* staging for a few full-context prompts */
     if (nblocks < p->max_blocks_per_req)
         nblocks = p->max_blocks_per_req;
-    p->pool.layout = *L;
-    p->pool.n_blocks = (int32_t)nblocks;
-    p->pool.layer_base = calloc((size_t)L->n_layers, sizeof *p->pool.layer_base);
-    p->mem = calloc((size_t)L->n_layers, sizeof *p->mem);
     p->hash_scratch = calloc(p->max_blocks_per_req + 1, sizeof *p->hash_scratch);
-    p->logits = malloc((size_t)p->vocab * sizeof *p->logits);
     p->batch_logits = malloc(KVR_PREFILL_BATCH_MAX * (size_t)p->vocab * sizeof *p->batch_logits);
     p->batch_tokens = KVR_PREFILL_BATCH_TOKENS;
     const char *bt_env = getenv("KVR_PREFILL_BATCH_TOKENS");
@@ -1057,20 +1121,14 @@ int main(int argc, char **argv)
         KVR_LOG_INFO(COMP, "KVR_PREFILL_BATCH_TOKENS=%d: prompts up to %d tokens are batched%s",
                      p->batch_tokens, p->batch_tokens, v ? "" : " (none)");
     }
-    if (!p->pool.layer_base || !p->mem || !p->hash_scratch || !p->logits || !p->batch_logits) {
+    if (!p->hash_scratch || !p->batch_logits) {
         fprintf(stderr, "kvrail-prefill: out of memory\n");
         goto out;
     }
-    size_t slab = kvr_kv_layer_bytes(L, (int32_t)nblocks);
-    for (int32_t l = 0; l < L->n_layers; l++) {
-        s = kvr_xfer_mem_alloc(p->node.xfer, slab, KVR_MEM_HOST, 0, &p->mem[l]);
-        if (s != KVR_OK) {
-            fprintf(stderr, "kvrail-prefill: allocating %zu bytes of staging for layer %d: %s\n",
-                    slab, l, kvr_status_str(s));
-            goto out;
-        }
-        p->pool.layer_base[l] = kvr_xfer_mem_addr(p->mem[l]);
-        memset(p->pool.layer_base[l], 0, slab);
+    s = kvr_node_pool_create(p->node.xfer, L, nblocks, false, &p->npool, err, sizeof err);
+    if (s != KVR_OK) {
+        fprintf(stderr, "kvrail-prefill: staging pool: %s\n", err);
+        goto out;
     }
     if (kvr_blocktab_create((uint32_t)nblocks, NULL, NULL, &p->bt) != KVR_OK) {
         fprintf(stderr, "kvrail-prefill: out of memory\n");
@@ -1079,43 +1137,28 @@ int main(int argc, char **argv)
     struct kvr_ctx_opts co = {0};
     co.n_threads = p->node.self->threads > 0 ? p->node.self->threads : 1;
     co.max_batch = 1;
-    s = kvr_ctx_create(p->node.model, &co, &p->ctx, err, sizeof err);
+    s = kvr_node_start_worker(&p->node, &co, err, sizeof err);
     if (s != KVR_OK) {
-        fprintf(stderr, "kvrail-prefill: compute context: %s\n", err);
+        fprintf(stderr, "kvrail-prefill: engine worker: %s\n", err);
         goto out;
     }
+    p->chunk = kvr_worker_max_tokens(p->node.worker);
     s = kvr_xfer_address(p->node.xfer, &p->addr, &p->addr_len);
     if (s != KVR_OK) {
         fprintf(stderr, "kvrail-prefill: transport address: %s\n", kvr_status_str(s));
         goto out;
     }
-    KVR_LOG_INFO(COMP, "staging pool: %" PRIu64 " blocks x %d layers (%.1f MiB), %d threads",
-                 nblocks, L->n_layers, (double)slab * L->n_layers / 1048576.0, co.n_threads);
+    KVR_LOG_INFO(COMP, "staging pool: %" PRIu64 " blocks x %d layers, %d compute threads", nblocks,
+                 L->n_layers, co.n_threads);
 
-    while (!kvr_node_stopping()) {
-        if (kvr_node_register_due(&p->node))
-            send_register(p);
-        if (kvr_node_heartbeat_due(&p->node)) {
-            send_heartbeat(p);
-            p->stats_dirty = true;
-        }
-        if (p->queue)
-            start_next(p);
-        check_active(p);
-        int timeout = p->queue ? 0 : p->active ? 1 : 20;
-        kvr_node_poll(&p->node, timeout);
-        uint64_t now = kvr_now_ns();
-        if (p->node.stats_path && (p->stats_dirty || now - p->last_stats_ns > 500000000ull) &&
-            now - p->last_stats_ns > 50000000ull) {
-            write_stats(p);
-            p->stats_dirty = false;
-            p->last_stats_ns = now;
-        }
-    }
+    kvr_node_run(&p->node, &prefill_ops, p);
     KVR_LOG_INFO(COMP, "stopping: %" PRIu64 " prefills, %" PRIu64 " bytes pushed", p->n_ok,
                  p->bytes_pushed);
     rc = 0;
 out:
+    /* the worker may be computing into the staging pool: stop it first */
+    kvr_worker_destroy(p->node.worker);
+    p->node.worker = NULL;
     while (p->queue) {
         struct preq *r = p->queue;
         p->queue = r->next;
@@ -1129,16 +1172,9 @@ out:
     while (p->peers)
         peer_drop(p, p->peers);
     free(p->addr);
-    if (p->ctx)
-        kvr_ctx_destroy(p->ctx);
     kvr_blocktab_destroy(p->bt);
-    for (int32_t l = 0; p->mem && l < L->n_layers; l++)
-        if (p->mem[l])
-            kvr_xfer_mem_dereg(p->mem[l]);
-    free(p->pool.layer_base);
-    free(p->mem);
+    kvr_node_pool_destroy(&p->npool);
     free(p->hash_scratch);
-    free(p->logits);
     free(p->batch_logits);
     kvr_node_fini(&p->node);
     return rc;
