@@ -8,8 +8,12 @@
  * the node endpoint (two ZeroMQ ROUTER sockets) and runs one event loop
  * (zmq_poll) over them and a monitor socket that reports client
  * disconnections (the fd of each client connection is kept from ZMQ_SRCFD).
- * Timers (heartbeat deadlines, queue/prefill/request deadlines, resync
- * retries) run every 10 ms.  SIGINT/SIGTERM end the loop; every request
+ * Timers run by next deadline: the modules arm the earliest time something
+ * is due (heartbeat deadlines, resync retries, request/queue/prefill
+ * deadlines), the poll sleeps until then, and an idle router does not wake.
+ * After every message and every timer run the loop hands the registry's
+ * events (dead or re-registered nodes) to failover and runs the queue pump
+ * when room may have appeared.  SIGINT/SIGTERM end the loop; every request
  * still open gets a final status.
  */
 #include <errno.h>
@@ -28,87 +32,12 @@
 #include "kvr_log.h"
 #include "router.h"
 
-#define TICK_MS 10
-
 static volatile sig_atomic_t stop_flag;
 
 static void on_signal(int sig)
 {
     (void)sig;
     stop_flag = 1;
-}
-
-uint64_t rt_rand(rt_t *r)
-{
-    /* splitmix64 */
-    uint64_t z = (r->rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-uint64_t rt_cpu_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-bool rt_bad_log_ok(rt_t *r)
-{
-    uint64_t now = kvr_now_ns();
-    if (now - r->bad_log_window_ns > 1000000000ull) {
-        if (r->bad_log_suppressed)
-            KVR_LOG_WARN("router", "%" PRIu64 " more log lines about bad input suppressed",
-                         r->bad_log_suppressed);
-        r->bad_log_window_ns = now;
-        r->bad_log_count = 0;
-        r->bad_log_suppressed = 0;
-    }
-    if (r->bad_log_count < 20) {
-        r->bad_log_count++;
-        return true;
-    }
-    r->bad_log_suppressed++;
-    return false;
-}
-
-void rt_samples_add(struct rt_samples *s, uint64_t ns)
-{
-    s->v[s->n % RT_SAMPLES] = ns;
-    s->n++;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-uint64_t rt_samples_pct(const struct rt_samples *s, double q)
-{
-    size_t n = s->n < RT_SAMPLES ? s->n : RT_SAMPLES;
-    if (!n)
-        return 0;
-    static uint64_t tmp[RT_SAMPLES];
-    memcpy(tmp, s->v, n * sizeof(uint64_t));
-    qsort(tmp, n, sizeof(uint64_t), cmp_u64);
-    size_t i = (size_t)(q * (double)(n - 1) + 0.5);
-    return tmp[i < n ? i : n - 1];
-}
-
-kvr_status_t rt_send_node(rt_t *r, struct rt_node *n, unsigned method, const ProtobufCMessage *msg)
-{
-    kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, (uint16_t)method, 0};
-    kvr_status_t st = kvr_proto_send(r->node_sock, n->name, strlen(n->name), &h, msg);
-    if (st == KVR_ERR_NOT_FOUND && n->alive && !n->conn_lost) {
-        /* its connection is gone: the next tick declares it dead */
-        n->conn_lost = true;
-    }
-    if (st != KVR_OK)
-        KVR_LOG_WARN("router", "cannot send %s to node %s: %s", kvr_proto_method_name(method),
-                     n->name, kvr_status_str(st));
-    return st;
 }
 
 static void add_eos(rt_t *r, const kvr_json_t *root)
@@ -154,7 +83,6 @@ static void load_model_info(rt_t *r)
     } else {
         KVR_LOG_WARN("router", "%s (context and vocabulary come from the nodes instead)", err);
     }
-#if KVR_ROUTER_HAVE_TOKENIZER
     kvr_status_t st = kvr_tokenizer_load(r->cl->model_dir, &r->tok, err, sizeof(err));
     if (st != KVR_OK) {
         r->tok = NULL;
@@ -162,7 +90,6 @@ static void load_model_info(rt_t *r)
     } else if (!r->vocab) {
         r->vocab = (uint32_t)kvr_tokenizer_vocab_size(r->tok);
     }
-#endif
 }
 
 static void *make_router_socket(rt_t *r, const char *bind, const char *what)
@@ -186,44 +113,31 @@ static void *make_router_socket(rt_t *r, const char *bind, const char *what)
     return s;
 }
 
-uint32_t rt_fd_epoch(const rt_t *r, int fd)
+/* What a message or a timer run left for the loop: the registry's events
+ * (to failover), then the queue pump (which may leave more of either). */
+static void settle(rt_t *r, uint64_t now)
 {
-    return fd >= 0 && fd < RT_MAX_CLIENT_FD ? r->fd_epoch[fd] : 0;
+    while (r->n_events || r->pump_wanted) {
+        if (r->n_events) {
+            struct rt_event e = r->events[0];
+            memmove(r->events, r->events + 1, --r->n_events * sizeof(e));
+            rt_failover_node_lost(r, &r->nodes[e.node], now, e.why);
+            continue;
+        }
+        r->pump_wanted = false;
+        rt_dispatch_pump(r, now);
+    }
 }
 
-void rt_drain_monitor(rt_t *r)
+/* The timers that are due; each module re-arms its next one. */
+static void run_timers(rt_t *r, uint64_t now)
 {
-    for (;;) {
-        zmq_msg_t ev;
-        zmq_msg_init(&ev);
-        if (zmq_msg_recv(&ev, r->mon_sock, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&ev);
-            return;
-        }
-        uint16_t event = 0;
-        uint32_t value = 0;
-        if (zmq_msg_size(&ev) >= 6) {
-            memcpy(&event, zmq_msg_data(&ev), 2);
-            memcpy(&value, (const uint8_t *)zmq_msg_data(&ev) + 2, 4);
-        }
-        int more = zmq_msg_more(&ev);
-        zmq_msg_close(&ev);
-        while (more) { /* the endpoint address part */
-            zmq_msg_t p;
-            zmq_msg_init(&p);
-            if (zmq_msg_recv(&p, r->mon_sock, ZMQ_DONTWAIT) < 0) {
-                zmq_msg_close(&p);
-                break;
-            }
-            more = zmq_msg_more(&p);
-            zmq_msg_close(&p);
-        }
-        KVR_LOG_DEBUG("router", "client socket event %u fd %u", event, value);
-        if (event == ZMQ_EVENT_DISCONNECTED)
-            rt_client_gone(r, (int)value);
-        else if (event == ZMQ_EVENT_ACCEPTED && value < RT_MAX_CLIENT_FD)
-            r->fd_epoch[value]++;
-    }
+    r->next_deadline = UINT64_MAX;
+    rt_bad_log_tick(r, now);
+    rt_registry_tick(r, now);
+    settle(r, now);
+    rt_failover_tick(r, now);
+    settle(r, now);
 }
 
 static void drain(rt_t *r, void *sock, bool client)
@@ -251,6 +165,7 @@ static void drain(rt_t *r, void *sock, bool client)
             rt_node_msg(r, &f, now);
         }
         kvr_proto_frame_clear(&f);
+        settle(r, now);
     }
 }
 
@@ -323,7 +238,8 @@ int main(int argc, char **argv)
     kvr_log_set_process(r->self ? r->self->name : "router");
     r->start_ns = kvr_now_ns();
     r->rng = r->start_ns ^ ((uint64_t)getpid() << 32);
-    if (rt_nodes_init(r) != KVR_OK || !rt_u64map_init(&r->reqs, 1024))
+    r->next_deadline = UINT64_MAX;
+    if (rt_registry_init(r) != KVR_OK || !rt_requests_init(r))
         goto out_cluster;
     load_model_info(r);
 
@@ -354,7 +270,6 @@ int main(int argc, char **argv)
 
     KVR_LOG_INFO("router", "cluster %s: %d prefill/decode nodes, block size %u, ready", r->cl->name,
                  r->n_nodes, r->cl->block_size);
-    uint64_t next_tick = kvr_now_ns();
     while (!stop_flag) {
         zmq_pollitem_t items[] = {
             {r->client_sock, 0, ZMQ_POLLIN, 0},
@@ -362,7 +277,11 @@ int main(int argc, char **argv)
             {r->mon_sock, 0, ZMQ_POLLIN, 0},
         };
         uint64_t now = kvr_now_ns();
-        long wait_ms = next_tick > now ? (long)((next_tick - now) / 1000000u) : 0;
+        long wait_ms = -1; /* nothing due: sleep until a message */
+        if (r->next_deadline <= now)
+            wait_ms = 0;
+        else if (r->next_deadline != UINT64_MAX)
+            wait_ms = (long)((r->next_deadline - now + 999999u) / 1000000u);
         int n = zmq_poll(items, 3, wait_ms);
         if (n < 0) {
             if (zmq_errno() == EINTR)
@@ -375,16 +294,13 @@ int main(int argc, char **argv)
             drain(r, r->node_sock, false);
         if (items[0].revents & ZMQ_POLLIN)
             drain(r, r->client_sock, true);
-        if (items[2].revents & ZMQ_POLLIN)
-            rt_drain_monitor(r);
         now = kvr_now_ns();
-        if (now >= next_tick) {
-            if (r->bad_log_suppressed && now - r->bad_log_window_ns > 1000000000ull)
-                rt_bad_log_ok(r); /* logs how many lines were suppressed */
-            rt_nodes_tick(r, now);
-            rt_requests_tick(r, now);
-            next_tick = now + TICK_MS * 1000000ull;
+        if (items[2].revents & ZMQ_POLLIN) {
+            rt_client_monitor(r);
+            settle(r, now);
         }
+        if (now >= r->next_deadline)
+            run_timers(r, now);
     }
     KVR_LOG_INFO("router", "shutting down");
     rc = 0;
@@ -399,12 +315,9 @@ out_ctx:
         zmq_close(r->node_sock);
     if (r->zctx)
         zmq_ctx_term(r->zctx);
-#if KVR_ROUTER_HAVE_TOKENIZER
     if (r->tok)
         kvr_tokenizer_destroy(r->tok);
-#endif
-    rt_u64map_free(&r->reqs);
-    rt_nodes_fini(r);
+    rt_registry_fini(r);
 out_cluster:
     kvr_cluster_free(r->cl);
     return rc;

@@ -1,13 +1,31 @@
 /*
- * router.h - private state of kvrail-router, shared by its files:
- *   main.c      sockets, the event loop, timers, signal handling
- *   nodes.c     node registry (register, heartbeats, death), block directory
- *               (BlockStored/BlockRemoved with per-node sequence numbers,
- *               resync on a gap), load accounting
- *   requests.c  client service: Generate validation, tokenization, the
- *               (prefill, decode) choice, dispatch, the token stream,
- *               cancel, queueing, failure handling, Status
- * Everything runs on one thread; no locks.
+ * router.h - private state of kvrail-router and the calls between its
+ * modules.  Everything runs on one thread; no locks.  Modules, each calling
+ * only the ones listed after it (no circle):
+ *   main.c      process start-up, sockets, the poll loop, timers by next
+ *               deadline; runs the registry's events and the queue pump
+ *   client_ep.c client endpoint: Generate admission (validation once,
+ *               tokenize, block hashes), Cancel, Ping, disconnects
+ *   node_ep.c   node endpoint: a method table from method to handler
+ *   status.c    the Status reply (router figures + the node table)
+ *   registry.c  nodes: register, heartbeats, liveness; reports a dead or
+ *               re-registered node as an event, never calls into requests
+ *   dirsync.c   BlockEvents / resync dumps into the directory
+ *   streams.c   PrefillDone / Token -> the client stream, detokenize, stop
+ *               strings
+ *   failover.c  prefill retries, decode-node migration, request deadlines
+ *   dispatch.c  the queue pump: scheduler pick -> Reserve + Prefill;
+ *               Reserved -> PrefillTarget; Rejected
+ *   requests.c  the request table and queue; finish (the final frame)
+ *   scheduler.c pair choice, pure (scheduler.h)
+ *   directory.c block directory, leaf (directory.h)
+ *   send.c      messages out: to a node, to a client
+ *   util.c      rng, timing samples, CPU clock, log rate limit, timers
+ * Calls: main -> client_ep, node_ep, registry, failover, dispatch, requests;
+ * client_ep -> status, dispatch, requests; node_ep -> registry, dirsync,
+ * dispatch, streams; streams -> failover, requests; failover -> requests;
+ * dispatch -> scheduler, directory, requests; registry -> dirsync;
+ * dirsync -> directory; all -> send, util.
  */
 #ifndef KVR_ROUTER_H
 #define KVR_ROUTER_H
@@ -16,29 +34,21 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "directory.h"
 #include "kvr_cluster.h"
 #include "kvr_proto.h"
+#include "kvr_sample.h"
 #include "kvr_status.h"
+#include "kvr_tokenizer.h"
+#include "scheduler.h"
 #include "u64map.h"
 
-#ifndef KVR_ROUTER_HAVE_TOKENIZER
-#define KVR_ROUTER_HAVE_TOKENIZER 0
-#endif
-#ifndef KVR_ROUTER_HAVE_SAMPLE
-#define KVR_ROUTER_HAVE_SAMPLE 0
-#endif
-
-#if KVR_ROUTER_HAVE_TOKENIZER
-#include "kvr_tokenizer.h"
-#else
-typedef struct kvr_tokenizer kvr_tokenizer_t;
-typedef struct kvr_detok kvr_detok_t;
-#endif
-
-#define RT_MAX_NODES   64 /* directory masks are 64-bit */
-#define RT_MAX_STOPS   16
-#define RT_MAX_STOPLEN 256
-#define RT_SAMPLES     8192 /* ring of timing samples for percentiles */
+#define RT_MAX_NODES       RT_DIR_MAX_NODES /* directory masks are 64-bit */
+#define RT_DIR_ENTRIES     (1u << 20)       /* most distinct blocks the directory tracks */
+#define RT_MAX_STOPS       16
+#define RT_MAX_STOPLEN     256
+#define RT_SAMPLES         8192                   /* ring of timing samples for percentiles */
+#define RT_RESYNC_RETRY_NS (2000ull * 1000000ull) /* a resync dump not back: ask again */
 
 struct rt_samples {
     uint64_t v[RT_SAMPLES];
@@ -83,9 +93,8 @@ struct rt_node {
     uint64_t inflight_tokens; /* prefill tokens dispatched and not done */
     uint32_t active;          /* requests assigned */
     uint64_t requests;
-    /* block directory */
+    /* block directory sync (the blocks themselves are in rt.dir) */
     uint64_t ev_seq;
-    uint64_t dir_blocks;
     bool resync_wait;
     uint64_t resync_sent_ns;
     uint64_t resyncs;
@@ -126,8 +135,9 @@ struct rt_req {
     size_t n_stops;
     size_t max_stop_len;
     bool no_text, return_prompt;
-    int p, d;  /* node indices, -1 */
-    int bad_p; /* prefill node that failed this request last, -1 */
+    int p, d;       /* node indices, -1 */
+    uint64_t d_inc; /* D's incarnation when dispatched (its pool's blocks) */
+    int bad_p;      /* prefill node that failed this request last, -1 */
     bool local;
     uint32_t retries;
     uint32_t need_blocks;
@@ -161,6 +171,13 @@ struct rt_stats {
 };
 
 #define RT_MAX_CLIENT_FD 65536
+#define RT_MAX_EVENTS    (2 * RT_MAX_NODES)
+
+/* What the registry reports; main.c hands it to failover.c. */
+struct rt_event {
+    int node; /* index of a node that died or re-registered */
+    char why[48];
+};
 
 typedef struct rt {
     kvr_cluster_t *cl;
@@ -182,7 +199,7 @@ typedef struct rt {
     char model_fingerprint[128];
     struct rt_node nodes[RT_MAX_NODES];
     int n_nodes;
-    rt_u64map_t dir;  /* seq hash -> node mask */
+    rt_dir_t dir;     /* seq hash -> node mask */
     rt_u64map_t reqs; /* dispatch id -> struct rt_req * */
     struct rt_req *all;
     struct rt_req *qhead, *qtail;
@@ -190,40 +207,109 @@ typedef struct rt {
     uint64_t next_id;
     struct rt_stats st;
     uint64_t bad_log_window_ns, bad_log_count, bad_log_suppressed; /* rate limit */
+    uint64_t next_deadline;                /* earliest timer; UINT64_MAX: none (the loop sleeps) */
+    struct rt_event events[RT_MAX_EVENTS]; /* registry -> failover, run by the loop */
+    size_t n_events;
+    bool pump_wanted; /* room may have appeared: the loop runs the queue pump */
 } rt_t;
 
-/* main.c */
+/* util.c */
 uint64_t rt_rand(rt_t *r);
-/** Handles every pending client-socket monitor event (accepts, disconnects). */
-void rt_drain_monitor(rt_t *r);
-/** Epoch of a client connection fd (0 for fds out of the table). */
-uint32_t rt_fd_epoch(const rt_t *r, int fd);
 /** Rate limit of log lines about bad input: true for the first 20 a second. */
 bool rt_bad_log_ok(rt_t *r);
 /** This thread's CPU time in ns (CLOCK_THREAD_CPUTIME_ID). */
 uint64_t rt_cpu_ns(void);
-kvr_status_t rt_send_node(rt_t *r, struct rt_node *n, unsigned method, const ProtobufCMessage *msg);
+/** Something is due at t (ns): the loop wakes no later than that. */
+void rt_timer_arm(rt_t *r, uint64_t t);
+/** Logs how many bad-input lines were suppressed once their window closed. */
+void rt_bad_log_tick(rt_t *r, uint64_t now);
 
-/* nodes.c */
-kvr_status_t rt_nodes_init(rt_t *r);
-void rt_nodes_fini(rt_t *r);
-void rt_node_msg(rt_t *r, kvr_proto_frame_t *f, uint64_t now);
-void rt_nodes_tick(rt_t *r, uint64_t now);
+/* send.c */
+kvr_status_t rt_send_node(rt_t *r, struct rt_node *n, unsigned method, const ProtobufCMessage *msg);
+/** NodeCancel of dispatch id to node idx (no-op for idx < 0). */
+void rt_send_node_cancel(rt_t *r, int idx, uint64_t id, kvr_status_t code, const char *why);
+/** A Generate frame to the client of q; a gone client clears q's route. */
+kvr_status_t rt_send_client(rt_t *r, struct rt_req *q, unsigned flags, const ProtobufCMessage *m);
+
+/* registry.c */
+kvr_status_t rt_registry_init(rt_t *r);
+void rt_registry_fini(rt_t *r);
 struct rt_node *rt_node_by_route(rt_t *r, const uint8_t *route, size_t len);
-/** Decode nodes: for each, how many leading hashes it holds (overlap_p[idx]). */
-void rt_dir_overlap(rt_t *r, const uint64_t *hashes, size_t n, uint32_t *overlap_p);
+void rt_registry_on_register(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__RegisterRequest *q,
+                             uint64_t now);
+/** n is NULL or unregistered for a heartbeat from an unknown peer. */
+void rt_registry_on_heartbeat(rt_t *r, const kvr_proto_frame_t *f, struct rt_node *n,
+                              const Kvrail__Heartbeat *hb, uint64_t now);
+/** Heartbeat deadlines and lost connections; arms the next deadline. */
+void rt_registry_tick(rt_t *r, uint64_t now);
+/** Mask of the live decode nodes. */
+uint64_t rt_registry_live_decode(const rt_t *r);
+
+/* dirsync.c */
+void rt_dirsync_on_events(rt_t *r, struct rt_node *n, const kvr_proto_frame_t *f,
+                          const Kvrail__BlockEvents *be, uint64_t now);
+void rt_dirsync_on_dump(rt_t *r, struct rt_node *n, const Kvrail__ResyncDump *d, uint64_t now);
+void rt_dirsync_request(rt_t *r, struct rt_node *n, uint64_t now, const char *why);
+/** The node's directory entries and sync state are gone (death, restart). */
+void rt_dirsync_reset(rt_t *r, struct rt_node *n);
+void rt_dirsync_fini(struct rt_node *n);
 
 /* requests.c */
-void rt_client_msg(rt_t *r, kvr_proto_frame_t *f, uint64_t now);
-void rt_client_gone(rt_t *r, int fd);
-void rt_requests_tick(rt_t *r, uint64_t now);
+bool rt_requests_init(rt_t *r);
 void rt_requests_fini(rt_t *r);
-void rt_queue_pump(rt_t *r, uint64_t now);
-/** A node died or re-registered: retry, migrate or fail what it held. */
-void rt_node_lost(rt_t *r, struct rt_node *n, uint64_t now, const char *why);
+struct rt_req *rt_req_find(rt_t *r, uint64_t did);
+void rt_req_add(rt_t *r, struct rt_req *q);
+/** Frees a request not yet added, or one added and finished. */
+void rt_req_free(rt_t *r, struct rt_req *q);
+void rt_queue_remove(rt_t *r, struct rt_req *q);
+void rt_queue_push(rt_t *r, struct rt_req *q, bool front);
+/** Undoes the load estimates of the current dispatch. */
+void rt_req_release(rt_t *r, struct rt_req *q);
+/** Back to the queue's front for another dispatch (retry, reject, migration). */
+void rt_req_requeue(rt_t *r, struct rt_req *q, uint64_t now);
+/** Ends a request: the client gets StreamEnd (ok, canceled) or an error
+ * frame; the nodes still holding it get NodeCancel when cancel_nodes. */
+void rt_req_finish(rt_t *r, struct rt_req *q, kvr_status_t code, Kvrail__FinishReason fin,
+                   bool cancel_nodes, uint64_t now, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+bool rt_req_is_stop_id(const struct rt_req *q, uint32_t t);
+
+/* dispatch.c */
+enum rt_dispatch_result {
+    RT_DISPATCH_OK,
+    RT_DISPATCH_NO_DECODE,
+    RT_DISPATCH_POOL_FULL,
+    RT_DISPATCH_SEND_FAILED,
+    RT_DISPATCH_TOO_BIG,
+};
+enum rt_dispatch_result rt_dispatch(rt_t *r, struct rt_req *q, uint64_t now);
+/** Dispatches what the queue holds, in order, while decode nodes take it. */
+void rt_dispatch_pump(rt_t *r, uint64_t now);
 void rt_on_reserved(rt_t *r, struct rt_node *n, const Kvrail__Reserved *m, uint64_t now);
 void rt_on_rejected(rt_t *r, struct rt_node *n, const Kvrail__Rejected *m, uint64_t now);
+
+/* failover.c */
+/** A node died or re-registered: retry, migrate or fail what it held. */
+void rt_failover_node_lost(rt_t *r, struct rt_node *n, uint64_t now, const char *why);
+/** A prefill failed: retry elsewhere (limits.prefill_retries) or fail. */
+void rt_failover_prefill_failed(rt_t *r, struct rt_req *q, uint64_t now, kvr_status_t code,
+                                const char *why);
+/** Request, queue and prefill deadlines; arms the next one. */
+void rt_failover_tick(rt_t *r, uint64_t now);
+
+/* streams.c */
 void rt_on_prefill_done(rt_t *r, struct rt_node *n, const Kvrail__PrefillDone *m, uint64_t now);
 void rt_on_token(rt_t *r, struct rt_node *n, const Kvrail__Token *m, uint64_t now);
+
+/* status.c */
+void rt_status_reply(rt_t *r, const kvr_proto_frame_t *f, uint64_t now);
+
+/* node_ep.c */
+void rt_node_msg(rt_t *r, kvr_proto_frame_t *f, uint64_t now);
+
+/* client_ep.c */
+void rt_client_msg(rt_t *r, kvr_proto_frame_t *f, uint64_t now);
+/** Handles every pending client-socket monitor event (accepts, disconnects). */
+void rt_client_monitor(rt_t *r);
 
 #endif

@@ -1,0 +1,136 @@
+/*
+ * failover.c - what the router does when something does not come back.  A
+ * failed or timed-out prefill is retried on another prefill node (P that
+ * failed it is avoided next; limits.prefill_retries).  A decode node that
+ * dies or re-registers has its requests migrated: a new dispatch of prompt +
+ * the tokens already streamed, continuing the stream where it stopped.  The
+ * deadlines (request, queue, first token) are scanned here when the loop's
+ * timer fires, and the next one is armed.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvr_blockhash.h"
+#include "kvr_log.h"
+#include "router.h"
+
+void rt_failover_prefill_failed(rt_t *r, struct rt_req *q, uint64_t now, kvr_status_t code,
+                                const char *why)
+{
+    const char *pname = q->p >= 0 ? r->nodes[q->p].name : "(decode node)";
+    if (q->retries < r->cl->prefill_retries && q->n_out == q->index_base) {
+        q->retries++;
+        r->st.retries++;
+        KVR_LOG_WARN("router", "request %" PRIu64 ": prefill on %s failed (%s); retry %u of %u",
+                     q->id, pname, why, q->retries, r->cl->prefill_retries);
+        if (!q->local)
+            rt_send_node_cancel(r, q->p, q->did, KVR_ERR_CANCELED, "retrying elsewhere");
+        rt_send_node_cancel(r, q->d, q->did, KVR_ERR_CANCELED, "prefill retried");
+        q->bad_p = q->p;
+        rt_req_requeue(r, q, now);
+        r->pump_wanted = true;
+        return;
+    }
+    rt_req_finish(r, q, code, KVRAIL__FINISH_REASON__FINISH_ERROR, true, now,
+                  "prefill on %s failed after %u retries: %s", pname, q->retries, why);
+}
+
+/* The new dispatch continues from prompt + streamed tokens.  False when out
+ * of memory (the request is finished then). */
+static bool migrate(rt_t *r, struct rt_req *q, struct rt_node *n, uint64_t now, const char *why)
+{
+    size_t n_ctx = q->n_prompt + q->n_out;
+    uint32_t bs = r->cl->block_size;
+    uint32_t *ctx = realloc(q->ctx, n_ctx * sizeof(uint32_t));
+    if (ctx)
+        q->ctx = ctx;
+    uint64_t *hs = ctx ? realloc(q->hashes, (n_ctx / bs + 1) * sizeof(uint64_t)) : NULL;
+    if (!hs) {
+        rt_req_finish(r, q, KVR_ERR_NO_MEMORY, KVRAIL__FINISH_REASON__FINISH_ERROR, true, now,
+                      "out of memory migrating the request");
+        return false;
+    }
+    q->hashes = hs;
+    memcpy(ctx, q->prompt, q->n_prompt * sizeof(uint32_t));
+    memcpy(ctx + q->n_prompt, q->out, q->n_out * sizeof(uint32_t));
+    q->n_ctx = n_ctx;
+    kvr_blockhash_seq(ctx, n_ctx, bs, hs, n_ctx / bs + 1, &q->n_hashes);
+    q->index_base = q->n_out;
+    /* the seed's counter restarts on the new node: greedy output is
+     * unchanged, sampled output continues as a new draw */
+    KVR_LOG_WARN("router",
+                 "request %" PRIu64 ": decode node %s %s; migrating with %u tokens streamed", q->id,
+                 n->name, why, q->n_out);
+    rt_req_requeue(r, q, now);
+    return true;
+}
+
+void rt_failover_node_lost(rt_t *r, struct rt_node *n, uint64_t now, const char *why)
+{
+    for (struct rt_req *q = r->all, *next; q; q = next) {
+        next = q->anext;
+        if (q->state == RQ_QUEUED)
+            continue;
+        if (q->p == n->idx && !q->prefill_done && !q->local) {
+            char m[160];
+            snprintf(m, sizeof(m), "prefill node %s %s", n->name, why);
+            rt_failover_prefill_failed(r, q, now, KVR_ERR_PEER_FAILURE, m);
+            continue;
+        }
+        if (q->d != n->idx)
+            continue;
+        if (q->retries >= r->cl->prefill_retries + 1u) {
+            rt_req_finish(r, q, KVR_ERR_PEER_FAILURE, KVRAIL__FINISH_REASON__FINISH_ERROR, true,
+                          now, "decode node %s %s after %u tokens; no retries left", n->name, why,
+                          q->n_out);
+            continue;
+        }
+        q->retries++;
+        r->st.retries++;
+        if (q->p >= 0 && !q->local && !q->prefill_done)
+            rt_send_node_cancel(r, q->p, q->did, KVR_ERR_PEER_FAILURE, "decode node lost");
+        migrate(r, q, n, now, why);
+    }
+    r->pump_wanted = true;
+}
+
+void rt_failover_tick(rt_t *r, uint64_t now)
+{
+    for (struct rt_req *q = r->all, *next; q; q = next) {
+        next = q->anext;
+        if (now > q->deadline) {
+            rt_req_finish(r, q, KVR_ERR_TIMEOUT, KVRAIL__FINISH_REASON__FINISH_ERROR, true, now,
+                          "request deadline (timeouts.request_ms = %u) passed after %u tokens",
+                          r->cl->timeouts.request_ms, q->n_out);
+            continue;
+        }
+        if (q->state == RQ_QUEUED && now > q->queue_deadline) {
+            if (rt_registry_live_decode(r))
+                rt_req_finish(r, q, KVR_ERR_OVERLOAD, KVRAIL__FINISH_REASON__FINISH_ERROR, false,
+                              now,
+                              "overloaded: no decode node had room for %zu tokens within %u ms "
+                              "(timeouts.queue_ms)",
+                              q->n_ctx, r->cl->timeouts.queue_ms);
+            else
+                rt_req_finish(r, q, KVR_ERR_NO_RESOURCE, KVRAIL__FINISH_REASON__FINISH_ERROR, false,
+                              now, "no live decode node within %u ms (timeouts.queue_ms)",
+                              r->cl->timeouts.queue_ms);
+            continue;
+        }
+        bool awaiting_first = (q->state == RQ_RESERVING || q->state == RQ_PREFILLING) &&
+                              !q->t_first && q->n_out == q->index_base;
+        if (awaiting_first && now > q->prefill_deadline) {
+            rt_failover_prefill_failed(r, q, now, KVR_ERR_TIMEOUT,
+                                       "no first token within timeouts.prefill_ms");
+            continue;
+        }
+        /* still open: its next deadline */
+        rt_timer_arm(r, q->deadline + 1);
+        if (q->state == RQ_QUEUED)
+            rt_timer_arm(r, q->queue_deadline + 1);
+        if (awaiting_first)
+            rt_timer_arm(r, q->prefill_deadline + 1);
+    }
+}

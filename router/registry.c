@@ -1,0 +1,358 @@
+/*
+ * registry.c - the router's node registry.  Every prefill/decode node of the
+ * cluster file has a slot (rt_node).  A node registers (RegisterRequest:
+ * layout, fingerprint, transport address, rkeys) and heartbeats with its
+ * load.  A heartbeat missing for heartbeat_timeout_ms, or a send that found
+ * its connection gone, marks the node dead; a second registration replaces
+ * the node's earlier incarnation.  Either is reported as an event on
+ * r->events (the loop hands it to failover.c): the registry does not touch
+ * the requests a node held.  Its timer is the earliest heartbeat deadline.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvr_log.h"
+#include "router.h"
+
+static uint64_t heartbeat_timeout_ns(const rt_t *r)
+{
+    return (uint64_t)r->cl->timeouts.heartbeat_timeout_ms * 1000000ull;
+}
+
+kvr_status_t rt_registry_init(rt_t *r)
+{
+    r->n_nodes = 0;
+    for (size_t i = 0; i < r->cl->n_nodes; i++) {
+        const kvr_cluster_node_t *c = &r->cl->nodes[i];
+        if (c->role == KVR_NODE_ROLE_ROUTER)
+            continue;
+        if (r->n_nodes >= RT_MAX_NODES) {
+            KVR_LOG_ERROR("router", "%s: more than %d prefill/decode nodes", r->cl->path,
+                          RT_MAX_NODES);
+            return KVR_ERR_UNSUPPORTED;
+        }
+        struct rt_node *n = &r->nodes[r->n_nodes];
+        memset(n, 0, sizeof(*n));
+        n->idx = r->n_nodes++;
+        n->conf = c;
+        n->role = c->role;
+        snprintf(n->name, sizeof(n->name), "%s", c->name);
+    }
+    if (!rt_dir_init(&r->dir, RT_DIR_ENTRIES))
+        return KVR_ERR_NO_MEMORY;
+    return KVR_OK;
+}
+
+static void free_blobs(struct rt_node *n)
+{
+    free(n->addr);
+    n->addr = NULL;
+    n->addr_len = 0;
+    for (size_t i = 0; i < n->n_rkeys; i++)
+        free(n->rkeys[i]);
+    free(n->rkeys);
+    free(n->rkey_lens);
+    free(n->layer_base);
+    n->rkeys = NULL;
+    n->rkey_lens = NULL;
+    n->layer_base = NULL;
+    n->n_rkeys = n->n_layer_base = 0;
+}
+
+void rt_registry_fini(rt_t *r)
+{
+    for (int i = 0; i < r->n_nodes; i++) {
+        free_blobs(&r->nodes[i]);
+        rt_dirsync_fini(&r->nodes[i]);
+    }
+    rt_dir_fini(&r->dir);
+}
+
+struct rt_node *rt_node_by_route(rt_t *r, const uint8_t *route, size_t len)
+{
+    for (int i = 0; i < r->n_nodes; i++)
+        if (strlen(r->nodes[i].name) == len && !memcmp(r->nodes[i].name, route, len))
+            return &r->nodes[i];
+    return NULL;
+}
+
+uint64_t rt_registry_live_decode(const rt_t *r)
+{
+    uint64_t m = 0;
+    for (int i = 0; i < r->n_nodes; i++)
+        if (r->nodes[i].role == KVR_NODE_ROLE_DECODE && r->nodes[i].alive)
+            m |= 1ull << i;
+    return m;
+}
+
+/* The event the loop hands to failover.c.  At most one per node per
+ * message or timer run, and the loop runs them after each: never full. */
+static void report_lost(rt_t *r, struct rt_node *n, const char *why)
+{
+    if (r->n_events >= RT_MAX_EVENTS) {
+        KVR_LOG_ERROR("router", "node %s %s: event list full (a bug)", n->name, why);
+        return;
+    }
+    struct rt_event *e = &r->events[r->n_events++];
+    e->node = n->idx;
+    snprintf(e->why, sizeof(e->why), "%s", why);
+}
+
+static void reply_register(rt_t *r, struct rt_node *n, const kvr_proto_frame_t *f,
+                           kvr_status_t code, const char *msg)
+{
+    Kvrail__RegisterReply rep = KVRAIL__REGISTER_REPLY__INIT;
+    Kvrail__Status s = KVRAIL__STATUS__INIT;
+    s.code = code;
+    s.message = (char *)msg;
+    rep.status = &s;
+    rep.heartbeat_interval_ms = r->cl->timeouts.heartbeat_ms;
+    rep.heartbeat_timeout_ms = r->cl->timeouts.heartbeat_timeout_ms;
+    kvr_proto_hdr_t h = {KVR_PROTO_VERSION, KVR_PROTO_F_END | (code ? KVR_PROTO_F_ERROR : 0),
+                         KVRAIL__METHOD__REGISTER, f->hdr.call_id};
+    if (code) {
+        kvr_proto_send(r->node_sock, f->route, f->route_len, &h, &s.base);
+        return;
+    }
+    (void)n;
+    kvr_proto_send(r->node_sock, f->route, f->route_len, &h, &rep.base);
+}
+
+static kvr_status_t check_layout(rt_t *r, const struct rt_node *self,
+                                 const Kvrail__RegisterRequest *q, char *err, size_t err_len)
+{
+    const Kvrail__KvLayout *l = q->layout;
+    if (!l || !l->layers || !l->kv_heads || !l->head_dim || !l->block_size) {
+        snprintf(err, err_len, "register: layout missing or has a zero field");
+        return KVR_ERR_INVALID;
+    }
+    if (l->block_size != r->cl->block_size) {
+        snprintf(err, err_len, "register: block size %u, the cluster file says %u", l->block_size,
+                 r->cl->block_size);
+        return KVR_ERR_MISMATCH;
+    }
+    for (int i = 0; i < r->n_nodes; i++) {
+        const struct rt_node *o = &r->nodes[i];
+        if (o == self || !o->registered)
+            continue;
+        if (strcmp(o->fingerprint, q->model_fingerprint ? q->model_fingerprint : "")) {
+            snprintf(err, err_len, "register: model fingerprint '%s' differs from node %s's '%s'",
+                     q->model_fingerprint, o->name, o->fingerprint);
+            return KVR_ERR_MISMATCH;
+        }
+        if (o->layers != l->layers || o->kv_heads != l->kv_heads || o->head_dim != l->head_dim ||
+            strcmp(o->dtype, l->dtype ? l->dtype : "")) {
+            snprintf(err, err_len,
+                     "register: KV layout %ux%ux%u %s differs from node %s's %ux%ux%u %s",
+                     l->layers, l->kv_heads, l->head_dim, l->dtype, o->name, o->layers, o->kv_heads,
+                     o->head_dim, o->dtype);
+            return KVR_ERR_MISMATCH;
+        }
+    }
+    return KVR_OK;
+}
+
+void rt_registry_on_register(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__RegisterRequest *q,
+                             uint64_t now)
+{
+    char err[512];
+    struct rt_node *n = rt_node_by_route(r, f->route, f->route_len);
+    const char *qname = q->node_name ? q->node_name : "";
+    if (!n) {
+        snprintf(err, sizeof(err),
+                 "register: node '%.*s' is not a prefill/decode node of cluster file %.200s "
+                 "(the DEALER routing id must be the node name)",
+                 (int)f->route_len, (const char *)f->route, r->cl->path);
+        KVR_LOG_WARN("router", "%s", err);
+        reply_register(r, NULL, f, KVR_ERR_NOT_FOUND, err);
+        return;
+    }
+    if (strcmp(qname, n->name)) {
+        snprintf(err, sizeof(err), "register: node_name '%s' differs from routing id '%s'", qname,
+                 n->name);
+        reply_register(r, n, f, KVR_ERR_INVALID, err);
+        return;
+    }
+    enum kvr_node_role role = q->role == KVRAIL__ROLE__ROLE_PREFILL  ? KVR_NODE_ROLE_PREFILL
+                              : q->role == KVRAIL__ROLE__ROLE_DECODE ? KVR_NODE_ROLE_DECODE
+                                                                     : 0;
+    if (role != n->role) {
+        snprintf(err, sizeof(err),
+                 "register: node %s registers as role %d, the cluster file says %s", n->name,
+                 (int)q->role, kvr_node_role_name(n->role));
+        reply_register(r, n, f, KVR_ERR_MISMATCH, err);
+        return;
+    }
+    if (q->protocol_version && q->protocol_version != KVR_PROTO_VERSION) {
+        snprintf(err, sizeof(err), "register: protocol version %u, the router speaks %d",
+                 q->protocol_version, KVR_PROTO_VERSION);
+        reply_register(r, n, f, KVR_ERR_VERSION, err);
+        return;
+    }
+    kvr_status_t st = check_layout(r, n, q, err, sizeof(err));
+    if (st != KVR_OK) {
+        KVR_LOG_WARN("router", "node %s: %s", n->name, err);
+        reply_register(r, n, f, st, err);
+        return;
+    }
+    if (n->registered) {
+        KVR_LOG_WARN("router", "node %s registers again (incarnation %" PRIx64 " -> %" PRIx64 ")",
+                     n->name, n->incarnation, q->incarnation);
+        report_lost(r, n, "re-registered");
+    }
+    free_blobs(n);
+    rt_dirsync_reset(r, n);
+    rt_dir_set_limit(&r->dir, n->idx, q->total_blocks);
+    n->registered = true;
+    n->alive = true;
+    n->conn_lost = false;
+    n->incarnation = q->incarnation;
+    n->last_hb_ns = now;
+    n->registered_ns = now;
+    snprintf(n->fingerprint, sizeof(n->fingerprint), "%s", q->model_fingerprint);
+    snprintf(n->transport, sizeof(n->transport), "%s", q->transport);
+    snprintf(n->host, sizeof(n->host), "%s", q->host);
+    n->layers = q->layout->layers;
+    n->kv_heads = q->layout->kv_heads;
+    n->head_dim = q->layout->head_dim;
+    n->block_size = q->layout->block_size;
+    n->max_context = q->layout->max_context;
+    n->vocab_size = q->layout->vocab_size;
+    snprintf(n->dtype, sizeof(n->dtype), "%s", q->layout->dtype);
+    if (q->transport_address.len) {
+        n->addr = malloc(q->transport_address.len);
+        if (n->addr) {
+            memcpy(n->addr, q->transport_address.data, q->transport_address.len);
+            n->addr_len = q->transport_address.len;
+        }
+    }
+    if (q->n_layer_rkeys) {
+        n->rkeys = calloc(q->n_layer_rkeys, sizeof(*n->rkeys));
+        n->rkey_lens = calloc(q->n_layer_rkeys, sizeof(*n->rkey_lens));
+        if (n->rkeys && n->rkey_lens) {
+            n->n_rkeys = q->n_layer_rkeys;
+            for (size_t i = 0; i < q->n_layer_rkeys; i++) {
+                n->rkeys[i] = malloc(q->layer_rkeys[i].len ? q->layer_rkeys[i].len : 1);
+                if (n->rkeys[i]) {
+                    memcpy(n->rkeys[i], q->layer_rkeys[i].data, q->layer_rkeys[i].len);
+                    n->rkey_lens[i] = q->layer_rkeys[i].len;
+                }
+            }
+        }
+    }
+    if (q->n_layer_base) {
+        n->layer_base = calloc(q->n_layer_base, sizeof(uint64_t));
+        if (n->layer_base) {
+            memcpy(n->layer_base, q->layer_base, q->n_layer_base * sizeof(uint64_t));
+            n->n_layer_base = q->n_layer_base;
+        }
+    }
+    n->layer_stride = q->layer_stride;
+    n->block_bytes = q->block_bytes;
+    n->total_blocks = q->total_blocks;
+    n->free_blocks = q->total_blocks;
+    n->free_est = q->total_blocks;
+    n->reserved_blocks = n->batch_size = n->cached_blocks = 0;
+    n->inflight_tokens = 0;
+    if (!r->context && n->max_context)
+        r->context = n->max_context;
+    if (!r->vocab && n->vocab_size)
+        r->vocab = n->vocab_size;
+    if (!r->model_fingerprint[0])
+        snprintf(r->model_fingerprint, sizeof(r->model_fingerprint), "%s", n->fingerprint);
+    KVR_LOG_INFO("router",
+                 "node %s registered: %s, %s transport, layout %ux%ux%u %s bs %u, %u blocks, "
+                 "model %s",
+                 n->name, kvr_node_role_name(n->role), n->transport, n->layers, n->kv_heads,
+                 n->head_dim, n->dtype, n->block_size, n->total_blocks, n->fingerprint);
+    reply_register(r, n, f, KVR_OK, "ok");
+    rt_timer_arm(r, now + heartbeat_timeout_ns(r) + 1);
+    r->pump_wanted = true;
+}
+
+void rt_registry_on_heartbeat(rt_t *r, const kvr_proto_frame_t *f, struct rt_node *n,
+                              const Kvrail__Heartbeat *hb, uint64_t now)
+{
+    if (!n || !n->registered || (hb->incarnation && hb->incarnation != n->incarnation)) {
+        Kvrail__HeartbeatReply rep = KVRAIL__HEARTBEAT_REPLY__INIT;
+        rep.reregister = true;
+        kvr_proto_hdr_t h = {KVR_PROTO_VERSION, KVR_PROTO_F_END, KVRAIL__METHOD__HEARTBEAT,
+                             f->hdr.call_id};
+        kvr_proto_send(r->node_sock, f->route, f->route_len, &h, &rep.base);
+        return;
+    }
+    if (!n->alive) {
+        KVR_LOG_WARN("router", "node %s is back (heartbeat after %" PRIu64 " ms)", n->name,
+                     (now - n->last_hb_ns) / 1000000u);
+        n->alive = true;
+        rt_timer_arm(r, now + heartbeat_timeout_ns(r) + 1);
+        if (n->role == KVR_NODE_ROLE_DECODE)
+            rt_dirsync_request(r, n, now, "node came back");
+    }
+    n->last_hb_ns = now;
+    n->total_blocks = hb->total_blocks ? hb->total_blocks : n->total_blocks;
+    n->free_blocks = hb->free_blocks;
+    n->cached_blocks = hb->cached_blocks;
+    n->batch_size = hb->batch_size;
+    n->reserved_blocks = hb->reserved_blocks;
+    n->inflight_prefill_hb = hb->inflight_prefill_tokens;
+    n->queued_prefill_hb = hb->queued_prefill_tokens;
+    n->kv_bytes = hb->kv_bytes_moved;
+    n->kv_ns = hb->kv_transfer_ns;
+    /* free estimate: what the node says minus what is on its way to it */
+    int64_t pending = 0;
+    for (struct rt_req *q = r->all; q; q = q->anext)
+        if (q->d == n->idx && q->state == RQ_RESERVING)
+            pending += q->need_blocks;
+    n->free_est = (int64_t)hb->free_blocks - pending;
+    if (hb->block_event_seq <= n->ev_seq)
+        n->hb_lag_seq = 0;
+    if (n->role == KVR_NODE_ROLE_DECODE && hb->block_event_seq > n->ev_seq && !n->resync_wait) {
+        char why[128];
+        snprintf(why, sizeof(why), "heartbeat announces seq %" PRIu64 ", applied %" PRIu64,
+                 hb->block_event_seq, n->ev_seq);
+        /* events may still be in flight behind the heartbeat: only a lag that
+         * survives two heartbeats counts */
+        if (n->hb_lag_seq && n->hb_lag_seq > n->ev_seq) {
+            rt_dirsync_request(r, n, now, why);
+            n->hb_lag_seq = 0;
+        } else {
+            n->hb_lag_seq = hb->block_event_seq;
+        }
+    }
+    r->pump_wanted = true;
+}
+
+void rt_registry_tick(rt_t *r, uint64_t now)
+{
+    uint64_t timeout = heartbeat_timeout_ns(r);
+    for (int i = 0; i < r->n_nodes; i++) {
+        struct rt_node *n = &r->nodes[i];
+        if (!n->registered)
+            continue;
+        bool lost = n->conn_lost;
+        n->conn_lost = false;
+        if (n->alive && (lost || now - n->last_hb_ns > timeout)) {
+            n->alive = false;
+            r->st.dead_nodes++;
+            if (lost)
+                KVR_LOG_WARN("router", "node %s (%s) is dead: its connection is gone", n->name,
+                             kvr_node_role_name(n->role));
+            else
+                KVR_LOG_WARN("router", "node %s (%s) is dead: no heartbeat for %" PRIu64 " ms",
+                             n->name, kvr_node_role_name(n->role),
+                             (now - n->last_hb_ns) / 1000000u);
+            rt_dirsync_reset(r, n);
+            report_lost(r, n, lost ? "lost its connection" : "missed heartbeats");
+        }
+        if (n->alive && n->resync_wait) {
+            if (now - n->resync_sent_ns > RT_RESYNC_RETRY_NS)
+                rt_dirsync_request(r, n, now, "no dump yet");
+            rt_timer_arm(r, n->resync_sent_ns + RT_RESYNC_RETRY_NS + 1);
+        }
+        if (n->alive)
+            rt_timer_arm(r, n->last_hb_ns + timeout + 1);
+    }
+}

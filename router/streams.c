@@ -1,0 +1,183 @@
+/*
+ * streams.c - the token stream from the nodes to the client.  The first
+ * token comes from P's PrefillDone or D's token 0, whichever arrives first;
+ * D's later tokens follow in order (index per dispatch, offset by the tokens
+ * streamed before a migration).  Each token is detokenized incrementally and
+ * sent as a GenerateChunk.  The router ends a stream on stop strings (the
+ * last bytes of text kept in a small tail) and on what D reports finished;
+ * max_tokens and stop ids are D's, the router checks them again only so a
+ * stream that overtakes D's finish still ends at the right token.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvr_clock.h"
+#include "kvr_log.h"
+#include "router.h"
+
+/* Streams one token; ends the request when it is the last.  Returns true if
+ * the request was finished (and freed). */
+static bool emit(rt_t *r, struct rt_req *q, uint32_t token, float logprob,
+                 Kvrail__FinishReason node_fin, uint64_t now)
+{
+    if (!q->t_first)
+        q->t_first = now;
+    if (q->state < RQ_DECODING)
+        q->state = RQ_DECODING;
+    q->out[q->n_out++] = token;
+    Kvrail__GenerateChunk c = KVRAIL__GENERATE_CHUNK__INIT;
+    c.request_id = q->id;
+    c.index = q->n_out - 1;
+    c.token_id = token;
+    c.logprob = logprob;
+    char *text = NULL;
+    size_t text_len = 0;
+    if (q->detok) {
+        const char *t = NULL;
+        size_t tl = 0;
+        if (kvr_detok_feed(q->detok, (int32_t)token, &t, &tl) == KVR_OK && tl) {
+            text = (char *)t;
+            text_len = tl;
+        }
+    }
+    Kvrail__FinishReason fin = node_fin;
+    if (!fin && rt_req_is_stop_id(q, token))
+        fin = KVRAIL__FINISH_REASON__FINISH_STOP;
+    if (!fin && q->n_stops && text_len) {
+        /* keep the last max_stop_len - 1 bytes plus this text */
+        size_t keep = q->tail_len < q->max_stop_len ? q->tail_len : q->max_stop_len;
+        memmove(q->tail, q->tail + q->tail_len - keep, keep);
+        size_t add = text_len < 2 * RT_MAX_STOPLEN ? text_len : 2 * RT_MAX_STOPLEN;
+        memcpy(q->tail + keep, text + text_len - add, add);
+        q->tail_len = keep + add;
+        q->tail[q->tail_len] = 0;
+        for (size_t i = 0; i < q->n_stops; i++)
+            if (memmem(q->tail, q->tail_len, q->stops[i], strlen(q->stops[i])))
+                fin = KVRAIL__FINISH_REASON__FINISH_STOP;
+    }
+    if (!fin && (q->n_out >= q->max_tokens || (r->context && q->n_prompt + q->n_out >= r->context)))
+        fin = KVRAIL__FINISH_REASON__FINISH_LENGTH;
+    char *buf = NULL;
+    if (text_len) {
+        buf = malloc(text_len + 1);
+        if (buf) {
+            memcpy(buf, text, text_len);
+            buf[text_len] = 0;
+        }
+    }
+    if (fin && q->detok) {
+        const char *t = NULL;
+        size_t tl = 0;
+        if (kvr_detok_flush(q->detok, &t, &tl) == KVR_OK && tl) {
+            char *nb = realloc(buf, text_len + tl + 1);
+            if (nb) {
+                memcpy(nb + text_len, t, tl);
+                text_len += tl;
+                nb[text_len] = 0;
+                buf = nb;
+            }
+        }
+    }
+    c.text = buf ? buf : (char *)"";
+    c.finish = fin;
+    if (q->n_out == 1 && q->return_prompt) {
+        c.n_prompt_token_ids = q->n_prompt;
+        c.prompt_token_ids = q->prompt;
+    }
+    kvr_status_t sst = rt_send_client(r, q, 0, &c.base);
+    free(buf);
+    if (sst == KVR_ERR_NOT_FOUND) {
+        r->st.client_disconnects++;
+        rt_req_finish(r, q, KVR_ERR_CANCELED, KVRAIL__FINISH_REASON__FINISH_CANCELED, true, now,
+                      "client disconnected");
+        return true;
+    }
+    if (fin) {
+        bool node_done = node_fin != KVRAIL__FINISH_REASON__FINISH_NONE;
+        rt_req_finish(r, q, KVR_OK, fin, !node_done, now, "%s",
+                      fin == KVRAIL__FINISH_REASON__FINISH_STOP ? "stop" : "length");
+        return true;
+    }
+    return false;
+}
+
+void rt_on_prefill_done(rt_t *r, struct rt_node *n, const Kvrail__PrefillDone *m, uint64_t now)
+{
+    uint64_t t0 = kvr_now_ns(), c0 = rt_cpu_ns();
+    struct rt_req *q = rt_req_find(r, m->request_id);
+    if (!q || (q->p != n->idx && q->d != n->idx))
+        return;
+    if (m->status && m->status->code) {
+        rt_failover_prefill_failed(r, q, now, m->status->code,
+                                   m->status->message ? m->status->message : "no message");
+        return;
+    }
+    if (!q->prefill_done && q->p >= 0) {
+        struct rt_node *p = &r->nodes[q->p];
+        p->inflight_tokens = p->inflight_tokens > q->n_ctx ? p->inflight_tokens - q->n_ctx : 0;
+    }
+    q->prefill_done = true;
+    q->kv_bytes += m->bytes_moved;
+    if (!m->local && m->bytes_moved) {
+        n->pd_bytes += m->bytes_moved;
+        n->pd_ns += m->transfer_us * 1000u;
+        if (q->d >= 0) {
+            r->nodes[q->d].pd_bytes += m->bytes_moved;
+            r->nodes[q->d].pd_ns += m->transfer_us * 1000u;
+        }
+    }
+    q->overhead_ns += kvr_now_ns() - t0;
+    q->overhead_cpu_ns += rt_cpu_ns() - c0;
+    if (q->next_local == 0) {
+        q->next_local = 1;
+        emit(r, q, m->first_token, m->logprob, KVRAIL__FINISH_REASON__FINISH_NONE, now);
+    }
+}
+
+void rt_on_token(rt_t *r, struct rt_node *n, const Kvrail__Token *m, uint64_t now)
+{
+    uint64_t t0 = kvr_now_ns();
+    struct rt_req *q = rt_req_find(r, m->request_id);
+    if (!q || q->d != n->idx) {
+        /* canceled or migrated; tell the node again (it may have missed it) */
+        if (!m->finish)
+            rt_send_node_cancel(r, n->idx, m->request_id, KVR_ERR_CANCELED,
+                                "request no longer here");
+        return;
+    }
+    if (m->no_token || m->finish == KVRAIL__FINISH_REASON__FINISH_ERROR ||
+        m->finish == KVRAIL__FINISH_REASON__FINISH_CANCELED) {
+        if (m->finish == KVRAIL__FINISH_REASON__FINISH_ERROR ||
+            m->finish == KVRAIL__FINISH_REASON__FINISH_CANCELED) {
+            kvr_status_t code = m->status && m->status->code ? m->status->code : KVR_ERR_INTERNAL;
+            const char *why = m->status && m->status->message ? m->status->message : "";
+            if (q->n_out == q->index_base && !q->prefill_done) {
+                rt_failover_prefill_failed(r, q, now, code, why);
+                return;
+            }
+            rt_req_finish(r, q, code, KVRAIL__FINISH_REASON__FINISH_ERROR, true, now,
+                          "decode node %s failed the request after %u tokens: %s", n->name,
+                          q->n_out, why);
+            return;
+        }
+        rt_req_finish(r, q, KVR_OK, m->finish ? m->finish : KVRAIL__FINISH_REASON__FINISH_STOP,
+                      false, now, "finished");
+        return;
+    }
+    if (m->index < q->next_local)
+        return; /* token 0 already delivered by PrefillDone */
+    if (m->index > q->next_local)
+        KVR_LOG_WARN("router", "request %" PRIu64 ": token %u from %s, expected %u", q->id,
+                     m->index, n->name, q->next_local);
+    q->next_local = m->index + 1;
+    if (!q->prefill_done) {
+        q->prefill_done = true; /* local prefill, or D overtook PrefillDone */
+        if (q->p >= 0) {
+            struct rt_node *p = &r->nodes[q->p];
+            p->inflight_tokens = p->inflight_tokens > q->n_ctx ? p->inflight_tokens - q->n_ctx : 0;
+        }
+    }
+    emit(r, q, m->token_id, m->logprob, m->finish, now);
+    rt_samples_add(&r->st.token, kvr_now_ns() - t0);
+}
