@@ -19,6 +19,7 @@
  * completes nothing reads no clock.
  */
 #include "xfer_backend.h"
+#include "xfer_mem.h"
 #include "xfer_blob.h"
 
 #include "kvr_clock.h"
@@ -438,14 +439,19 @@ kvr_status_t kvr_xfer_mem_reg(kvr_xfer_engine_t *e, void *addr, size_t len, enum
     m->kind = kind;
     m->device = device;
     uint64_t t0 = kvr_now_ns();
-    kvr_status_t s = e->ops->mem_reg(m);
+    struct kvr_xfer_prefault pf = {0};
+    kvr_status_t s = KVR_OK;
+    if (kind == KVR_MEM_HOST && kvr_xfer_prefault_enabled())
+        s = kvr_xfer_mem_prefault(addr, len, e->name, &pf);
+    if (s == KVR_OK)
+        s = e->ops->mem_reg(m);
     if (s != KVR_OK) {
         free(m);
         return s;
     }
     link_add_tail(&e->mems, &m->link);
-    KVR_LOG_DEBUG(COMP, "%s: registered %zu bytes at %p in %.3f ms", e->name, len, addr,
-                  (double)(kvr_now_ns() - t0) / 1e6);
+    KVR_LOG_DEBUG(COMP, "%s: registered %zu bytes at %p in %.3f ms (pre-faulting %.3f ms)", e->name,
+                  len, addr, (double)(kvr_now_ns() - t0) / 1e6, (double)pf.ns / 1e6);
     *mem_p = m;
     return KVR_OK;
 }
@@ -471,8 +477,10 @@ kvr_status_t kvr_xfer_mem_alloc(kvr_xfer_engine_t *e, size_t len, enum kvr_mem_k
     if (!e->ops->mem_alloc) {
         if (kind != KVR_MEM_HOST)
             return KVR_ERR_UNSUPPORTED;
-        size_t rounded = (len + 4095) & ~(size_t)4095;
-        void *p = aligned_alloc(4096, rounded);
+        /* 2 MiB-aligned when large: whole transparent huge pages */
+        size_t align = len >= (2u << 20) ? (2u << 20) : 4096u;
+        size_t rounded = (len + align - 1) & ~(align - 1);
+        void *p = aligned_alloc(align, rounded);
         if (!p)
             return KVR_ERR_NO_MEMORY;
         kvr_status_t s = kvr_xfer_mem_reg(e, p, len, kind, device, mem_p);
@@ -496,9 +504,20 @@ kvr_status_t kvr_xfer_mem_alloc(kvr_xfer_engine_t *e, size_t len, enum kvr_mem_k
         free(m);
         return s;
     }
+    uint64_t t1 = kvr_now_ns();
+    struct kvr_xfer_prefault pf = {0};
+    if (kind == KVR_MEM_HOST && kvr_xfer_prefault_enabled() &&
+        (s = kvr_xfer_mem_prefault(m->addr, len, e->name, &pf)) != KVR_OK) {
+        e->ops->mem_dereg(m);
+        free(m);
+        return s;
+    }
     link_add_tail(&e->mems, &m->link);
-    KVR_LOG_DEBUG(COMP, "%s: allocated and registered %zu bytes at %p in %.3f ms", e->name, len,
-                  m->addr, (double)(kvr_now_ns() - t0) / 1e6);
+    KVR_LOG_DEBUG(COMP,
+                  "%s: allocated and registered %zu bytes at %p in %.3f ms, pre-faulted in %.1f "
+                  "ms (transparent huge pages %s)",
+                  e->name, len, m->addr, (double)(t1 - t0) / 1e6, (double)pf.ns / 1e6,
+                  pf.thp ? "advised" : "not available");
     *mem_p = m;
     return KVR_OK;
 }

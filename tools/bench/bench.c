@@ -564,10 +564,11 @@ static void print_table_head(const struct report *r)
     if (r->target_reg_ns)
         printf(", target %.3f ms", (double)r->target_reg_ns / 1e6);
     printf("\n");
-    printf("%6s %5s %5s %8s %9s %10s %9s %9s %9s %9s %9s %s\n", "block", "batch", "segs", "posts",
-           "GB/s", "posts/s", "post_p50", "desc_p50", "post_p99", "lat_p50", "lat_p99", "check");
-    printf("%6s %5s %5s %8s %9s %10s %9s %9s %9s %9s %9s\n", "", "", "", "", "(1e9B/s)", "", "(us)",
-           "(us)", "(us)", "(us)", "(us)");
+    printf("%6s %5s %5s %8s %9s %9s %6s %10s %9s %9s %9s %9s %9s %s\n", "block", "batch", "segs",
+           "posts", "GB/s", "memcpy", "ratio", "posts/s", "post_p50", "desc_p50", "post_p99",
+           "lat_p50", "lat_p99", "check");
+    printf("%6s %5s %5s %8s %9s %9s %6s %10s %9s %9s %9s %9s %9s\n", "", "", "", "", "(1e9B/s)",
+           "(1e9B/s)", "", "", "(us)", "(us)", "(us)", "(us)", "(us)");
     fflush(stdout);
 }
 
@@ -578,10 +579,11 @@ static void print_table_row(const struct bench_row *w)
         printf("%6s %5u  error: %s\n", fmt_size(w->cfg.bsize, b1, sizeof(b1)), w->cfg.batch,
                w->error);
     } else {
-        printf("%6s %5u %5zu %8" PRIu64 " %9.3f %10.0f %9.3f %9.4f %9.3f %9.1f %9.1f %s\n",
+        printf("%6s %5u %5zu %8" PRIu64 " %9.3f %9.3f %6.2f %10.0f %9.3f %9.4f %9.3f %9.1f %9.1f "
+               "%s\n",
                fmt_size(w->cfg.bsize, b1, sizeof(b1)), w->cfg.batch, w->nseg, w->posts, w->gbps,
-               w->posts_per_s, w->post_ns_p50 / 1e3, w->post_ns_per_desc_p50 / 1e3,
-               w->post_ns_p99 / 1e3, w->lat_us_p50, w->lat_us_p99,
+               w->memcpy_gbps, w->memcpy_ratio, w->posts_per_s, w->post_ns_p50 / 1e3,
+               w->post_ns_per_desc_p50 / 1e3, w->post_ns_p99 / 1e3, w->lat_us_p50, w->lat_us_p99,
                w->cfg.check ? (w->check_ok ? "ok" : "FAILED") : "-");
     }
     fflush(stdout);
@@ -620,13 +622,14 @@ static void print_json(const struct report *r, const struct bench_bye *bye)
         printf("\"ndesc\":%zu,\"ndesc_coalesced\":%zu,\"lists\":%u,\"depth\":%u,\"posts\":%" PRIu64
                ",\"bytes\":%" PRIu64 ",\"seconds\":%.6f,\"gbps\":%.6f,\"posts_per_s\":%.1f,"
                "\"post_ns_p50\":%.1f,\"post_ns_p99\":%.1f,\"post_ns_per_desc_p50\":%.2f,"
-               "\"memcpy_ns_per_desc_p50\":%.2f,"
+               "\"memcpy_ns_per_desc_p50\":%.2f,\"memcpy_gbps\":%.4f,\"memcpy_ratio\":%.4f,"
                "\"lat_us_p50\":%.3f,\"lat_us_p99\":%.3f,\"check\":%s,\"verified_bytes\":%" PRIu64
                "}",
                w->ndesc, w->nseg, w->nlists, w->cfg.depth, w->posts, w->bytes, w->seconds, w->gbps,
                w->posts_per_s, w->post_ns_p50, w->post_ns_p99, w->post_ns_per_desc_p50,
-               w->memcpy_ns_per_desc_p50, w->lat_us_p50, w->lat_us_p99,
-               w->cfg.check ? (w->check_ok ? "\"ok\"" : "\"failed\"") : "null", w->verified_bytes);
+               w->memcpy_ns_per_desc_p50, w->memcpy_gbps, w->memcpy_ratio, w->lat_us_p50,
+               w->lat_us_p99, w->cfg.check ? (w->check_ok ? "\"ok\"" : "\"failed\"") : "null",
+               w->verified_bytes);
     }
     printf("\n]}\n");
     fflush(stdout);

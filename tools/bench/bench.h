@@ -158,6 +158,9 @@ struct bench_row {
      * backend whose put is a memcpy (UCX shared memory) post time minus this
      * is the engine's own overhead */
     double memcpy_ns_per_desc_p50;
+    /* memcpy over the row's footprint (slot k -> slot k + N/2 of the local
+     * pool), half before and half after the row: GB/s and gbps / it */
+    double memcpy_gbps, memcpy_ratio;
     double lat_us_p50, lat_us_p99;
     uint64_t verified_bytes; /* check mode */
     bool check_ok;

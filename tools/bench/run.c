@@ -230,6 +230,7 @@ struct row_ctx {
     kvr_xfer_dlist_t **dls;
     uint32_t *fifo; /* slots in flight, oldest first */
     uint32_t depth, head, count, next;
+    uint32_t mc_next;           /* memcpy_rotation's next slot */
     uint64_t *post_ns, *lat_ns; /* samples */
     size_t nsamples, ncompleted;
     uint64_t verified;
@@ -468,6 +469,35 @@ static double memcpy_baseline(struct row_ctx *c, uint64_t *samples, size_t reps)
     return percentile(samples, reps, 0.50) / (double)c->l.batch;
 }
 
+/* memcpy over the row's footprint, for `seconds`: the descriptors of slot k
+ * copied, as laid out, from slot k to slot k + nlists/2 of the local pool
+ * (source and destination both in the rotation, as the engine's are at
+ * each end).  Adds to *bytes_p and *ns_p; nothing with fewer than 2 slots. */
+static void memcpy_rotation(struct row_ctx *c, double seconds, uint64_t *bytes_p, uint64_t *ns_p)
+{
+    uint32_t n = c->l.nlists;
+    if (n < 2 || c->l.stride == 0)
+        return;
+    uint64_t t0 = kvr_now_ns(), now = t0, end = t0 + (uint64_t)(seconds * 1e9), bytes = 0;
+    uint64_t per_post = c->l.bsize * c->l.batch;
+    unsigned mask = per_post >= (256u << 10) ? 0u : 63u;
+    for (uint32_t r = 0;; r++) {
+        uint32_t k = c->mc_next, k2 = (k + n / 2) % n;
+        c->mc_next = (k + 1) % n;
+        for (uint32_t i = 0; i < c->l.batch; i++) {
+            uint64_t loff, roff, loff2, roff2;
+            bench_layout_desc(&c->l, k, i, &loff, &roff);
+            bench_layout_desc(&c->l, k2, i, &loff2, &roff2);
+            memcpy(c->lpool + roff2, c->lpool + loff, c->l.bsize);
+        }
+        bytes += per_post;
+        if ((r & mask) == 0 && (now = kvr_now_ns()) >= end)
+            break;
+    }
+    *bytes_p += bytes;
+    *ns_p += now - t0;
+}
+
 /* Waits until every post and notification on the peer has completed. */
 static kvr_status_t flush_all(struct row_ctx *c)
 {
@@ -545,6 +575,13 @@ kvr_status_t bench_row_run(kvr_xfer_engine_t *eng, kvr_xfer_peer_t *peer, kvr_xf
             goto out_release;
     }
 
+    /* memcpy over the same footprint, half before and half after the row:
+     * the machine's copy speed at the same minutes */
+    uint64_t mc_bytes = 0, mc_ns = 0;
+    double mc_secs = cfg->duration > 0 ? cfg->duration / 2 : 0.25;
+    if (!cfg->one_buffer)
+        memcpy_rotation(&c, mc_secs, &mc_bytes, &mc_ns);
+
     uint64_t t0 = kvr_now_ns();
     st = run_posts(&c, iters, cfg->duration, true, progress_line);
     if (st == KVR_OK)
@@ -575,6 +612,12 @@ kvr_status_t bench_row_run(kvr_xfer_engine_t *eng, kvr_xfer_peer_t *peer, kvr_xf
     qsort(c.lat_ns, c.ncompleted, sizeof(uint64_t), cmp_u64);
     row_p->lat_us_p50 = percentile(c.lat_ns, c.ncompleted, 0.50) / 1e3;
     row_p->lat_us_p99 = percentile(c.lat_ns, c.ncompleted, 0.99) / 1e3;
+    if (!cfg->one_buffer)
+        memcpy_rotation(&c, mc_secs, &mc_bytes, &mc_ns);
+    if (mc_ns) {
+        row_p->memcpy_gbps = (double)mc_bytes / ((double)mc_ns / 1e9) / 1e9;
+        row_p->memcpy_ratio = row_p->gbps / row_p->memcpy_gbps;
+    }
     if (cap >= 16) /* reuses the latency samples' array */
         row_p->memcpy_ns_per_desc_p50 = memcpy_baseline(&c, c.lat_ns, cap < 256 ? cap : 256);
 

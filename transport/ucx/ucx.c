@@ -35,16 +35,28 @@
  * require_rdma refuses lanes over tcp, posix, sysv, cma, self, knem, xpmem.
  *
  * Memory from kvr_xfer_mem_alloc is UCX-allocated (shared memory on one
- * host, which the peer maps: puts become one-sided memcpys); such a mapping
- * is populated once when its rkey is unpacked (KVR_UCX_POPULATE=0: don't).
+ * host; the core pre-faults it at allocation, xfer_mem.c).  The mapped path:
+ * when the peer is a watched process on this host (or this process) and
+ * ucp_rkey_ptr maps a remote region here, the region is populated once at
+ * rkey unpack (KVR_UCX_POPULATE=0: don't) and every list whose segments all
+ * land in mapped regions is posted as memcpys on the posting thread - no
+ * UCX request, no callback, complete when the post returns (a READ too).
+ * A release fence after the copies orders them before anything the thread
+ * sends later, so a notification (an active message through the peer's
+ * shared-memory FIFO or a socket) still arrives after the data.  A peer
+ * that died is seen by the pidfd watch checked at every post (at most
+ * KVR_UCX_WATCH_MS old): the post then fails with KVR_ERR_PEER_FAILURE.
+ * KVR_UCX_MAPPED=0 leaves every put to UCX.  The connection's transports
+ * then read "... +mapped(memcpy)".
  */
-#include "xfer_backend.h"
+#include "ucx_internal.h"
 
 #include "kvr_clock.h"
 #include "kvr_log.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,99 +69,6 @@
 #include <ucp/api/ucp.h>
 
 #define COMP "ucx"
-
-#define KVR_UCX_AM_NOTIF   0x4b56      /* "KV" */
-#define KVR_UCX_ADDR_MAGIC 0x41584355u /* "UCXA" */
-#define KVR_UCX_WATCH_MS   10          /* pidfd poll period of local peers */
-#define CLOSE_WAIT_MS      1000
-#define CLOSE_FLUSH_MS     300
-
-/* address payload: this header, then the ucp worker address */
-struct ucx_addr_hdr {
-    uint32_t magic;
-    uint32_t pid;
-    uint64_t pidns;      /* inode of /proc/self/ns/pid */
-    uint8_t boot_id[16]; /* kernel boot id: same kernel <=> same host */
-    uint32_t flags;
-    uint32_t wa_len;
-};
-
-enum notif_state { N_WAIT_FLUSH, N_READY, N_SENDING };
-
-struct ucx_notif {
-    struct ucx_notif *next; /* peer queue or engine free list */
-    struct ucx_peer *peer;  /* NULL: orphaned (peer gone), freed by its callback */
-    struct ucx_engine *eng;
-    enum notif_state state;
-    void *req;
-    uint32_t len;
-    unsigned char msg[KVR_XFER_NOTIF_MAX];
-};
-
-struct ucx_engine {
-    struct kvr_xfer_engine base;
-    ucp_context_h ctx;
-    ucp_worker_h worker;
-    ucp_address_t *wa;
-    size_t wa_len;
-    uint8_t boot_id[16];
-    uint64_t pidns;
-    uint64_t mem_types;
-    int efd;    /* ucp_worker_get_efd, once asked for */
-    bool armed; /* event fd handed out: arm the worker when idle */
-    uint64_t next_watch_ns;
-    unsigned nwatch; /* peers with a pidfd */
-    struct ucx_notif *free_notifs;
-};
-
-struct ucx_peer {
-    struct kvr_xfer_peer base;
-    ucp_ep_h ep;
-    bool mode_peer;        /* UCP_ERR_HANDLING_MODE_PEER */
-    bool unflushed;        /* something was put since the last flush */
-    struct ucx_pflush *fl; /* kvr_xfer_flush's endpoint flush (made at connect) */
-    int pidfd;             /* local peer watched, or -1 */
-    pid_t pid;
-    struct ucx_notif *nq; /* notifications in order: waiting flush, ready, sending */
-};
-
-/* the endpoint flush kvr_xfer_flush issues; outlives its peer when the peer
- * is disconnected with it pending (its callback frees it then) */
-struct ucx_pflush {
-    struct ucx_peer *p; /* NULL: orphaned */
-    bool pending;
-};
-
-struct ucx_mem {
-    struct kvr_xfer_mem base;
-    ucp_mem_h memh;
-};
-
-struct ucx_rmem {
-    struct kvr_xfer_rmem base;
-    ucp_rkey_h rkey;
-};
-
-struct ucx_tok {         /* outlives its list when released with operations pending */
-    struct ucx_dlist *d; /* NULL: orphaned, freed by the last callback */
-    uint32_t pending;    /* UCX requests of the current post not yet done */
-    kvr_status_t err;    /* first error among them */
-};
-
-struct ucx_dlist {
-    struct kvr_xfer_dlist base;
-    struct ucx_tok *tok;
-};
-
-static struct ucx_engine *ue(kvr_xfer_engine_t *e)
-{
-    return container_of(e, struct ucx_engine, base);
-}
-
-static struct ucx_peer *up(kvr_xfer_peer_t *p)
-{
-    return container_of(p, struct ucx_peer, base);
-}
 
 /* The one mapping of UCX status codes to kvrail's. */
 static kvr_status_t ucx_status(ucs_status_t s)
@@ -434,7 +353,7 @@ static kvr_status_t ucx_event_fd(kvr_xfer_engine_t *base, int *fd_p)
 /* ------------------------------------------------------------------------ */
 /* memory                                                                    */
 
-static kvr_status_t ucx_mem_reg(kvr_xfer_mem_t *base)
+kvr_status_t ucx_mem_reg(kvr_xfer_mem_t *base)
 {
     struct ucx_mem *m = container_of(base, struct ucx_mem, base);
     struct ucx_engine *e = ue(base->engine);
@@ -460,7 +379,8 @@ static kvr_status_t ucx_mem_reg(kvr_xfer_mem_t *base)
     return KVR_OK;
 }
 
-static kvr_status_t ucx_mem_alloc(kvr_xfer_mem_t *base)
+/* UCX shared memory (ucp_mem_map ALLOCATE); ucx_local_mem_alloc decides */
+kvr_status_t ucx_mem_alloc_shm(kvr_xfer_mem_t *base)
 {
     struct ucx_mem *m = container_of(base, struct ucx_mem, base);
     struct ucx_engine *e = ue(base->engine);
@@ -493,6 +413,7 @@ static void ucx_mem_dereg(kvr_xfer_mem_t *base)
 {
     struct ucx_mem *m = container_of(base, struct ucx_mem, base);
     ucp_mem_unmap(ue(base->engine)->ctx, m->memh);
+    ucx_local_mem_free(base);
 }
 
 static kvr_status_t ucx_mem_pack(kvr_xfer_mem_t *base, void **buf_p, size_t *len_p)
@@ -661,6 +582,7 @@ static kvr_status_t ucx_connect(kvr_xfer_peer_t *base, const void *addr, size_t 
         return ucx_status(st);
     }
     p->mode_peer = mode_peer;
+    p->local_ok = local && !mode_peer && (p->pidfd >= 0 || p->pid == getpid());
 
     bool all_rdma;
     ep_transports(p->ep, base->transports, sizeof(base->transports), &all_rdma);
@@ -741,21 +663,8 @@ static kvr_status_t ucx_rmem_unpack(kvr_xfer_rmem_t *base, const void *buf, size
                       ucs_status_string(st));
         return st == UCS_ERR_INVALID_PARAM ? KVR_ERR_CORRUPT : ucx_status(st);
     }
-    /* A region the peer shares with us (kvr_xfer_mem_alloc on one host) is
-     * mapped here and written with memcpy: fault the mapping in once now, so
-     * that first touches of its pages do not land on the data path. */
-    void *ptr;
-    const char *pop = getenv("KVR_UCX_POPULATE");
-    if ((!pop || strcmp(pop, "0") != 0) && ucp_rkey_ptr(r->rkey, base->addr, &ptr) == UCS_OK) {
-        uint64_t t0 = kvr_now_ns();
-        uintptr_t a = (uintptr_t)ptr & ~(uintptr_t)4095;
-        size_t n = (size_t)((uintptr_t)ptr + base->len - a);
-        int rc = madvise((void *)a, n, MADV_POPULATE_WRITE);
-        KVR_LOG_DEBUG(COMP,
-                      "%s: remote region of %llu bytes mapped directly; populated in %.1f ms%s",
-                      base->peer->engine->name, (unsigned long long)base->len,
-                      (double)(kvr_now_ns() - t0) / 1e6, rc == 0 ? "" : " (madvise failed)");
-    }
+    /* a peer on this host: its region mapped here, or process_vm_writev */
+    ucx_local_rmem_unpack(p, r);
     return KVR_OK;
 }
 
@@ -774,12 +683,16 @@ static kvr_status_t ucx_dlist_prepare(kvr_xfer_dlist_t *base)
     if (!d->tok)
         return KVR_ERR_NO_MEMORY;
     d->tok->d = d;
-    return KVR_OK;
+    kvr_status_t s = ucx_local_dlist_prepare(d);
+    if (s != KVR_OK)
+        free(d->tok);
+    return s;
 }
 
 static void ucx_dlist_release(kvr_xfer_dlist_t *base)
 {
     struct ucx_dlist *d = container_of(base, struct ucx_dlist, base);
+    ucx_local_dlist_release(d);
     if (d->tok->pending) { /* operations pending: the last callback frees the token */
         d->tok->d = NULL;
         if (base->inflight)
@@ -844,6 +757,8 @@ static kvr_status_t ucx_post(kvr_xfer_dlist_t *base)
         if (p->base.status != KVR_OK)
             return p->base.status;
     }
+    if (d->path != UCX_PATH_UCP)
+        return ucx_local_post(d);
     t->pending = 1; /* held until everything is issued */
     t->err = KVR_OK;
     prm.op_attr_mask |= UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -876,6 +791,11 @@ err:
 }
 
 /* completes every list in flight on a peer that failed without UCX noticing */
+void ucx_peer_failed(struct ucx_peer *p, kvr_status_t s, const char *why)
+{
+    peer_failed(p, s, why);
+}
+
 static void peer_failed(struct ucx_peer *p, kvr_status_t s, const char *why)
 {
     kvr_xfer_peer_fail(&p->base, s, why);
@@ -1130,5 +1050,5 @@ const struct kvr_xfer_ops kvr_xfer_ucx_ops = {
     .peer_idle = ucx_peer_idle,
     .progress = ucx_progress,
     .event_fd = ucx_event_fd,
-    .mem_alloc = ucx_mem_alloc,
+    .mem_alloc = ucx_local_mem_alloc,
 };

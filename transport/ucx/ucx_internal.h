@@ -1,0 +1,145 @@
+/*
+ * ucx_internal.h - the UCX backend's objects, shared by ucx.c (engine,
+ * connections, UCX data path, notifications) and ucx_local.c (same-host
+ * pools and the same-host data paths: mapped memcpy and process_vm_writev).
+ */
+#ifndef KVR_UCX_INTERNAL_H
+#define KVR_UCX_INTERNAL_H
+
+#include "xfer_backend.h"
+
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <ucp/api/ucp.h>
+
+#define KVR_UCX_AM_NOTIF   0x4b56      /* "KV" */
+#define KVR_UCX_ADDR_MAGIC 0x41584355u /* "UCXA" */
+#define KVR_UCX_WATCH_MS   10          /* pidfd poll period of local peers */
+#define CLOSE_WAIT_MS      1000
+#define CLOSE_FLUSH_MS     300
+
+/* address payload: this header, then the ucp worker address */
+struct ucx_addr_hdr {
+    uint32_t magic;
+    uint32_t pid;
+    uint64_t pidns;      /* inode of /proc/self/ns/pid */
+    uint8_t boot_id[16]; /* kernel boot id: same kernel <=> same host */
+    uint32_t flags;
+    uint32_t wa_len;
+};
+
+/** How a list is posted. */
+enum ucx_path {
+    UCX_PATH_UCP = 0, /* ucp_put_nbx / ucp_get_nbx, completion by callback */
+    UCX_PATH_MAPPED,  /* memcpy into the peer's region mapped here (ucp_rkey_ptr) */
+    UCX_PATH_CMA,     /* process_vm_writev / readv into the peer process */
+};
+
+enum notif_state { N_WAIT_FLUSH, N_READY, N_SENDING };
+
+struct ucx_notif {
+    struct ucx_notif *next; /* peer queue or engine free list */
+    struct ucx_peer *peer;  /* NULL: orphaned (peer gone), freed by its callback */
+    struct ucx_engine *eng;
+    enum notif_state state;
+    void *req;
+    uint32_t len;
+    unsigned char msg[KVR_XFER_NOTIF_MAX];
+};
+
+struct ucx_engine {
+    struct kvr_xfer_engine base;
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_address_t *wa;
+    size_t wa_len;
+    uint8_t boot_id[16];
+    uint64_t pidns;
+    uint64_t mem_types;
+    int efd;    /* ucp_worker_get_efd, once asked for */
+    bool armed; /* event fd handed out: arm the worker when idle */
+    uint64_t next_watch_ns;
+    unsigned nwatch; /* peers with a pidfd */
+    struct ucx_notif *free_notifs;
+    bool pool_logged; /* ucx_local_mem_alloc said which memory pools get */
+};
+
+struct ucx_peer {
+    struct kvr_xfer_peer base;
+    ucp_ep_h ep;
+    bool mode_peer;        /* UCP_ERR_HANDLING_MODE_PEER */
+    bool unflushed;        /* something was put since the last flush */
+    struct ucx_pflush *fl; /* kvr_xfer_flush's endpoint flush (made at connect) */
+    int pidfd;             /* local peer watched, or -1 */
+    pid_t pid;
+    struct ucx_notif *nq; /* notifications in order: waiting flush, ready, sending */
+    bool local_ok;        /* same host, death watched (pidfd) or this process */
+};
+
+/* the endpoint flush kvr_xfer_flush issues; outlives its peer when the peer
+ * is disconnected with it pending (its callback frees it then) */
+struct ucx_pflush {
+    struct ucx_peer *p; /* NULL: orphaned */
+    bool pending;
+};
+
+struct ucx_mem {
+    struct kvr_xfer_mem base;
+    ucp_mem_h memh;
+    void *anon; /* ucx_local_mem_alloc's anonymous mapping, or NULL */
+    size_t anon_len;
+};
+
+struct ucx_rmem {
+    struct kvr_xfer_rmem base;
+    ucp_rkey_h rkey;
+    uint8_t *ptr; /* the region mapped here (offset 0), or NULL */
+    bool cma;     /* reachable with process_vm_writev (probed at unpack) */
+};
+
+struct ucx_tok {         /* outlives its list when released with operations pending */
+    struct ucx_dlist *d; /* NULL: orphaned, freed by the last callback */
+    uint32_t pending;    /* UCX requests of the current post not yet done */
+    kvr_status_t err;    /* first error among them */
+};
+
+struct ucx_dlist {
+    struct kvr_xfer_dlist base;
+    struct ucx_tok *tok;
+    enum ucx_path path;
+    struct iovec *liov, *riov; /* UCX_PATH_CMA: one pair per segment */
+};
+
+static inline struct ucx_engine *ue(kvr_xfer_engine_t *e)
+{
+    return container_of(e, struct ucx_engine, base);
+}
+
+static inline struct ucx_peer *up(kvr_xfer_peer_t *p)
+{
+    return container_of(p, struct ucx_peer, base);
+}
+
+/* --- ucx_local.c --- */
+
+/** Allocates m->len bytes for kvr_xfer_mem_alloc and registers them:
+ *  anonymous transparent-huge-page memory or UCX shared memory, whichever
+ *  this host makes faster (see ucx_local.c). */
+kvr_status_t ucx_local_mem_alloc(kvr_xfer_mem_t *m);
+/** Frees what ucx_local_mem_alloc allocated (after ucp_mem_unmap). */
+void ucx_local_mem_free(kvr_xfer_mem_t *m);
+/** At rkey unpack: maps the region here when it can be (sets r->ptr), or
+ *  probes process_vm_writev access to the peer (sets p->cma). */
+void ucx_local_rmem_unpack(struct ucx_peer *p, struct ucx_rmem *r);
+/** At list prepare: picks d->path and builds the iovecs of UCX_PATH_CMA. */
+kvr_status_t ucx_local_dlist_prepare(struct ucx_dlist *d);
+void ucx_local_dlist_release(struct ucx_dlist *d);
+/** Posts a list of path MAPPED or CMA; synchronous: KVR_OK or an error. */
+kvr_status_t ucx_local_post(struct ucx_dlist *d);
+
+/* from ucx.c */
+void ucx_peer_failed(struct ucx_peer *p, kvr_status_t s, const char *why);
+kvr_status_t ucx_mem_reg(kvr_xfer_mem_t *m);       /* ucp_mem_map of m->addr */
+kvr_status_t ucx_mem_alloc_shm(kvr_xfer_mem_t *m); /* ucp_mem_map ALLOCATE */
+
+#endif
