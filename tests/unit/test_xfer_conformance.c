@@ -10,13 +10,27 @@
  * waits, and a target that disappears mid-transfer followed by a transfer
  * to a new target.  Exits 77 when the backend is not built or has no device.
  * The environment picks the backend's transports (UCX_TLS=..., ...).
+ *
+ * Then, for ucx, the same host between two processes (a forked target whose
+ * pool comes from kvr_xfer_mem_alloc): where the peer is watched by pidfd
+ * the puts take the same-host path (process_vm_writev or a mapped memcpy,
+ * "+cma" / "+mapped" in the transports) and the test asserts it; every byte
+ * of WRITEs of 4 KiB to 4 MiB blocks checked by the target the moment the
+ * notification that follows them arrives, a READ back, and the target killed:
+ * the next posts fail with KVR_ERR_PEER_FAILURE (not a timeout), within 5 s.
  */
 #include "kvr_xfer.h"
 #include "kvr_clock.h"
 #include "kvr_test.h"
 
+#include <errno.h>
 #include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define REGION (8u << 20)
 
@@ -425,6 +439,250 @@ static void test_peer_gone(struct side *a, struct side *b, kvr_xfer_peer_t *p, k
     side_fini(&c, 1);
 }
 
+/* ---- the same host, two processes ---- */
+
+static pid_t sh_child = -1;
+
+static void sh_reap(void)
+{
+    if (sh_child > 0) {
+        kill(sh_child, SIGKILL);
+        waitpid(sh_child, NULL, 0);
+        sh_child = -1;
+    }
+}
+
+static int sh_res_fd = -1; /* child: verdicts to the parent */
+static uint8_t *sh_pool;
+
+/* child: the notification names a seed; the whole region must hold it now */
+static void sh_notif_cb(void *arg, const void *msg, size_t len)
+{
+    uint8_t seed = 0, ok = len == 1;
+    if (ok)
+        memcpy(&seed, msg, 1);
+    for (size_t i = 0; ok && i < REGION; i++)
+        ok = sh_pool[i] == pattern(i, seed);
+    if (write(sh_res_fd, &ok, 1) != 1)
+        _exit(3);
+}
+
+static int sh_write_all(int fd, const void *b, size_t n)
+{
+    const uint8_t *p = b;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w <= 0)
+            return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int sh_read_all(int fd, void *b, size_t n, int timeout_ms)
+{
+    uint8_t *p = b;
+    uint64_t deadline = kvr_deadline_ns(timeout_ms);
+    while (n) {
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (kvr_now_ns() > deadline || poll(&pf, 1, 100) < 0)
+            return -1;
+        if (!(pf.revents & (POLLIN | POLLHUP)))
+            continue;
+        ssize_t r = read(fd, p, n);
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static void sh_send_blob(int fd, void *blob, size_t len)
+{
+    uint32_t l = (uint32_t)len;
+    if (sh_write_all(fd, &l, 4) || sh_write_all(fd, blob, len))
+        _exit(4);
+    free(blob);
+}
+
+/* the forked target: engine, pool, address + rkey to the parent, then
+ * progress until the parent closes the command pipe (or kills it) */
+static void sh_target(int cmd_fd, int blob_fd)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() == 1)
+        _exit(5);
+    struct kvr_xfer_config cfg;
+    kvr_xfer_config_init(&cfg);
+    cfg.backend = backend;
+    cfg.name = "sh-target";
+    cfg.notif_cb = sh_notif_cb;
+    kvr_xfer_engine_t *e;
+    kvr_xfer_mem_t *m;
+    void *blob;
+    size_t len;
+    if (kvr_xfer_engine_create(&cfg, &e) != KVR_OK ||
+        kvr_xfer_mem_alloc(e, REGION, KVR_MEM_HOST, 0, &m) != KVR_OK)
+        _exit(6);
+    sh_pool = kvr_xfer_mem_addr(m);
+    memset(sh_pool, 0, REGION);
+    if (kvr_xfer_address(e, &blob, &len) != KVR_OK)
+        _exit(7);
+    sh_send_blob(blob_fd, blob, len);
+    if (kvr_xfer_mem_pack(m, &blob, &len) != KVR_OK)
+        _exit(8);
+    sh_send_blob(blob_fd, blob, len);
+    for (;;) {
+        kvr_xfer_progress(e);
+        struct pollfd pf = {.fd = cmd_fd, .events = POLLIN};
+        if (poll(&pf, 1, 0) > 0) {
+            kvr_xfer_engine_destroy(e);
+            _exit(0);
+        }
+    }
+}
+
+static void *sh_recv_blob(int fd, size_t *len_p)
+{
+    uint32_t l = 0;
+    KVR_CHECK(sh_read_all(fd, &l, 4, 20000) == 0);
+    KVR_CHECK(l > 0 && l < (1u << 20));
+    void *b = malloc(l);
+    KVR_CHECK(b);
+    KVR_CHECK(sh_read_all(fd, b, l, 5000) == 0);
+    *len_p = l;
+    return b;
+}
+
+static void test_same_host(void)
+{
+    int cmd[2], blobs[2], res[2];
+    KVR_CHECK(pipe(cmd) == 0 && pipe(blobs) == 0 && pipe(res) == 0);
+    fflush(NULL);
+    sh_child = fork();
+    KVR_CHECK(sh_child >= 0);
+    if (sh_child == 0) {
+        close(cmd[1]);
+        close(blobs[0]);
+        close(res[0]);
+        sh_res_fd = res[1];
+        sh_target(cmd[0], blobs[1]);
+    }
+    atexit(sh_reap); /* a failed check still kills and reaps the target */
+    close(cmd[0]);
+    close(blobs[1]);
+    close(res[1]);
+
+    struct kvr_xfer_config cfg;
+    kvr_xfer_config_init(&cfg);
+    cfg.backend = backend;
+    cfg.name = "sh-initiator";
+    kvr_xfer_engine_t *e;
+    kvr_xfer_mem_t *m;
+    KVR_CHECK_STATUS(kvr_xfer_engine_create(&cfg, &e), KVR_OK);
+    KVR_CHECK_STATUS(kvr_xfer_mem_alloc(e, REGION, KVR_MEM_HOST, 0, &m), KVR_OK);
+    uint8_t *src = kvr_xfer_mem_addr(m);
+    size_t len;
+    void *blob = sh_recv_blob(blobs[0], &len);
+    kvr_xfer_peer_t *p;
+    KVR_CHECK_STATUS(kvr_xfer_connect(e, blob, len, &p), KVR_OK);
+    free(blob);
+    blob = sh_recv_blob(blobs[0], &len);
+    kvr_xfer_rmem_t *r;
+    KVR_CHECK_STATUS(kvr_xfer_rmem_unpack(p, blob, len, &r), KVR_OK);
+    free(blob);
+    const char *tr = kvr_xfer_peer_transports(p);
+    const char *mode = getenv("KVR_UCX_ERR_MODE");
+    bool direct = strstr(tr, "+cma") || strstr(tr, "+mapped");
+    fprintf(stderr, "same host: transports %s\n", tr);
+    const char *pool = getenv("KVR_UCX_POOL");
+    if (!(mode && strcmp(mode, "peer") == 0)) /* pidfd-watched peer: the direct path */
+        KVR_CHECK(direct);
+    if (pool && strcmp(pool, "shm") == 0 && direct) /* shared memory: mapped here */
+        KVR_CHECK(strstr(tr, "+mapped(memcpy)") != NULL);
+
+    /* WRITE, blocks in reverse order (nothing coalesces), checked at the
+     * notification; then READ back */
+    static const uint64_t sizes[] = {4096, 65536, 1u << 20, 4u << 20};
+    struct kvr_xfer_desc *d = calloc(REGION / 4096, sizeof(*d));
+    KVR_CHECK(d);
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+        uint64_t bs = sizes[k];
+        size_t n = REGION / bs;
+        uint8_t seed = (uint8_t)(40 + k);
+        for (size_t i = 0; i < n; i++) {
+            d[i] = (struct kvr_xfer_desc){m, i * bs, r, (n - 1 - i) * bs, bs};
+            for (uint64_t j = 0; j < bs; j++)
+                src[i * bs + j] = pattern((n - 1 - i) * bs + j, seed);
+        }
+        kvr_xfer_dlist_t *dl;
+        KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(p, KVR_XFER_WRITE, d, n, &dl), KVR_OK);
+        size_t nseg;
+        KVR_CHECK_EQ(kvr_xfer_dlist_count(dl, &nseg), n);
+        KVR_CHECK_EQ(nseg, n);
+        kvr_status_t s = kvr_xfer_post(dl);
+        KVR_CHECK(s == KVR_OK || s == KVR_INPROGRESS);
+        if (direct)
+            KVR_CHECK_STATUS(s, KVR_OK); /* synchronous: complete at return */
+        KVR_CHECK_STATUS(finish(dl, NULL, 10000), KVR_OK);
+        KVR_CHECK_STATUS(kvr_xfer_notify(p, &seed, 1), KVR_OK);
+        uint8_t ok = 0;
+        uint64_t deadline = kvr_deadline_ns(10000);
+        for (;;) { /* the notification may need this engine's progress */
+            kvr_xfer_progress(e);
+            struct pollfd pf = {.fd = res[0], .events = POLLIN};
+            if (poll(&pf, 1, 1) > 0)
+                break;
+            KVR_CHECK(kvr_now_ns() < deadline);
+        }
+        KVR_CHECK(read(res[0], &ok, 1) == 1);
+        KVR_CHECK(ok == 1); /* every byte there when the notification arrived */
+        kvr_xfer_dlist_release(dl);
+
+        memset(src, 0, REGION);
+        struct kvr_xfer_desc rd = {m, 0, r, 0, REGION};
+        KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(p, KVR_XFER_READ, &rd, 1, &dl), KVR_OK);
+        s = kvr_xfer_post(dl);
+        KVR_CHECK(s == KVR_OK || s == KVR_INPROGRESS);
+        KVR_CHECK_STATUS(finish(dl, NULL, 10000), KVR_OK);
+        for (size_t i = 0; i < REGION; i += 4093)
+            KVR_CHECK_EQ(src[i], pattern(i, seed));
+        KVR_CHECK_EQ(src[REGION - 1], pattern(REGION - 1, seed));
+        kvr_xfer_dlist_release(dl);
+    }
+
+    /* the target dies: posts fail, typed */
+    struct kvr_xfer_desc wd = {m, 0, r, 0, 1u << 20};
+    kvr_xfer_dlist_t *dl;
+    KVR_CHECK_STATUS(kvr_xfer_dlist_prepare(p, KVR_XFER_WRITE, &wd, 1, &dl), KVR_OK);
+    KVR_CHECK(kill(sh_child, SIGKILL) == 0);
+    KVR_CHECK(waitpid(sh_child, NULL, 0) == sh_child);
+    sh_child = -1;
+    uint64_t t0 = kvr_now_ns();
+    kvr_status_t s = KVR_OK;
+    while (kvr_now_ns() - t0 < 5000000000ull) {
+        s = kvr_xfer_post(dl);
+        if (s == KVR_INPROGRESS)
+            s = finish(dl, NULL, 1000);
+        if (s != KVR_OK && s != KVR_ERR_TIMEOUT)
+            break;
+        kvr_xfer_progress(e);
+    }
+    fprintf(stderr, "same host: target killed: %s after %.1f ms\n", kvr_status_name(s),
+            (double)(kvr_now_ns() - t0) / 1e6);
+    KVR_CHECK_STATUS(s, KVR_ERR_PEER_FAILURE);
+    KVR_CHECK_STATUS(kvr_xfer_peer_status(p), KVR_ERR_PEER_FAILURE);
+    KVR_CHECK_STATUS(kvr_xfer_post(dl), KVR_ERR_PEER_FAILURE);
+    free(d);
+    kvr_xfer_disconnect(p);
+    kvr_xfer_engine_destroy(e);
+    close(cmd[1]);
+    close(blobs[0]);
+    close(res[0]);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -483,6 +741,8 @@ int main(int argc, char **argv)
 
     free(b.buf);
     side_fini(&a, 0);
+    if (strcmp(backend, "ucx") == 0)
+        test_same_host(); /* after every engine above is gone: fork is safe */
     fprintf(stderr, "conformance %s: all checks passed\n", backend);
     return 0;
 }
