@@ -1,0 +1,163 @@
+/*
+ * frontend.h - kvrail-frontend's private header: the OpenAI-compatible HTTP
+ * server in front of the router's protobuf client API.
+ *
+ * The process is libmicrohttpd with one thread per connection (a bounded
+ * number; past the bound a connection is answered 503 and closed) that
+ * blocks in the router client while its request runs.  Router clients
+ * (libkvrail-client, one DEALER socket each) are pooled: a request borrows
+ * one, opens its streams on it and gives it back.  Files:
+ *   main.c      options, cluster file, model facts, start/stop
+ *   http.c      libmicrohttpd glue: connection bound, bodies, routing,
+ *               health/ready/models/metrics, error responses
+ *   request.c   an OpenAI request body -> struct fe_req, every field checked
+ *   generate.c  runs a request on the router (n choices, stop text cut,
+ *               logprobs) and writes the JSON / SSE answer
+ *   metrics.c   the frontend's own Prometheus counters and histograms
+ *   buf.c       a growable byte buffer with JSON helpers
+ */
+#ifndef KVR_FRONTEND_H
+#define KVR_FRONTEND_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvr_client.h"
+#include "kvr_json.h"
+#include "kvr_status.h"
+
+#define FE_COMP "frontend"
+
+/* ---- configuration and shared state (main.c) ---- */
+struct fe_config {
+    char listen_host[256];
+    int port;
+    char router[256];     /* router client endpoint */
+    char model_name[256]; /* the id /v1/models and requests use */
+    uint32_t context_len; /* 0 = unknown */
+    uint32_t max_connections;
+    size_t max_body;
+    uint32_t max_n;       /* largest n (choices per prompt) */
+    uint32_t max_prompts; /* prompts in one request */
+    int request_timeout_ms;
+    int idle_timeout_s; /* HTTP connection idle timeout */
+    bool have_chat;     /* the tokenizer library can render a chat template */
+};
+
+extern struct fe_config fe_cfg;
+
+/* ---- growable buffer (buf.c) ---- */
+struct fe_buf {
+    char *p;
+    size_t len, cap;
+    bool oom; /* an append failed: the content is incomplete */
+};
+
+void fe_buf_free(struct fe_buf *b);
+void fe_buf_put(struct fe_buf *b, const char *s, size_t n);
+void fe_buf_puts(struct fe_buf *b, const char *s);
+void fe_buf_printf(struct fe_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/** Appends s[0..n) as a JSON string literal. */
+void fe_buf_json_str(struct fe_buf *b, const char *s, size_t n);
+/** Appends a float as JSON (finite; -inf/nan become -9999.0 / null). */
+void fe_buf_json_num(struct fe_buf *b, double v);
+
+/* ---- metrics (metrics.c) ---- */
+enum fe_endpoint {
+    FE_EP_COMPLETIONS,
+    FE_EP_CHAT,
+    FE_EP_MODELS,
+    FE_EP_HEALTH,
+    FE_EP_READY,
+    FE_EP_METRICS,
+    FE_EP_OTHER,
+    FE_EP_COUNT
+};
+
+const char *fe_endpoint_name(enum fe_endpoint ep);
+void fe_metrics_request_done(enum fe_endpoint ep, unsigned status, uint64_t latency_ns);
+void fe_metrics_ttft(uint64_t ns);
+void fe_metrics_tokens(uint64_t prompt, uint64_t completion);
+void fe_metrics_inflight(int delta);
+void fe_metrics_connection(int delta, bool rejected);
+void fe_metrics_bad_http(void);
+/** Appends the Prometheus text exposition of every metric. */
+void fe_metrics_render(struct fe_buf *b);
+
+/* ---- an OpenAI request (request.c) ---- */
+struct fe_prompt {
+    const char *text; /* points into the JSON document, or */
+    uint32_t *ids;    /* token ids (owned) */
+    size_t n_ids;
+};
+
+#define FE_MAX_STOPS 16
+
+struct fe_req {
+    bool chat;
+    struct fe_prompt *prompts; /* owned array */
+    size_t n_prompts;
+    uint32_t max_tokens;
+    float temperature, top_p, repetition_penalty;
+    uint32_t top_k;
+    uint64_t seed;
+    bool has_seed;
+    const char *stop[FE_MAX_STOPS];
+    size_t n_stop;
+    uint32_t stop_token_ids[32];
+    size_t n_stop_token_ids;
+    bool ignore_eos;
+    uint32_t n;
+    int logprobs; /* -1 = none, 0 = the sampled tokens' logprobs */
+    bool stream, include_usage;
+};
+
+/** Parses and checks a request body.  On an error, status_p gets the HTTP
+ *  status, param (may be "") the offending field and msg what was wrong.
+ *  @return KVR_OK; KVR_ERR_INVALID; KVR_ERR_UNSUPPORTED (a field this
+ *          server cannot honour); KVR_ERR_NOT_FOUND (unknown model);
+ *          KVR_ERR_NO_MEMORY. */
+kvr_status_t fe_req_parse(const kvr_json_t *root, bool chat, struct fe_req *req, unsigned *status_p,
+                          char *param, size_t param_len, char *msg, size_t msg_len);
+void fe_req_free(struct fe_req *req);
+
+/* ---- generation (generate.c) ---- */
+/** Borrows a router client from the pool (connecting a new one when none
+ *  is idle); NULL when that fails. */
+kvr_client_t *fe_client_get(void);
+void fe_client_put(kvr_client_t *c, bool healthy);
+void fe_client_pool_close(void);
+
+/* Checks whether the HTTP peer went away (connection fd). */
+bool fe_peer_gone(int fd);
+
+struct fe_run; /* a request running on the router */
+
+/** Starts every stream of req and waits for the first event of each.
+ *  Errors before the first token come back as an HTTP status + message
+ *  (run_p NULL).  @return KVR_OK (run_p set) or the error status. */
+kvr_status_t fe_run_start(struct fe_req *req, int peer_fd, struct fe_run **run_p,
+                          unsigned *http_status_p, char *msg, size_t msg_len);
+/** Non-streaming: runs to the end and writes the whole JSON answer.
+ *  @return KVR_OK; an error (http status + message set; nothing written). */
+kvr_status_t fe_run_finish_json(struct fe_run *run, struct fe_buf *out, unsigned *http_status_p,
+                                char *msg, size_t msg_len);
+/** Streaming: appends the next SSE events to out (blocking until there is
+ *  something).  @return KVR_OK (more follow); KVR_ERR_CLOSED (out holds
+ *  the last events, "data: [DONE]"); KVR_ERR_CANCELED (the peer left). */
+kvr_status_t fe_run_next_sse(struct fe_run *run, struct fe_buf *out);
+void fe_run_free(struct fe_run *run);
+
+/* ---- errors (http.c) ---- */
+/** HTTP status for a router status. */
+unsigned fe_http_status(kvr_status_t st);
+/** Appends OpenAI's error object {"error": {...}}. */
+void fe_error_json(struct fe_buf *b, unsigned status, const char *param, const char *msg);
+
+/* ---- the server (http.c) ---- */
+kvr_status_t fe_http_start(void);
+void fe_http_stop(void);
+
+#endif

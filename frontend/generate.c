@@ -1,0 +1,556 @@
+/*
+ * generate.c - runs an OpenAI completion request on the router and writes
+ * its answer, whole (JSON) or as Server-Sent Events.
+ *
+ * A request of P prompts and n choices is P * n streams on one router client
+ * borrowed from the pool (choice i*n + j is prompt i's j-th sample; with a
+ * seed, sample j uses seed + j).  Tokens are gathered per choice.  Stop
+ * strings go to the router, which ends the stream when it sees one in the
+ * text, and the frontend cuts the text at the first occurrence (the stop
+ * text and anything after it are not returned, as OpenAI does).  While
+ * streaming, the end of the text that could still become a stop string is
+ * held back until it cannot.  The first event of every stream is awaited
+ * before any byte is sent, so errors the router finds in a request (prompt
+ * too long, overload) get their own HTTP status, not a 200 stream.  Waits
+ * are slices of 20 ms between which the HTTP peer is checked: a peer that
+ * left cancels every stream at once (the router cancels both halves).
+ */
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvr_clock.h"
+#include "kvr_log.h"
+#include "frontend.h"
+
+#define SLICE_MS 20
+
+/* ---- the router client pool ---- */
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static kvr_client_t **pool;
+static size_t pool_n, pool_cap;
+
+kvr_client_t *fe_client_get(void)
+{
+    pthread_mutex_lock(&pool_mu);
+    kvr_client_t *c = pool_n ? pool[--pool_n] : NULL;
+    pthread_mutex_unlock(&pool_mu);
+    if (c)
+        return c;
+    kvr_status_t st = kvr_client_connect(fe_cfg.router, &c);
+    if (st != KVR_OK) {
+        KVR_LOG_ERROR(FE_COMP, "cannot create a client of the router at %s: %s", fe_cfg.router,
+                      kvr_status_str(st));
+        return NULL;
+    }
+    return c;
+}
+
+void fe_client_put(kvr_client_t *c, bool healthy)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&pool_mu);
+    if (healthy && pool_n < fe_cfg.max_connections) {
+        if (pool_n == pool_cap) {
+            size_t cap = pool_cap ? 2 * pool_cap : 16;
+            kvr_client_t **p = realloc(pool, cap * sizeof(*p));
+            if (p) {
+                pool = p;
+                pool_cap = cap;
+            }
+        }
+        if (pool_n < pool_cap) {
+            pool[pool_n++] = c;
+            c = NULL;
+        }
+    }
+    pthread_mutex_unlock(&pool_mu);
+    kvr_client_close(c);
+}
+
+void fe_client_pool_close(void)
+{
+    pthread_mutex_lock(&pool_mu);
+    for (size_t i = 0; i < pool_n; i++)
+        kvr_client_close(pool[i]);
+    free(pool);
+    pool = NULL;
+    pool_n = pool_cap = 0;
+    pthread_mutex_unlock(&pool_mu);
+}
+
+bool fe_peer_gone(int fd)
+{
+    if (fd < 0)
+        return false;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* ---- one request ---- */
+struct tokrec {
+    uint32_t id;
+    float logprob;
+    size_t off, len; /* its text in the choice's text */
+};
+
+struct choice {
+    kvr_gen_stream_t *s;
+    bool ended;   /* the router's stream is over (res valid) */
+    bool stopped; /* the frontend found a stop string (text cut there) */
+    bool first;   /* a token or the end has been seen */
+    bool final_sent;
+    enum kvr_finish finish;
+    struct kvr_gen_result res;
+    struct fe_buf text;
+    size_t emitted; /* bytes of text already streamed */
+    struct tokrec *toks;
+    size_t n_toks, cap_toks, toks_emitted;
+};
+
+struct fe_run {
+    struct fe_req *req;
+    kvr_client_t *client;
+    bool client_bad;
+    int fd;
+    struct choice *ch;
+    size_t n_ch;
+    uint64_t t0, deadline;
+    bool ttft_done, done_sent, usage_counted;
+    char id[40];
+    long long created;
+    size_t max_stop;
+};
+
+static const char *finish_name(enum kvr_finish f)
+{
+    return f == KVR_FINISH_LENGTH ? "length" : "stop";
+}
+
+/* The earliest stop string in text[from..), or -1. */
+static long find_stop(const struct fe_req *r, const struct fe_buf *t, size_t from)
+{
+    long best = -1;
+    for (size_t i = 0; i < r->n_stop; i++) {
+        size_t sl = strlen(r->stop[i]);
+        if (t->len < from + sl)
+            continue;
+        const char *p = memmem(t->p + from, t->len - from, r->stop[i], sl);
+        if (p && (best < 0 || p - t->p < best))
+            best = p - t->p;
+    }
+    return best;
+}
+
+/* Bytes at the end of text[emitted..) that are a proper prefix of a stop
+ * string: they may still become one, so they are not streamed yet. */
+static size_t holdback(const struct fe_req *r, const struct choice *c)
+{
+    size_t best = 0, avail = c->text.len - c->emitted;
+    for (size_t i = 0; i < r->n_stop; i++) {
+        size_t sl = strlen(r->stop[i]);
+        for (size_t k = sl - 1 < avail ? sl - 1 : avail; k > best; k--)
+            if (!memcmp(c->text.p + c->text.len - k, r->stop[i], k)) {
+                best = k;
+                break;
+            }
+    }
+    return best;
+}
+
+static void absorb(struct fe_run *run, struct choice *c, const struct kvr_gen_token *t)
+{
+    c->first = true;
+    if (!run->ttft_done) {
+        run->ttft_done = true;
+        fe_metrics_ttft(kvr_now_ns() - run->t0);
+    }
+    if (c->stopped)
+        return; /* text after the stop: the stream is being canceled */
+    if (c->n_toks == c->cap_toks) {
+        size_t cap = c->cap_toks ? 2 * c->cap_toks : 64;
+        struct tokrec *p = realloc(c->toks, cap * sizeof(*p));
+        if (!p) {
+            c->text.oom = true;
+            return;
+        }
+        c->toks = p;
+        c->cap_toks = cap;
+    }
+    size_t before = c->text.len;
+    c->toks[c->n_toks++] = (struct tokrec){t->token_id, t->logprob, before, t->text_len};
+    fe_buf_put(&c->text, t->text, t->text_len);
+    if (t->finish != KVR_FINISH_NONE)
+        c->finish = t->finish;
+    if (run->req->n_stop && t->text_len) {
+        size_t from = before >= run->max_stop ? before - run->max_stop + 1 : 0;
+        long at = find_stop(run->req, &c->text, from);
+        if (at >= 0) {
+            c->text.len = (size_t)at;
+            c->text.p[at] = 0;
+            c->stopped = true;
+            c->finish = KVR_FINISH_STOP;
+            if (t->finish == KVR_FINISH_NONE)
+                kvr_gen_stream_cancel(c->s); /* the router has not seen it: stop it here */
+        }
+    }
+}
+
+/* One event of choice c, waiting up to timeout_ms.  Returns true if one came. */
+static bool step(struct fe_run *run, struct choice *c, int timeout_ms)
+{
+    struct kvr_gen_token t;
+    kvr_status_t st = kvr_gen_stream_next(c->s, timeout_ms, &t);
+    if (st == KVR_OK) {
+        absorb(run, c, &t);
+        return true;
+    }
+    if (st == KVR_ERR_CLOSED) {
+        c->ended = true;
+        c->first = true;
+        c->res = *kvr_gen_stream_result(c->s);
+        if (c->stopped && c->res.status == KVR_ERR_CANCELED)
+            c->res.status = KVR_OK; /* canceled by us at the stop string */
+        if (!c->finish)
+            c->finish = c->res.finish == KVR_FINISH_LENGTH ? KVR_FINISH_LENGTH : KVR_FINISH_STOP;
+        return true;
+    }
+    return false;
+}
+
+/* Takes whatever has arrived for every open choice; when nothing has, waits
+ * one slice.  @return KVR_OK; KVR_ERR_CANCELED (the peer left);
+ * KVR_ERR_TIMEOUT (the request's deadline passed). */
+static kvr_status_t pump(struct fe_run *run)
+{
+    bool any = false;
+    struct choice *wait_on = NULL;
+    for (size_t i = 0; i < run->n_ch; i++) {
+        struct choice *c = &run->ch[i];
+        while (!c->ended && step(run, c, 0))
+            any = true;
+        if (!c->ended && !wait_on)
+            wait_on = c;
+    }
+    if (!any && wait_on)
+        step(run, wait_on, SLICE_MS);
+    if (fe_peer_gone(run->fd))
+        return KVR_ERR_CANCELED;
+    if (kvr_now_ns() > run->deadline)
+        return KVR_ERR_TIMEOUT;
+    return KVR_OK;
+}
+
+static bool all_ended(const struct fe_run *run)
+{
+    for (size_t i = 0; i < run->n_ch; i++)
+        if (!run->ch[i].ended)
+            return false;
+    return true;
+}
+
+/* The first choice that ended with an error, or NULL. */
+static const struct choice *failed(const struct fe_run *run)
+{
+    for (size_t i = 0; i < run->n_ch; i++)
+        if (run->ch[i].ended && run->ch[i].res.status != KVR_OK)
+            return &run->ch[i];
+    return NULL;
+}
+
+static void error_of(const struct choice *c, unsigned *http_status_p, char *msg, size_t msg_len)
+{
+    *http_status_p = fe_http_status(c->res.status);
+    snprintf(msg, msg_len, "%s (router status %s)", c->res.message[0] ? c->res.message : "error",
+             kvr_status_name(c->res.status));
+}
+
+kvr_status_t fe_run_start(struct fe_req *req, int peer_fd, struct fe_run **run_p,
+                          unsigned *http_status_p, char *msg, size_t msg_len)
+{
+    struct fe_run *run = calloc(1, sizeof(*run));
+    size_t n = req->n_prompts * req->n;
+    if (!run || !(run->ch = calloc(n, sizeof(*run->ch)))) {
+        free(run);
+        *http_status_p = 500;
+        snprintf(msg, msg_len, "out of memory");
+        return KVR_ERR_NO_MEMORY;
+    }
+    run->req = req;
+    run->fd = peer_fd;
+    run->n_ch = n;
+    run->t0 = kvr_now_ns();
+    run->deadline = run->t0 + (uint64_t)fe_cfg.request_timeout_ms * 1000000u;
+    run->created = (long long)time(NULL);
+    snprintf(run->id, sizeof(run->id), "cmpl-%016" PRIx64, run->t0 ^ ((uint64_t)rand() << 20));
+    for (size_t i = 0; i < req->n_stop; i++)
+        if (strlen(req->stop[i]) > run->max_stop)
+            run->max_stop = strlen(req->stop[i]);
+    kvr_status_t st = KVR_OK;
+    run->client = fe_client_get();
+    if (!run->client) {
+        *http_status_p = 503;
+        snprintf(msg, msg_len, "cannot create a client of the router at %s", fe_cfg.router);
+        st = KVR_ERR_IO;
+        goto err;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const struct fe_prompt *pr = &req->prompts[i / req->n];
+        struct kvr_gen_params p;
+        kvr_gen_params_default(&p);
+        p.prompt = pr->text;
+        p.token_ids = pr->ids;
+        p.n_token_ids = pr->n_ids;
+        p.max_tokens = req->max_tokens;
+        p.temperature = req->temperature;
+        p.top_p = req->top_p;
+        p.top_k = req->top_k;
+        p.repetition_penalty = req->repetition_penalty;
+        p.has_seed = req->has_seed;
+        p.seed = req->seed + i % req->n;
+        p.stop = req->stop;
+        p.n_stop = req->n_stop;
+        p.stop_token_ids = req->stop_token_ids;
+        p.n_stop_token_ids = req->n_stop_token_ids;
+        p.ignore_eos = req->ignore_eos;
+        st = kvr_client_generate_start(run->client, &p, &run->ch[i].s);
+        if (st != KVR_OK) {
+            *http_status_p = st == KVR_ERR_NO_RESOURCE ? 503 : 500;
+            snprintf(msg, msg_len, "cannot send the request to the router: %s",
+                     kvr_client_error(run->client));
+            run->client_bad = true;
+            goto err;
+        }
+    }
+    for (;;) {
+        bool all_first = true;
+        for (size_t i = 0; i < n; i++)
+            all_first &= run->ch[i].first;
+        if (all_first)
+            break;
+        st = pump(run);
+        if (st != KVR_OK) {
+            *http_status_p = st == KVR_ERR_CANCELED ? 499 : 504;
+            snprintf(msg, msg_len, "%s",
+                     st == KVR_ERR_CANCELED
+                         ? "the client closed the connection"
+                         : "no first token within the request timeout (--request-timeout-ms)");
+            goto err;
+        }
+    }
+    const struct choice *bad = failed(run);
+    if (bad) {
+        error_of(bad, http_status_p, msg, msg_len);
+        st = bad->res.status;
+        goto err;
+    }
+    *run_p = run;
+    return KVR_OK;
+err:
+    fe_run_free(run);
+    return st != KVR_OK ? st : KVR_ERR_INTERNAL;
+}
+
+static void put_logprobs(struct fe_buf *b, struct choice *c, size_t upto, bool final)
+{
+    /* the tokens whose text starts before upto (all that remain when final) */
+    size_t from = c->toks_emitted, to = from;
+    while (to < c->n_toks &&
+           (c->toks[to].off < upto || (final && !c->stopped && c->toks[to].off <= upto)))
+        to++;
+    fe_buf_puts(b, "{\"tokens\":[");
+    for (size_t i = from; i < to; i++) {
+        const struct tokrec *t = &c->toks[i];
+        size_t len = t->off + t->len > c->text.len ? c->text.len - t->off : t->len;
+        if (i > from)
+            fe_buf_puts(b, ",");
+        fe_buf_json_str(b, c->text.p + t->off, len);
+    }
+    fe_buf_puts(b, "],\"token_logprobs\":[");
+    for (size_t i = from; i < to; i++) {
+        if (i > from)
+            fe_buf_puts(b, ",");
+        fe_buf_json_num(b, c->toks[i].logprob);
+    }
+    fe_buf_puts(b, "],\"top_logprobs\":null,\"text_offset\":[");
+    for (size_t i = from; i < to; i++)
+        fe_buf_printf(b, "%s%zu", i > from ? "," : "", c->toks[i].off);
+    fe_buf_puts(b, "]}");
+    c->toks_emitted = to;
+}
+
+static void put_usage(struct fe_buf *b, struct fe_run *run)
+{
+    uint64_t prompt = 0, completion = 0, cached = 0;
+    for (size_t i = 0; i < run->n_ch; i++) {
+        const struct choice *c = &run->ch[i];
+        completion += c->res.completion_tokens;
+        if (i % run->req->n == 0) { /* a prompt counts once, not once per sample */
+            prompt += c->res.prompt_tokens;
+            cached += c->res.cached_tokens;
+        }
+    }
+    if (!run->usage_counted) {
+        run->usage_counted = true;
+        fe_metrics_tokens(prompt, completion);
+    }
+    fe_buf_printf(b,
+                  "\"usage\":{\"prompt_tokens\":%" PRIu64 ",\"completion_tokens\":%" PRIu64
+                  ",\"total_tokens\":%" PRIu64
+                  ",\"prompt_tokens_details\":{\"cached_tokens\":%" PRIu64 "}}",
+                  prompt, completion, prompt + completion, cached);
+}
+
+static void put_head(struct fe_buf *b, const struct fe_run *run)
+{
+    fe_buf_printf(b, "{\"id\":\"%s\",\"object\":\"text_completion\",\"created\":%lld,\"model\":",
+                  run->id, run->created);
+    fe_buf_json_str(b, fe_cfg.model_name, strlen(fe_cfg.model_name));
+}
+
+kvr_status_t fe_run_finish_json(struct fe_run *run, struct fe_buf *out, unsigned *http_status_p,
+                                char *msg, size_t msg_len)
+{
+    while (!all_ended(run)) {
+        kvr_status_t st = pump(run);
+        if (st != KVR_OK) {
+            *http_status_p = st == KVR_ERR_CANCELED ? 499 : 504;
+            snprintf(msg, msg_len, "%s",
+                     st == KVR_ERR_CANCELED ? "the client closed the connection"
+                                            : "the request did not finish within the request "
+                                              "timeout (--request-timeout-ms)");
+            return st;
+        }
+    }
+    const struct choice *bad = failed(run);
+    if (bad) {
+        error_of(bad, http_status_p, msg, msg_len);
+        return bad->res.status;
+    }
+    put_head(out, run);
+    fe_buf_puts(out, ",\"choices\":[");
+    for (size_t i = 0; i < run->n_ch; i++) {
+        struct choice *c = &run->ch[i];
+        fe_buf_printf(out, "%s{\"index\":%zu,\"text\":", i ? "," : "", i);
+        fe_buf_json_str(out, c->text.p ? c->text.p : "", c->text.len);
+        fe_buf_puts(out, ",\"logprobs\":");
+        if (run->req->logprobs >= 0)
+            put_logprobs(out, c, c->text.len, true);
+        else
+            fe_buf_puts(out, "null");
+        fe_buf_printf(out, ",\"finish_reason\":\"%s\"}", finish_name(c->finish));
+        if (c->text.oom)
+            out->oom = true;
+    }
+    fe_buf_puts(out, "],");
+    put_usage(out, run);
+    fe_buf_puts(out, "}");
+    if (out->oom) {
+        *http_status_p = 500;
+        snprintf(msg, msg_len, "out of memory building the response");
+        return KVR_ERR_NO_MEMORY;
+    }
+    return KVR_OK;
+}
+
+/* Streams what choice i may send now: its text up to the hold-back, and its
+ * finish once its text is all out. */
+static void sse_choice(struct fe_run *run, size_t i, struct fe_buf *out)
+{
+    struct choice *c = &run->ch[i];
+    if (c->final_sent)
+        return;
+    bool over = c->ended || c->stopped;
+    size_t upto = over ? c->text.len : c->text.len - holdback(run->req, c);
+    bool has_tok = c->toks_emitted < c->n_toks && c->toks[c->toks_emitted].off < upto;
+    if (upto <= c->emitted && !over && !(run->req->logprobs >= 0 && has_tok))
+        return;
+    fe_buf_puts(out, "data: ");
+    put_head(out, run);
+    fe_buf_printf(out, ",\"choices\":[{\"index\":%zu,\"text\":", i);
+    fe_buf_json_str(out, c->text.p ? c->text.p + c->emitted : "", upto - c->emitted);
+    fe_buf_puts(out, ",\"logprobs\":");
+    if (run->req->logprobs >= 0)
+        put_logprobs(out, c, upto, over);
+    else
+        fe_buf_puts(out, "null");
+    c->emitted = upto;
+    if (over) {
+        fe_buf_printf(out, ",\"finish_reason\":\"%s\"}]}\n\n", finish_name(c->finish));
+        c->final_sent = true;
+    } else {
+        fe_buf_puts(out, ",\"finish_reason\":null}]}\n\n");
+    }
+}
+
+kvr_status_t fe_run_next_sse(struct fe_run *run, struct fe_buf *out)
+{
+    if (run->done_sent)
+        return KVR_ERR_CLOSED;
+    for (;;) {
+        const struct choice *bad = failed(run);
+        if (bad) {
+            unsigned hs;
+            char m[700];
+            error_of(bad, &hs, m, sizeof(m));
+            fe_buf_puts(out, "data: ");
+            fe_error_json(out, hs, "", m);
+            fe_buf_puts(out, "\n\ndata: [DONE]\n\n");
+            run->done_sent = true;
+            return KVR_ERR_CLOSED;
+        }
+        size_t before = out->len;
+        for (size_t i = 0; i < run->n_ch; i++)
+            sse_choice(run, i, out);
+        if (all_ended(run)) {
+            if (run->req->include_usage) {
+                fe_buf_puts(out, "data: ");
+                put_head(out, run);
+                fe_buf_puts(out, ",\"choices\":[],");
+                put_usage(out, run);
+                fe_buf_puts(out, "}\n\n");
+            } else {
+                struct fe_buf dummy = {0};
+                put_usage(&dummy, run); /* counts the tokens */
+                fe_buf_free(&dummy);
+            }
+            fe_buf_puts(out, "data: [DONE]\n\n");
+            run->done_sent = true;
+            return KVR_ERR_CLOSED;
+        }
+        if (out->len > before)
+            return KVR_OK;
+        kvr_status_t st = pump(run);
+        if (st == KVR_ERR_CANCELED)
+            return st;
+        if (st == KVR_ERR_TIMEOUT) {
+            fe_buf_puts(out, "data: ");
+            fe_error_json(out, 504, "",
+                          "the request did not finish within the request timeout "
+                          "(--request-timeout-ms)");
+            fe_buf_puts(out, "\n\ndata: [DONE]\n\n");
+            run->done_sent = true;
+            return KVR_ERR_CLOSED;
+        }
+    }
+}
+
+void fe_run_free(struct fe_run *run)
+{
+    if (!run)
+        return;
+    for (size_t i = 0; i < run->n_ch; i++) {
+        struct choice *c = &run->ch[i];
+        kvr_gen_stream_destroy(c->s); /* cancels it if it has not ended */
+        fe_buf_free(&c->text);
+        free(c->toks);
+    }
+    free(run->ch);
+    fe_client_put(run->client, !run->client_bad);
+    free(run);
+}

@@ -1,0 +1,558 @@
+/*
+ * http.c - kvrail-frontend's HTTP server (libmicrohttpd, one thread per
+ * connection, keep-alive as HTTP/1.1 has it).
+ *
+ * Connections are counted as they open and close; one that opens past
+ * --max-connections is still accepted, but every request on it is answered
+ * 503 with Retry-After and the connection is closed (libmicrohttpd's own
+ * limit, a quarter higher, refuses anything beyond at accept).  A request's
+ * body is gathered up to --max-body (413 past it, checked on Content-Length
+ * before anything is read), must be application/json and parse as JSON
+ * (common/kvr_json.h); every error is OpenAI's error object with the HTTP
+ * status and a message naming what was wrong.  libmicrohttpd can queue an
+ * answer only before the body or after all of it, so a chunked body that
+ * passes the limit is read and dropped (up to 8 times the limit, then the
+ * connection is closed) before its 413.  Routing:
+ *   POST /v1/completions       generate.c (JSON, or SSE when stream is true)
+ *   POST /v1/chat/completions  501 until the tokenizer library renders chat templates
+ *   GET  /v1/models            the served model and its context length
+ *   GET  /health               the process answers
+ *   GET  /ready                the router answers and reports a live decode node
+ *   GET  /metrics              metrics.c
+ * A streamed answer is a content-reader callback that blocks in the router
+ * client until it has the next events (this connection's own thread).
+ */
+#include <netdb.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+
+#include <microhttpd.h>
+
+#include "kvr_clock.h"
+#include "kvr_log.h"
+#include "frontend.h"
+
+static struct MHD_Daemon *daemon_;
+static atomic_int n_conns;
+static long long started_at;
+
+enum { CONN_OK = 1, CONN_OVER = 2 };
+
+struct hreq {
+    enum fe_endpoint ep;
+    uint64_t t0;
+    struct fe_buf body;
+    bool responded;
+    bool too_big; /* the body passed --max-body: it is discarded, then 413 */
+    uint64_t discarded;
+    unsigned status;
+};
+
+/* a streamed answer, owned by its response */
+struct sse {
+    kvr_json_doc_t *doc;
+    struct fe_req req;
+    struct fe_run *run;
+    struct fe_buf buf;
+    size_t off;
+    bool end;
+};
+
+unsigned fe_http_status(kvr_status_t st)
+{
+    switch (st) {
+    case KVR_OK:
+        return 200;
+    case KVR_ERR_INVALID:
+    case KVR_ERR_OUT_OF_RANGE:
+    case KVR_ERR_UNSUPPORTED:
+        return 400;
+    case KVR_ERR_NOT_FOUND:
+        return 404;
+    case KVR_ERR_OVERLOAD:
+    case KVR_ERR_NO_RESOURCE:
+    case KVR_ERR_BUSY:
+    case KVR_ERR_PEER_FAILURE:
+        return 503;
+    case KVR_ERR_TIMEOUT:
+        return 504;
+    case KVR_ERR_CANCELED:
+        return 499;
+    default:
+        return 500;
+    }
+}
+
+static const char *error_type(unsigned status)
+{
+    switch (status) {
+    case 400:
+    case 404:
+    case 405:
+    case 413:
+    case 415:
+        return "invalid_request_error";
+    case 429:
+        return "rate_limit_error";
+    case 501:
+        return "not_implemented_error";
+    case 503:
+        return "overloaded_error";
+    case 504:
+        return "timeout_error";
+    default:
+        return "server_error";
+    }
+}
+
+void fe_error_json(struct fe_buf *b, unsigned status, const char *param, const char *msg)
+{
+    fe_buf_puts(b, "{\"error\":{\"message\":");
+    fe_buf_json_str(b, msg, strlen(msg));
+    fe_buf_printf(b, ",\"type\":\"%s\",\"param\":", error_type(status));
+    if (param && param[0])
+        fe_buf_json_str(b, param, strlen(param));
+    else
+        fe_buf_puts(b, "null");
+    fe_buf_printf(b, ",\"code\":%s}}", status == 404 ? "\"model_not_found\"" : "null");
+}
+
+static enum MHD_Result send_buf(struct MHD_Connection *conn, struct hreq *h, unsigned status,
+                                const char *ctype, struct fe_buf *b, bool close_conn)
+{
+    if (b->oom) {
+        fe_buf_free(b);
+        fe_error_json(b, 500, "", "out of memory building the response");
+        status = 500;
+        ctype = "application/json";
+    }
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(b->len, b->p ? b->p : (char *)"", MHD_RESPMEM_MUST_COPY);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    if (status == 503 || status == 429)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    if (status == 405)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW,
+                                h->ep == FE_EP_COMPLETIONS || h->ep == FE_EP_CHAT ? "POST" : "GET");
+    if (close_conn)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    enum MHD_Result ret = MHD_queue_response(conn, status, r);
+    MHD_destroy_response(r);
+    h->responded = true;
+    h->status = status;
+    return ret;
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *conn, struct hreq *h, unsigned status,
+                                  const char *param, const char *msg)
+{
+    struct fe_buf b = {0};
+    fe_error_json(&b, status, param, msg);
+    bool close_conn = status == 413 || status == 503;
+    if (status == 400 || status == 413 || status == 415)
+        fe_metrics_bad_http();
+    enum MHD_Result r = send_buf(conn, h, status, "application/json", &b, close_conn);
+    fe_buf_free(&b);
+    return r;
+}
+
+static enum fe_endpoint classify(const char *url)
+{
+    if (!strcmp(url, "/v1/completions"))
+        return FE_EP_COMPLETIONS;
+    if (!strcmp(url, "/v1/chat/completions"))
+        return FE_EP_CHAT;
+    if (!strcmp(url, "/v1/models"))
+        return FE_EP_MODELS;
+    if (!strcmp(url, "/health"))
+        return FE_EP_HEALTH;
+    if (!strcmp(url, "/ready"))
+        return FE_EP_READY;
+    if (!strcmp(url, "/metrics"))
+        return FE_EP_METRICS;
+    return FE_EP_OTHER;
+}
+
+static int conn_fd(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+static enum MHD_Result serve_models(struct MHD_Connection *conn, struct hreq *h)
+{
+    struct fe_buf b = {0};
+    fe_buf_puts(&b, "{\"object\":\"list\",\"data\":[{\"id\":");
+    fe_buf_json_str(&b, fe_cfg.model_name, strlen(fe_cfg.model_name));
+    fe_buf_printf(&b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"kvrail\"", started_at);
+    if (fe_cfg.context_len)
+        fe_buf_printf(&b, ",\"max_model_len\":%u,\"context_length\":%u", fe_cfg.context_len,
+                      fe_cfg.context_len);
+    fe_buf_puts(&b, "}]}");
+    enum MHD_Result r = send_buf(conn, h, 200, "application/json", &b, false);
+    fe_buf_free(&b);
+    return r;
+}
+
+static enum MHD_Result serve_ready(struct MHD_Connection *conn, struct hreq *h)
+{
+    struct fe_buf b = {0};
+    kvr_client_t *c = fe_client_get();
+    struct kvr_cluster_status *st = calloc(1, sizeof(*st));
+    kvr_status_t s = c && st ? kvr_client_status(c, 2000, st) : KVR_ERR_NO_MEMORY;
+    unsigned status = 503;
+    if (s != KVR_OK) {
+        fe_buf_puts(&b, "{\"ready\":false,\"reason\":");
+        char m[600];
+        snprintf(m, sizeof(m), "the router at %s does not answer: %s", fe_cfg.router,
+                 c ? kvr_client_error(c) : "no client");
+        fe_buf_json_str(&b, m, strlen(m));
+        fe_buf_puts(&b, "}");
+    } else {
+        unsigned np = 0, nd = 0;
+        for (size_t i = 0; i < st->n_nodes; i++) {
+            np += st->nodes[i].alive && !strcmp(st->nodes[i].role, "prefill");
+            nd += st->nodes[i].alive && !strcmp(st->nodes[i].role, "decode");
+        }
+        /* a live decode node is a decode path and, prefilling locally, a prefill path */
+        bool ready = nd > 0;
+        status = ready ? 200 : 503;
+        fe_buf_printf(&b, "{\"ready\":%s,\"prefill_nodes_alive\":%u,\"decode_nodes_alive\":%u",
+                      ready ? "true" : "false", np, nd);
+        if (!ready)
+            fe_buf_puts(&b, ",\"reason\":\"the router reports no live decode node\"");
+        fe_buf_puts(&b, "}");
+    }
+    free(st);
+    fe_client_put(c, s == KVR_OK);
+    enum MHD_Result r = send_buf(conn, h, status, "application/json", &b, false);
+    fe_buf_free(&b);
+    return r;
+}
+
+static ssize_t sse_read(void *cls, uint64_t pos, char *out, size_t max)
+{
+    struct sse *s = cls;
+    (void)pos;
+    while (s->off == s->buf.len) {
+        if (s->end)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        s->buf.len = 0;
+        s->off = 0;
+        kvr_status_t st = fe_run_next_sse(s->run, &s->buf);
+        if (st == KVR_ERR_CANCELED || s->buf.oom)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (st == KVR_ERR_CLOSED)
+            s->end = true;
+    }
+    size_t n = s->buf.len - s->off;
+    if (n > max)
+        n = max;
+    memcpy(out, s->buf.p + s->off, n);
+    s->off += n;
+    return (ssize_t)n;
+}
+
+static void sse_free(void *cls)
+{
+    struct sse *s = cls;
+    fe_run_free(s->run);
+    fe_req_free(&s->req);
+    kvr_json_free(s->doc);
+    fe_buf_free(&s->buf);
+    free(s);
+}
+
+static enum MHD_Result serve_completions(struct MHD_Connection *conn, struct hreq *h)
+{
+    char err[512], param[64] = "", msg[700];
+    kvr_json_doc_t *doc = NULL;
+    if (h->body.oom)
+        return send_error(conn, h, 500, "", "out of memory reading the request body");
+    if (kvr_json_parse(h->body.p ? h->body.p : "", h->body.len, &doc, err, sizeof(err)) != KVR_OK) {
+        snprintf(msg, sizeof(msg), "the request body is not valid JSON: %s", err);
+        return send_error(conn, h, 400, "", msg);
+    }
+    /* the request has its own deadline (--request-timeout-ms); the idle timeout
+     * of the connection is back once it is answered (on_completed) */
+    MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    struct sse *s = calloc(1, sizeof(*s));
+    if (!s) {
+        kvr_json_free(doc);
+        return send_error(conn, h, 500, "", "out of memory");
+    }
+    s->doc = doc;
+    unsigned status = 400;
+    enum MHD_Result ret;
+    kvr_status_t st = fe_req_parse(kvr_json_root(doc), h->ep == FE_EP_CHAT, &s->req, &status, param,
+                                   sizeof(param), msg, sizeof(msg));
+    if (st != KVR_OK) {
+        ret = send_error(conn, h, status, param, msg);
+        goto out;
+    }
+    st = fe_run_start(&s->req, conn_fd(conn), &s->run, &status, msg, sizeof(msg));
+    if (st != KVR_OK) {
+        ret = send_error(conn, h, status, "", msg);
+        goto out;
+    }
+    if (!s->req.stream) {
+        struct fe_buf b = {0};
+        st = fe_run_finish_json(s->run, &b, &status, msg, sizeof(msg));
+        ret = st == KVR_OK ? send_buf(conn, h, 200, "application/json", &b, false)
+                           : send_error(conn, h, status, "", msg);
+        fe_buf_free(&b);
+        goto out;
+    }
+    struct MHD_Response *r =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_read, s, sse_free);
+    if (!r) {
+        ret = send_error(conn, h, 500, "", "cannot create the streamed response");
+        goto out;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    ret = MHD_queue_response(conn, 200, r);
+    MHD_destroy_response(r);
+    h->responded = true;
+    h->status = 200;
+    return ret; /* s belongs to the response now */
+out:
+    sse_free(s);
+    return ret;
+}
+
+static bool is_json(const char *ct)
+{
+    if (!ct)
+        return false;
+    while (*ct == ' ')
+        ct++;
+    size_t n = strlen("application/json");
+    return !strncasecmp(ct, "application/json", n) && (ct[n] == 0 || ct[n] == ';' || ct[n] == ' ');
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **req_cls)
+{
+    struct hreq *h = *req_cls;
+    bool post = !strcmp(method, MHD_HTTP_METHOD_POST);
+    if (!h) {
+        h = calloc(1, sizeof(*h));
+        if (!h)
+            return MHD_NO;
+        h->t0 = kvr_now_ns();
+        h->ep = classify(url);
+        *req_cls = h;
+        fe_metrics_inflight(1);
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        if (ci && ci->socket_context == (void *)(uintptr_t)CONN_OVER) {
+            char m[200];
+            snprintf(m, sizeof(m),
+                     "the frontend is at its bound of %u connections (--max-connections); retry "
+                     "later or on another frontend",
+                     fe_cfg.max_connections);
+            fe_metrics_connection(0, true);
+            return send_error(conn, h, 503, "", m);
+        }
+        bool gen = h->ep == FE_EP_COMPLETIONS || h->ep == FE_EP_CHAT;
+        if (h->ep == FE_EP_OTHER) {
+            char m[400];
+            snprintf(m, sizeof(m),
+                     "no such endpoint: %.200s (POST /v1/completions, POST /v1/chat/completions, "
+                     "GET /v1/models, /health, /ready, /metrics)",
+                     url);
+            return send_error(conn, h, 404, "", m);
+        }
+        if (gen != post || (!post && strcmp(method, MHD_HTTP_METHOD_GET) &&
+                            strcmp(method, MHD_HTTP_METHOD_HEAD))) {
+            char m[200];
+            snprintf(m, sizeof(m), "%.20s is not allowed on %s; use %s", method, url,
+                     gen ? "POST" : "GET");
+            return send_error(conn, h, 405, "", m);
+        }
+        if (post) {
+            const char *ct =
+                MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+            if (!is_json(ct)) {
+                char m[300];
+                snprintf(m, sizeof(m), "Content-Type must be application/json, not %.100s",
+                         ct ? ct : "(none)");
+                return send_error(conn, h, 415, "", m);
+            }
+            const char *cl =
+                MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+            if (cl && strtoull(cl, NULL, 10) > fe_cfg.max_body) {
+                char m[200];
+                snprintf(m, sizeof(m),
+                         "the body is %.30s bytes; this server takes at most %zu "
+                         "(--max-body)",
+                         cl, fe_cfg.max_body);
+                return send_error(conn, h, 413, "", m);
+            }
+        }
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (h->responded)
+            return MHD_YES; /* the answer is out; the rest of the body is discarded */
+        if (h->too_big || h->body.len + n > fe_cfg.max_body) {
+            /* an answer can only be queued once the body is in: discard the rest,
+             * up to 8 times the limit; a body larger still loses its connection */
+            h->too_big = true;
+            h->discarded += n;
+            fe_buf_free(&h->body);
+            if (h->discarded > 8 * (uint64_t)fe_cfg.max_body) {
+                KVR_LOG_WARN(FE_COMP, "a chunked body over 8 x --max-body (%zu): connection closed",
+                             fe_cfg.max_body);
+                fe_metrics_bad_http();
+                return MHD_NO;
+            }
+            return MHD_YES;
+        }
+        fe_buf_put(&h->body, upload_data, n);
+        return MHD_YES;
+    }
+    if (h->responded)
+        return MHD_YES;
+    if (h->too_big) {
+        char m[200];
+        snprintf(m, sizeof(m), "the body is over %zu bytes (--max-body)", fe_cfg.max_body);
+        return send_error(conn, h, 413, "", m);
+    }
+    switch (h->ep) {
+    case FE_EP_HEALTH: {
+        struct fe_buf b = {0};
+        fe_buf_puts(&b, "{\"status\":\"ok\"}");
+        enum MHD_Result r = send_buf(conn, h, 200, "application/json", &b, false);
+        fe_buf_free(&b);
+        return r;
+    }
+    case FE_EP_READY:
+        return serve_ready(conn, h);
+    case FE_EP_MODELS:
+        return serve_models(conn, h);
+    case FE_EP_METRICS: {
+        struct fe_buf b = {0};
+        fe_metrics_render(&b);
+        enum MHD_Result r =
+            send_buf(conn, h, 200, "text/plain; version=0.0.4; charset=utf-8", &b, false);
+        fe_buf_free(&b);
+        return r;
+    }
+    case FE_EP_CHAT:
+        if (!fe_cfg.have_chat)
+            return send_error(
+                conn, h, 501, "messages",
+                "chat completions (messages) need the model's chat template, which the "
+                "tokenizer library cannot render yet (kvr_chat_render); use "
+                "/v1/completions with the prompt already in the chat format");
+        /* fall through */
+    case FE_EP_COMPLETIONS:
+        return serve_completions(conn, h);
+    default:
+        return send_error(conn, h, 404, "", "no such endpoint");
+    }
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    struct hreq *h = *req_cls;
+    if (!h)
+        return;
+    unsigned status = h->responded ? h->status : 499;
+    if (h->responded && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && status == 200)
+        status = 499; /* the client left mid-answer */
+    fe_metrics_request_done(h->ep, status, kvr_now_ns() - h->t0);
+    if (h->ep == FE_EP_COMPLETIONS || h->ep == FE_EP_CHAT)
+        MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT,
+                                  (unsigned)fe_cfg.idle_timeout_s);
+    fe_metrics_inflight(-1);
+    fe_buf_free(&h->body);
+    free(h);
+    *req_cls = NULL;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        int n = atomic_fetch_add(&n_conns, 1) + 1;
+        *socket_context =
+            (void *)(uintptr_t)(n > (int)fe_cfg.max_connections ? CONN_OVER : CONN_OK);
+        fe_metrics_connection(1, false);
+    } else {
+        atomic_fetch_sub(&n_conns, 1);
+        fe_metrics_connection(-1, false);
+    }
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char m[512];
+    vsnprintf(m, sizeof(m), fmt, ap);
+    size_t n = strlen(m);
+    while (n && (m[n - 1] == '\n' || m[n - 1] == '\r'))
+        m[--n] = 0;
+    KVR_LOG_DEBUG(FE_COMP, "libmicrohttpd: %s", m);
+}
+
+kvr_status_t fe_http_start(void)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    char port[16];
+    snprintf(port, sizeof(port), "%d", fe_cfg.port);
+    int e = getaddrinfo(fe_cfg.listen_host[0] ? fe_cfg.listen_host : NULL, port, &hints, &ai);
+    if (e != 0) {
+        KVR_LOG_ERROR(FE_COMP, "cannot resolve the listen address %s: %s", fe_cfg.listen_host,
+                      gai_strerror(e));
+        return KVR_ERR_INVALID;
+    }
+    started_at = (long long)time(NULL);
+    unsigned flags =
+        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
+    if (ai->ai_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    unsigned hard_limit = fe_cfg.max_connections + fe_cfg.max_connections / 4 + 8;
+    daemon_ = MHD_start_daemon(
+        flags, (uint16_t)fe_cfg.port, NULL, NULL, on_request, NULL, MHD_OPTION_SOCK_ADDR,
+        ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, hard_limit, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)fe_cfg.idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)65536, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
+        MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+        MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!daemon_) {
+        KVR_LOG_ERROR(FE_COMP, "cannot listen on %s:%d (address in use or not local?)",
+                      fe_cfg.listen_host, fe_cfg.port);
+        return KVR_ERR_IO;
+    }
+    KVR_LOG_INFO(FE_COMP,
+                 "listening on http://%s:%d (router %s, model '%s', context %u, at most "
+                 "%u connections)",
+                 fe_cfg.listen_host, fe_cfg.port, fe_cfg.router, fe_cfg.model_name,
+                 fe_cfg.context_len, fe_cfg.max_connections);
+    return KVR_OK;
+}
+
+void fe_http_stop(void)
+{
+    if (daemon_)
+        MHD_stop_daemon(daemon_);
+    daemon_ = NULL;
+}

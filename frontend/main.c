@@ -1,0 +1,249 @@
+/*
+ * main.c - kvrail-frontend: the OpenAI-compatible HTTP frontend of a kvrail
+ * cluster, a separate process that speaks the router's protobuf client API
+ * (so frontends scale by adding processes, and HTTP parsing never runs in
+ * the router).
+ *
+ *   kvrail-frontend --config cluster.yaml [--listen HOST:PORT]
+ *   kvrail-frontend --router tcp://HOST:PORT --model-name NAME [--context-len N]
+ *
+ * The cluster file gives the router's client endpoint and the model folder,
+ * whose name is the model id served and whose config.json gives the context
+ * length.  The process runs until SIGINT/SIGTERM.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvr_cluster.h"
+#include "kvr_log.h"
+#include "frontend.h"
+
+struct fe_config fe_cfg = {
+    .listen_host = "127.0.0.1",
+    .port = 8000,
+    .max_connections = 256,
+    .max_body = 4u << 20,
+    .max_n = 16,
+    .max_prompts = 64,
+    .request_timeout_ms = 300000,
+    .idle_timeout_s = 60,
+};
+
+static volatile sig_atomic_t stop_flag;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvrail-frontend --config FILE [options]\n"
+            "       kvrail-frontend --router ENDPOINT --model-name NAME [options]\n"
+            "OpenAI-compatible HTTP (POST /v1/completions, /v1/chat/completions; GET /v1/models,\n"
+            "/health, /ready, /metrics) in front of a kvrail router.\n"
+            "  --config FILE            cluster file: router endpoint, model folder\n"
+            "  --router ENDPOINT        the router's client endpoint (tcp://host:port)\n"
+            "  --listen HOST:PORT       where to serve HTTP (default 127.0.0.1:8000)\n"
+            "  --model-name NAME        the model id to serve (default: the model folder's name)\n"
+            "  --context-len N          the model's context length (default: config.json)\n"
+            "  --max-connections N      open connections before 503 (default 256)\n"
+            "  --max-body BYTES         largest request body (default 4194304)\n"
+            "  --max-n N                largest n (default 16)\n"
+            "  --request-timeout-ms MS  a request's whole deadline (default 300000)\n"
+            "  --idle-timeout-s S       an idle connection is closed after S s (default 60)\n"
+            "  --version, --help\n");
+}
+
+static bool parse_uint(const char *s, unsigned long long lo, unsigned long long hi,
+                       unsigned long long *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-' || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_listen(const char *s)
+{
+    const char *colon = strrchr(s, ':');
+    unsigned long long port;
+    if (!colon || !parse_uint(colon + 1, 0, 65535, &port))
+        return false;
+    size_t hl = (size_t)(colon - s);
+    if (s[0] == '[' && hl >= 2 && s[hl - 1] == ']') { /* [::1]:8000 */
+        s++;
+        hl -= 2;
+    }
+    if (hl >= sizeof(fe_cfg.listen_host))
+        return false;
+    memcpy(fe_cfg.listen_host, s, hl);
+    fe_cfg.listen_host[hl] = 0;
+    fe_cfg.port = (int)port;
+    return true;
+}
+
+static void read_context(const char *model_dir)
+{
+    char path[PATH_MAX + 32], err[512];
+    snprintf(path, sizeof(path), "%s/config.json", model_dir);
+    kvr_json_doc_t *doc = NULL;
+    if (kvr_json_parse_file(path, &doc, err, sizeof(err)) != KVR_OK) {
+        KVR_LOG_WARN(FE_COMP, "%s: GET /v1/models will not show the context length", err);
+        return;
+    }
+    int64_t ctx = kvr_json_get_int(kvr_json_root(doc), "max_position_embeddings", 0, NULL);
+    if (ctx > 0 && ctx < (1ll << 31))
+        fe_cfg.context_len = (uint32_t)ctx;
+    kvr_json_free(doc);
+}
+
+int main(int argc, char **argv)
+{
+    enum {
+        O_CONFIG = 1000,
+        O_ROUTER,
+        O_LISTEN,
+        O_MODEL,
+        O_CTX,
+        O_MAXCONN,
+        O_BODY,
+        O_MAXN,
+        O_TIMEOUT,
+        O_IDLE,
+        O_VERSION,
+        O_HELP
+    };
+    static const struct option opts[] = {
+        {"config", required_argument, 0, O_CONFIG},
+        {"router", required_argument, 0, O_ROUTER},
+        {"listen", required_argument, 0, O_LISTEN},
+        {"model-name", required_argument, 0, O_MODEL},
+        {"context-len", required_argument, 0, O_CTX},
+        {"max-connections", required_argument, 0, O_MAXCONN},
+        {"max-body", required_argument, 0, O_BODY},
+        {"max-n", required_argument, 0, O_MAXN},
+        {"request-timeout-ms", required_argument, 0, O_TIMEOUT},
+        {"idle-timeout-s", required_argument, 0, O_IDLE},
+        {"version", no_argument, 0, O_VERSION},
+        {"help", no_argument, 0, O_HELP},
+        {0, 0, 0, 0},
+    };
+    const char *config = NULL;
+    unsigned long long v;
+    int o;
+    kvr_log_set_process("frontend");
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        bool ok = true;
+        switch (o) {
+        case O_CONFIG:
+            config = optarg;
+            break;
+        case O_ROUTER:
+            snprintf(fe_cfg.router, sizeof(fe_cfg.router), "%s", optarg);
+            break;
+        case O_LISTEN:
+            ok = parse_listen(optarg);
+            break;
+        case O_MODEL:
+            ok = optarg[0] && strlen(optarg) < sizeof(fe_cfg.model_name);
+            snprintf(fe_cfg.model_name, sizeof(fe_cfg.model_name), "%s", optarg);
+            break;
+        case O_CTX:
+            ok = parse_uint(optarg, 1, 1u << 30, &v);
+            fe_cfg.context_len = (uint32_t)v;
+            break;
+        case O_MAXCONN:
+            ok = parse_uint(optarg, 1, 100000, &v);
+            fe_cfg.max_connections = (uint32_t)v;
+            break;
+        case O_BODY:
+            ok = parse_uint(optarg, 1024, 1ull << 30, &v);
+            fe_cfg.max_body = (size_t)v;
+            break;
+        case O_MAXN:
+            ok = parse_uint(optarg, 1, 128, &v);
+            fe_cfg.max_n = (uint32_t)v;
+            break;
+        case O_TIMEOUT:
+            ok = parse_uint(optarg, 100, 24ull * 3600 * 1000, &v);
+            fe_cfg.request_timeout_ms = (int)v;
+            break;
+        case O_IDLE:
+            ok = parse_uint(optarg, 1, 3600, &v);
+            fe_cfg.idle_timeout_s = (int)v;
+            break;
+        case O_VERSION:
+            printf("kvrail-frontend %s\n", KVR_VERSION);
+            return 0;
+        case O_HELP:
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "kvrail-frontend: bad value '%s' for --%s (see --help)\n", optarg,
+                    opts[o - O_CONFIG].name);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "kvrail-frontend: unexpected argument '%s' (see --help)\n", argv[optind]);
+        return 2;
+    }
+    if (config) {
+        char err[1024];
+        kvr_cluster_t *cl = NULL;
+        if (kvr_cluster_load(config, &cl, err, sizeof(err)) != KVR_OK) {
+            fprintf(stderr, "kvrail-frontend: %s\n", err);
+            return 1;
+        }
+        if (!fe_cfg.router[0])
+            snprintf(fe_cfg.router, sizeof(fe_cfg.router), "%s", cl->client_endpoint);
+        if (!fe_cfg.model_name[0]) {
+            const char *base = cl->model_dir;
+            size_t n = strlen(base);
+            while (n > 1 && base[n - 1] == '/')
+                n--;
+            const char *slash = memrchr(base, '/', n);
+            const char *name = slash ? slash + 1 : base;
+            snprintf(fe_cfg.model_name, sizeof(fe_cfg.model_name), "%.*s",
+                     (int)(n - (size_t)(name - base)), name);
+        }
+        if (!fe_cfg.context_len)
+            read_context(cl->model_dir);
+        kvr_cluster_free(cl);
+    }
+    if (!fe_cfg.router[0] || !fe_cfg.model_name[0]) {
+        fprintf(stderr, "kvrail-frontend: give --config FILE, or --router ENDPOINT and "
+                        "--model-name NAME (see --help)\n");
+        return 2;
+    }
+    srand((unsigned)getpid() ^ (unsigned)time(NULL));
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if (fe_http_start() != KVR_OK)
+        return 1;
+    while (!stop_flag)
+        pause();
+    KVR_LOG_INFO(FE_COMP, "stopping");
+    fe_http_stop();
+    fe_client_pool_close();
+    return 0;
+}

@@ -1,0 +1,372 @@
+/*
+ * request.c - an OpenAI /v1/completions body -> struct fe_req.
+ *
+ * Every member of the body is looked at: a known field of the wrong type or
+ * out of range is a 400 naming it; a field this server cannot honour (a
+ * non-default presence_penalty, top-N logprobs, echo, ...) is a 400 saying
+ * so; an unknown field is a 400 too, never silently ignored.  A model other
+ * than the one served is a 404.  Strings stay in the JSON document, which
+ * outlives the request.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "frontend.h"
+
+struct ctx {
+    unsigned *status_p;
+    char *param, *msg;
+    size_t param_len, msg_len;
+};
+
+static kvr_status_t fail(struct ctx *c, unsigned status, kvr_status_t st, const char *param,
+                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static kvr_status_t fail(struct ctx *c, unsigned status, kvr_status_t st, const char *param,
+                         const char *fmt, ...)
+{
+    *c->status_p = status;
+    snprintf(c->param, c->param_len, "%s", param);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->msg, c->msg_len, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+static const char *type_name(const kvr_json_t *v)
+{
+    static const char *const n[] = {"null",     "a boolean", "a number",
+                                    "a string", "an array",  "an object"};
+    return n[v->type];
+}
+
+/* an integer in [lo, hi] */
+static kvr_status_t get_int(struct ctx *c, const char *key, const kvr_json_t *v, int64_t lo,
+                            int64_t hi, int64_t *out)
+{
+    if (v->type != KVR_JSON_NUMBER || !v->is_int)
+        return fail(c, 400, KVR_ERR_INVALID, key, "'%s' must be an integer, not %s", key,
+                    v->type == KVR_JSON_NUMBER ? "a fraction" : type_name(v));
+    if (v->i64 < lo || v->i64 > hi)
+        return fail(c, 400, KVR_ERR_INVALID, key, "'%s' is %lld; it must be in [%lld, %lld]", key,
+                    (long long)v->i64, (long long)lo, (long long)hi);
+    *out = v->i64;
+    return KVR_OK;
+}
+
+static kvr_status_t get_num(struct ctx *c, const char *key, const kvr_json_t *v, double lo,
+                            double hi, double *out)
+{
+    if (v->type != KVR_JSON_NUMBER)
+        return fail(c, 400, KVR_ERR_INVALID, key, "'%s' must be a number, not %s", key,
+                    type_name(v));
+    if (!(v->num >= lo && v->num <= hi))
+        return fail(c, 400, KVR_ERR_INVALID, key, "'%s' is %g; it must be in [%g, %g]", key, v->num,
+                    lo, hi);
+    *out = v->num;
+    return KVR_OK;
+}
+
+static kvr_status_t get_bool(struct ctx *c, const char *key, const kvr_json_t *v, bool *out)
+{
+    if (v->type != KVR_JSON_BOOL)
+        return fail(c, 400, KVR_ERR_INVALID, key, "'%s' must be true or false, not %s", key,
+                    type_name(v));
+    *out = v->b;
+    return KVR_OK;
+}
+
+static bool has_nul(const kvr_json_t *s)
+{
+    return strlen(s->str) != s->len;
+}
+
+/* token ids: an array of integers in [0, 2^31) */
+static kvr_status_t get_ids(struct ctx *c, const char *key, const kvr_json_t *v,
+                            struct fe_prompt *p)
+{
+    if (v->n == 0)
+        return fail(c, 400, KVR_ERR_INVALID, key, "'%s' is an empty list of token ids", key);
+    p->ids = malloc(v->n * sizeof(uint32_t));
+    if (!p->ids)
+        return fail(c, 500, KVR_ERR_NO_MEMORY, key, "out of memory for %zu token ids", v->n);
+    p->n_ids = v->n;
+    for (size_t i = 0; i < v->n; i++) {
+        const kvr_json_t *t = v->items[i];
+        if (t->type != KVR_JSON_NUMBER || !t->is_int || t->i64 < 0 || t->i64 > INT32_MAX)
+            return fail(c, 400, KVR_ERR_INVALID, key,
+                        "'%s' token id #%zu is not a non-negative integer (a prompt is a string, "
+                        "a list of strings, a list of token ids or a list of such lists)",
+                        key, i);
+        p->ids[i] = (uint32_t)t->i64;
+    }
+    return KVR_OK;
+}
+
+static kvr_status_t parse_prompt(struct ctx *c, const kvr_json_t *v, struct fe_req *r)
+{
+    size_t n = 1;
+    bool list_of_lists = false, list_of_strings = false;
+    if (v->type == KVR_JSON_ARRAY) {
+        if (v->n == 0)
+            return fail(c, 400, KVR_ERR_INVALID, "prompt", "'prompt' is an empty list");
+        const kvr_json_t *e0 = v->items[0];
+        if (e0->type == KVR_JSON_STRING)
+            list_of_strings = true;
+        else if (e0->type == KVR_JSON_ARRAY)
+            list_of_lists = true;
+        if (list_of_strings || list_of_lists)
+            n = v->n;
+    } else if (v->type != KVR_JSON_STRING) {
+        return fail(c, 400, KVR_ERR_INVALID, "prompt",
+                    "'prompt' must be a string, a list of strings, a list of token ids or a list "
+                    "of lists of token ids, not %s",
+                    type_name(v));
+    }
+    if (n > fe_cfg.max_prompts)
+        return fail(c, 400, KVR_ERR_INVALID, "prompt",
+                    "%zu prompts in one request; this server takes at most %u", n,
+                    fe_cfg.max_prompts);
+    r->prompts = calloc(n, sizeof(*r->prompts));
+    if (!r->prompts)
+        return fail(c, 500, KVR_ERR_NO_MEMORY, "prompt", "out of memory");
+    r->n_prompts = n;
+    if (v->type == KVR_JSON_STRING) {
+        if (has_nul(v))
+            return fail(c, 400, KVR_ERR_INVALID, "prompt", "'prompt' contains a NUL character");
+        r->prompts[0].text = v->str;
+        return KVR_OK;
+    }
+    if (!list_of_strings && !list_of_lists)
+        return get_ids(c, "prompt", v, &r->prompts[0]);
+    for (size_t i = 0; i < n; i++) {
+        const kvr_json_t *e = v->items[i];
+        if (list_of_strings) {
+            if (e->type != KVR_JSON_STRING)
+                return fail(c, 400, KVR_ERR_INVALID, "prompt",
+                            "'prompt' mixes strings with %s (element %zu)", type_name(e), i);
+            if (has_nul(e))
+                return fail(c, 400, KVR_ERR_INVALID, "prompt",
+                            "'prompt' element %zu contains a NUL character", i);
+            r->prompts[i].text = e->str;
+        } else {
+            if (e->type != KVR_JSON_ARRAY)
+                return fail(c, 400, KVR_ERR_INVALID, "prompt",
+                            "'prompt' mixes lists of token ids with %s (element %zu)", type_name(e),
+                            i);
+            kvr_status_t st = get_ids(c, "prompt", e, &r->prompts[i]);
+            if (st != KVR_OK)
+                return st;
+        }
+    }
+    return KVR_OK;
+}
+
+static kvr_status_t parse_stop(struct ctx *c, const kvr_json_t *v, struct fe_req *r)
+{
+    if (v->type != KVR_JSON_STRING && v->type != KVR_JSON_ARRAY)
+        return fail(c, 400, KVR_ERR_INVALID, "stop",
+                    "'stop' must be a string or a list of strings, not %s", type_name(v));
+    if (v->type == KVR_JSON_ARRAY && v->n > FE_MAX_STOPS) {
+        return fail(c, 400, KVR_ERR_INVALID, "stop", "%zu stop strings; at most %d", v->n,
+                    FE_MAX_STOPS);
+    }
+    size_t n = v->type == KVR_JSON_STRING ? 1 : v->n;
+    for (size_t i = 0; i < n; i++) {
+        const kvr_json_t *s = v->type == KVR_JSON_STRING ? v : v->items[i];
+        if (s->type != KVR_JSON_STRING)
+            return fail(c, 400, KVR_ERR_INVALID, "stop", "'stop' element %zu is %s, not a string",
+                        i, type_name(s));
+        if (s->len == 0 || s->len > 256 || has_nul(s))
+            return fail(c, 400, KVR_ERR_INVALID, "stop",
+                        "'stop' element %zu is empty, longer than 256 bytes or contains NUL", i);
+        r->stop[r->n_stop++] = s->str;
+    }
+    return KVR_OK;
+}
+
+/* a field accepted only at its default: anything else is named as unsupported */
+static kvr_status_t only_default(struct ctx *c, const char *key, const kvr_json_t *v, bool ok,
+                                 const char *why)
+{
+    if (ok)
+        return KVR_OK;
+    (void)v;
+    return fail(c, 400, KVR_ERR_UNSUPPORTED, key, "'%s' is not supported by kvrail: %s", key, why);
+}
+
+kvr_status_t fe_req_parse(const kvr_json_t *root, bool chat, struct fe_req *r, unsigned *status_p,
+                          char *param, size_t param_len, char *msg, size_t msg_len)
+{
+    struct ctx c = {status_p, param, msg, param_len, msg_len};
+    memset(r, 0, sizeof(*r));
+    r->chat = chat;
+    r->max_tokens = 16; /* OpenAI's default for completions */
+    r->temperature = 1.0f;
+    r->top_p = 1.0f;
+    r->repetition_penalty = 1.0f;
+    r->n = 1;
+    r->logprobs = -1;
+    if (!root || root->type != KVR_JSON_OBJECT)
+        return fail(&c, 400, KVR_ERR_INVALID, "", "the request body must be a JSON object, not %s",
+                    root ? type_name(root) : "empty");
+    bool have_prompt = false, have_model = false, have_stream_options = false;
+    bool have_best_of = false;
+    int64_t best_of = 1;
+    for (size_t i = 0; i < root->n; i++) {
+        const char *k = root->keys[i];
+        const kvr_json_t *v = root->items[i];
+        kvr_status_t st = KVR_OK;
+        int64_t iv = 0;
+        double dv = 0;
+        if (v->type == KVR_JSON_NULL && strcmp(k, "model") && strcmp(k, "prompt"))
+            continue; /* null = the default, as the SDKs send it */
+        if (!strcmp(k, "model")) {
+            if (v->type != KVR_JSON_STRING)
+                return fail(&c, 400, KVR_ERR_INVALID, k, "'model' must be a string, not %s",
+                            type_name(v));
+            if (strcmp(v->str, fe_cfg.model_name) != 0)
+                return fail(&c, 404, KVR_ERR_NOT_FOUND, k,
+                            "The model '%s' does not exist; this server serves '%s' (see "
+                            "GET /v1/models)",
+                            v->str, fe_cfg.model_name);
+            have_model = true;
+        } else if (!strcmp(k, "prompt") && !chat) {
+            st = parse_prompt(&c, v, r);
+            have_prompt = true;
+        } else if (!strcmp(k, "max_tokens") || (chat && !strcmp(k, "max_completion_tokens"))) {
+            st = get_int(&c, k, v, 1, fe_cfg.context_len ? fe_cfg.context_len : 1 << 20, &iv);
+            r->max_tokens = (uint32_t)iv;
+        } else if (!strcmp(k, "temperature")) {
+            st = get_num(&c, k, v, 0, 2, &dv);
+            r->temperature = (float)dv;
+        } else if (!strcmp(k, "top_p")) {
+            st = get_num(&c, k, v, 0, 1, &dv);
+            if (st == KVR_OK && dv <= 0)
+                return fail(&c, 400, KVR_ERR_INVALID, k, "'top_p' must be in (0, 1]");
+            r->top_p = (float)dv;
+        } else if (!strcmp(k, "top_k")) {
+            st = get_int(&c, k, v, -1, 1 << 20, &iv);
+            r->top_k = iv > 0 ? (uint32_t)iv : 0; /* -1 and 0 = off, as in vLLM */
+        } else if (!strcmp(k, "min_p")) {
+            st = get_num(&c, k, v, 0, 1, &dv);
+            if (st == KVR_OK)
+                st = only_default(&c, k, v, dv == 0,
+                                  "the router's sampling parameters have no min_p yet (0 is "
+                                  "accepted)");
+        } else if (!strcmp(k, "repetition_penalty")) {
+            st = get_num(&c, k, v, 0, 10, &dv);
+            if (st == KVR_OK && dv <= 0)
+                return fail(&c, 400, KVR_ERR_INVALID, k, "'repetition_penalty' must be > 0");
+            r->repetition_penalty = (float)dv;
+        } else if (!strcmp(k, "presence_penalty") || !strcmp(k, "frequency_penalty")) {
+            st = get_num(&c, k, v, -2, 2, &dv);
+            if (st == KVR_OK)
+                st = only_default(&c, k, v, dv == 0,
+                                  "the sampler has no presence/frequency penalty (0 is accepted; "
+                                  "repetition_penalty is available)");
+        } else if (!strcmp(k, "seed")) {
+            if (v->type != KVR_JSON_NUMBER || !v->is_int)
+                return fail(&c, 400, KVR_ERR_INVALID, k, "'seed' must be an integer, not %s",
+                            type_name(v));
+            r->seed = (uint64_t)v->i64;
+            r->has_seed = true;
+        } else if (!strcmp(k, "stop")) {
+            st = parse_stop(&c, v, r);
+        } else if (!strcmp(k, "stop_token_ids")) {
+            if (v->type != KVR_JSON_ARRAY || v->n > 32)
+                return fail(&c, 400, KVR_ERR_INVALID, k,
+                            "'stop_token_ids' must be a list of at most 32 token ids");
+            for (size_t j = 0; j < v->n; j++) {
+                st = get_int(&c, k, v->items[j], 0, INT32_MAX, &iv);
+                if (st != KVR_OK)
+                    return st;
+                r->stop_token_ids[r->n_stop_token_ids++] = (uint32_t)iv;
+            }
+        } else if (!strcmp(k, "ignore_eos")) {
+            st = get_bool(&c, k, v, &r->ignore_eos);
+        } else if (!strcmp(k, "n")) {
+            st = get_int(&c, k, v, 1, fe_cfg.max_n, &iv);
+            r->n = (uint32_t)iv;
+        } else if (!strcmp(k, "best_of") && !chat) {
+            st = get_int(&c, k, v, 1, fe_cfg.max_n, &best_of);
+            have_best_of = true;
+        } else if (!strcmp(k, "logprobs") && !chat) {
+            st = get_int(&c, k, v, 0, 5, &iv);
+            if (st == KVR_OK)
+                st = only_default(&c, k, v, iv == 0,
+                                  "the router streams the sampled token's logprob only, not the "
+                                  "top-N alternatives; use logprobs: 0");
+            r->logprobs = (int)iv;
+        } else if (!strcmp(k, "echo") && !chat) {
+            bool b = false;
+            st = get_bool(&c, k, v, &b);
+            if (st == KVR_OK)
+                st = only_default(&c, k, v, !b, "echo: true (the prompt in the output)");
+        } else if (!strcmp(k, "suffix") && !chat) {
+            st = only_default(&c, k, v, false, "suffix (insertion) needs a model trained for it");
+        } else if (!strcmp(k, "logit_bias")) {
+            if (v->type != KVR_JSON_OBJECT)
+                return fail(&c, 400, KVR_ERR_INVALID, k, "'logit_bias' must be an object");
+            st = only_default(&c, k, v, v->n == 0, "the sampler has no logit bias ({} accepted)");
+        } else if (!strcmp(k, "stream")) {
+            st = get_bool(&c, k, v, &r->stream);
+        } else if (!strcmp(k, "stream_options")) {
+            if (v->type != KVR_JSON_OBJECT)
+                return fail(&c, 400, KVR_ERR_INVALID, k, "'stream_options' must be an object");
+            for (size_t j = 0; j < v->n; j++) {
+                if (strcmp(v->keys[j], "include_usage") != 0)
+                    return fail(&c, 400, KVR_ERR_INVALID, k,
+                                "unknown member '%s' of 'stream_options' (include_usage is known)",
+                                v->keys[j]);
+                if (v->items[j]->type != KVR_JSON_NULL) {
+                    st = get_bool(&c, "stream_options.include_usage", v->items[j],
+                                  &r->include_usage);
+                    if (st != KVR_OK)
+                        return st;
+                }
+            }
+            have_stream_options = true;
+        } else if (!strcmp(k, "user")) {
+            if (v->type != KVR_JSON_STRING)
+                return fail(&c, 400, KVR_ERR_INVALID, k, "'user' must be a string");
+            /* an end-user id for the operator's logs; it changes nothing, as in OpenAI */
+        } else {
+            return fail(&c, 400, KVR_ERR_INVALID, k,
+                        "Unrecognized request argument supplied: %s (kvrail answers every field "
+                        "or refuses it)",
+                        k);
+        }
+        if (st != KVR_OK)
+            return st;
+    }
+    if (!have_model)
+        return fail(&c, 400, KVR_ERR_INVALID, "model",
+                    "'model' is required (this server serves '%s')", fe_cfg.model_name);
+    if (!chat && !have_prompt)
+        return fail(&c, 400, KVR_ERR_INVALID, "prompt", "'prompt' is required");
+    if (have_stream_options && !r->stream)
+        return fail(&c, 400, KVR_ERR_INVALID, "stream_options",
+                    "'stream_options' is only allowed when 'stream' is true");
+    if (have_best_of && best_of != (int64_t)r->n)
+        return fail(&c, 400, KVR_ERR_UNSUPPORTED, "best_of",
+                    "'best_of' other than n is not supported (kvrail does not rank candidates)");
+    if ((uint64_t)r->n * r->n_prompts > (uint64_t)fe_cfg.max_n * 4)
+        return fail(&c, 400, KVR_ERR_INVALID, "n",
+                    "%zu prompts x n %u = %llu choices; this server runs at most %u at once",
+                    r->n_prompts, r->n, (unsigned long long)r->n * r->n_prompts, fe_cfg.max_n * 4);
+    return KVR_OK;
+}
+
+void fe_req_free(struct fe_req *r)
+{
+    for (size_t i = 0; i < r->n_prompts; i++)
+        free(r->prompts[i].ids);
+    free(r->prompts);
+    r->prompts = NULL;
+    r->n_prompts = 0;
+}

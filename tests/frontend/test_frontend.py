@@ -1,0 +1,316 @@
+"""test_frontend.py - kvrail-frontend against a real 1 prefill + 1 decode
+cluster on a generated tiny model, driven by the official OpenAI Node SDK
+(sdk_check.mjs) and by raw sockets.
+
+  1. the SDK: models, greedy completions equal to `kvrail run` token for
+     token (text, per-token texts and logprobs), streaming, stop strings,
+     max_tokens -> length, usage, prompt lists, n with a seed, error shapes;
+  2. HTTP abuse through raw sockets: garbage bytes, a bad HTTP version,
+     truncated and invalid JSON, wrong content type, an oversized body, a
+     huge Content-Length: each a clear error, and the frontend still serves;
+  3. a client that disconnects mid-stream: the router reports the request
+     canceled and both nodes go back to idle;
+  4. past --max-connections a connection gets 503 with Retry-After;
+  5. /health, /ready, /metrics (the counters the traffic above must have).
+Every process is reaped on every exit path (cluster_lib's process groups).
+Exits 77 only when npm cannot fetch the SDK or node is missing.
+"""
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+import cluster_lib as cl  # noqa: E402
+from cluster_lib import check  # noqa: E402
+
+MAX_CONN = 8
+
+
+def ensure_sdk():
+    if not shutil.which("node") or not shutil.which("npm"):
+        print("SKIP: node/npm not installed (tools/install-deps.sh --test installs nodejs npm)")
+        sys.exit(cl.SKIP)
+    if os.path.exists(os.path.join(HERE, "node_modules", "openai", "package.json")):
+        return
+    r = cl.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], timeout=240, cwd=HERE)
+    if r.returncode != 0:
+        p = cl.run(["npm", "ping"], timeout=30)
+        if p.returncode != 0:
+            print("SKIP: the npm registry cannot be reached (npm ping failed); the test needs the "
+                  "openai SDK")
+            sys.exit(cl.SKIP)
+        raise cl.Fail("npm ci failed although the registry answers:\n" + r.stdout + r.stderr)
+
+
+def http(base, path, body=None, method=None, timeout=30, headers=None):
+    """(status, headers, body bytes) of one request."""
+    req = urllib.request.Request(base + path, data=body, method=method)
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+
+
+def raw(port, data, timeout=10):
+    """Sends bytes on a fresh connection, returns what comes back until the
+    server closes or timeout."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        try:
+            s.sendall(data)
+        except OSError:
+            pass  # the server answered early (413) and closed while we sent
+        out = b""
+        while True:
+            try:
+                b = s.recv(65536)
+            except (socket.timeout, ConnectionResetError):
+                break
+            if not b:
+                break
+            out += b
+            if b"\r\n\r\n" in out and b"content-length" in out.lower():
+                head, _, rest = out.partition(b"\r\n\r\n")
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        if len(rest) >= int(line.split(b":")[1]):
+                            return out
+        return out
+    finally:
+        s.close()
+
+
+def status_line(resp):
+    return resp.split(b"\r\n", 1)[0].decode(errors="replace")
+
+
+def kvrail_run(bins, model, prompt, max_tokens):
+    r = cl.run([bins.kvrail, "run", "--model", model, "--prompt-tokens",
+                ",".join(map(str, prompt)), "--max-tokens", str(max_tokens), "--json"], timeout=60)
+    check(r.returncode == 0, "kvrail run failed: %s" % r.stderr)
+    toks = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+    toks = [t for t in toks if "token_id" in t]
+    return toks
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    cl.add_bin_args(ap)
+    ap.add_argument("--frontend", required=True)
+    args = ap.parse_args()
+    bins = cl.Bins(args)
+    ensure_sdk()
+    work = tempfile.mkdtemp(prefix="kvr-fe-")
+    ok = False
+    try:
+        model = cl.make_model(bins, work)
+        with open(os.path.join(model, "config.json")) as f:
+            ctx = json.load(f).get("max_position_embeddings", 0)
+        c = cl.Cluster(bins, work, model, n_prefill=1, n_decode=1, local_prefill_tokens=4)
+        c.start()
+        port = cl.free_port()
+        base = "http://127.0.0.1:%d" % port
+        flog = open(os.path.join(work, "frontend.log"), "w")
+        fe = cl.spawn([args.frontend, "--config", c.config, "--listen", "127.0.0.1:%d" % port,
+                       "--max-connections", str(MAX_CONN), "--max-body", "65536",
+                       "--idle-timeout-s", "20"],
+                      stdout=flog, stderr=subprocess.STDOUT)
+
+        def fe_alive():
+            check(fe.poll() is None, "kvrail-frontend exited (%s):\n%s" % (
+                fe.returncode, open(flog.name).read()[-3000:]))
+
+        deadline = time.time() + 20
+        while True:
+            fe_alive()
+            try:
+                st, _, body = http(base, "/ready", timeout=5)
+                if st == 200:
+                    break
+            except OSError:
+                pass
+            check(time.time() < deadline, "frontend not ready within 20 s")
+            time.sleep(0.1)
+        check(json.loads(body)["decode_nodes_alive"] == 1, "ready body: %r" % body)
+        st, _, body = http(base, "/health")
+        check(st == 200 and json.loads(body)["status"] == "ok", "/health: %s %r" % (st, body))
+
+        # ---- the SDK against references from kvrail run ----
+        prompt = [(i * 37 + 11) % 200 + 3 for i in range(24)]
+        prompt2 = [(i * 53 + 7) % 200 + 3 for i in range(9)]
+        max_tokens = 12
+        ref = kvrail_run(bins, model, prompt, max_tokens)
+        ref2 = kvrail_run(bins, model, prompt2, max_tokens)
+        texts = [t["text"] for t in ref]
+        full = "".join(texts)
+        # a stop string: the text of a later token that is not empty
+        k = next((i for i in range(len(texts) // 2, len(texts)) if texts[i].strip()), None)
+        check(k is not None, "reference has no non-empty token text: %r" % texts)
+        stop = texts[k]
+        spec = {"base_url": base + "/v1", "model": os.path.basename(model), "context_len": ctx,
+                "prompt": prompt, "prompt2": prompt2, "max_tokens": max_tokens,
+                "ref": {"texts": texts, "logprobs": [t["logprob"] for t in ref],
+                        "finish": "length" if len(ref) == max_tokens else "stop"},
+                "ref2_text": "".join(t["text"] for t in ref2),
+                "stop": stop, "stop_expect": full[:full.index(stop)], "have_chat": False}
+        sf = os.path.join(work, "spec.json")
+        with open(sf, "w") as f:
+            json.dump(spec, f)
+        r = cl.run(["node", os.path.join(HERE, "sdk_check.mjs"), sf], timeout=120, cwd=HERE)
+        print(r.stdout, end="")
+        check(r.returncode == 0, "sdk_check failed:\n%s\n%s" % (r.stderr, open(flog.name).read()[-3000:]))
+
+        # ---- SSE framing byte for byte on the wire ----
+        body = json.dumps({"model": spec["model"], "prompt": prompt, "max_tokens": 3,
+                           "temperature": 0, "stream": True}).encode()
+        resp = raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                   b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        head, _, chunked = resp.partition(b"\r\n\r\n")
+        check(status_line(resp).endswith("200 OK") and b"text/event-stream" in head,
+              "SSE head: %r" % head)
+        data = b""
+        while chunked:  # de-chunk
+            n, _, rest = chunked.partition(b"\r\n")
+            n = int(n, 16)
+            if n == 0:
+                break
+            data += rest[:n]
+            chunked = rest[n + 2:]
+        events = data.split(b"\n\n")
+        check(events[-1] == b"" and events[-2] == b"data: [DONE]", "SSE ends with data: [DONE]: %r" % data)
+        for e in events[:-2]:
+            check(e.startswith(b"data: {") and json.loads(e[6:])["object"] == "text_completion",
+                  "SSE event framing: %r" % e)
+        print("ok SSE framing: %d events, then data: [DONE]" % (len(events) - 2))
+
+        # ---- HTTP abuse: clear errors, the frontend keeps serving ----
+        js = b"Content-Type: application/json\r\n"
+        cases = [
+            (b"\x00\xff\x13garbage\r\n\r\n", "400 or closed"),
+            (b"GET /health HTTP/9.9\r\nHost: x\r\n\r\n", "505"),
+            (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + js + b"Content-Length: 9\r\n\r\n{\"model\":", "400"),
+            (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + js + b"Content-Length: 4\r\n\r\n[1,]", "400"),
+            (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + js + b"Content-Length: 10\r\n\r\n{\"a\":\"\xff\xfe\"}", "400"),
+            (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+             b"Content-Length: 2\r\n\r\n{}", "415"),
+            (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + js +
+             b"Content-Length: 99999999999\r\n\r\n{", "413"),
+            (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + js + b"Transfer-Encoding: chunked\r\n\r\n" +
+             (b"10000\r\n" + b"[" * 65536 + b"\r\n") * 2 + b"0\r\n\r\n", "413"),
+            (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + js + b"Content-Length: 3000\r\n\r\n" +
+             b"[" * 3000, "400"),
+            (b"GET /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n", "405"),
+            (b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n", "404"),
+            (b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"a" * 100000 + b"\r\n\r\n", "431"),
+        ]
+        for i, (data, want) in enumerate(cases):
+            resp = raw(port, data, timeout=3 if want == "400 or closed" else 10)
+            sl = status_line(resp)
+            if want == "400 or closed" and not resp:
+                sl = want  # libmicrohttpd drops a connection whose request line is not HTTP
+            check(want.split()[0] in sl, "abuse case %d %r...: want %s, got %r\n%s" % (
+                i, data[:60], want, resp[:300], open(flog.name).read()[-2000:]))
+            if want in ("400", "413", "415", "404", "405") and b"{" in resp and b"HTTP/1.1 4" in resp \
+                    and b"application/json" in resp:
+                err = json.loads(resp.partition(b"\r\n\r\n")[2])["error"]
+                check(err["message"] and err["type"], "error shape: %r" % err)
+            fe_alive()
+        st, _, _ = http(base, "/health")
+        check(st == 200, "/health after abuse: %s" % st)
+        print("ok HTTP abuse: %d malformed requests answered, frontend serving" % len(cases))
+
+        # ---- a client that leaves mid-stream cancels both halves ----
+        before = c.status()["router"]["canceled"]
+        body = json.dumps({"model": spec["model"], "prompt": prompt, "max_tokens": ctx - len(prompt) - 1,
+                           "temperature": 0, "stream": True, "ignore_eos": True}).encode()
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        got = b""
+        while got.count(b"data: ") < 2:
+            got += s.recv(4096)
+        s.close()
+        deadline = time.time() + 15
+        while c.status()["router"]["canceled"] <= before:
+            check(time.time() < deadline, "the router never saw the request canceled")
+            time.sleep(0.1)
+        c.wait_idle(timeout=15)
+        print("ok disconnect mid-stream: router canceled, nodes idle")
+
+        # ---- 503 past the connection bound ----
+        held = []
+        for _ in range(MAX_CONN):
+            sk = socket.create_connection(("127.0.0.1", port), timeout=10)
+            sk.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            r1 = b""
+            while b"\r\n\r\n" not in r1 or not r1.endswith(b"}"):
+                r1 += sk.recv(4096)
+            check(b"200 OK" in r1, "held connection: %r" % r1)
+            held.append(sk)
+        resp = raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        check("503" in status_line(resp) and b"Retry-After: 1" in resp, "past the bound: %r" % resp)
+        err = json.loads(resp.partition(b"\r\n\r\n")[2])["error"]
+        check("--max-connections" in err["message"], "503 message: %r" % err)
+        for sk in held:
+            sk.close()
+        deadline = time.time() + 10
+        while True:
+            st, _, _ = http(base, "/health")
+            if st == 200:
+                break
+            check(time.time() < deadline, "still 503 after the held connections closed")
+            time.sleep(0.1)
+        print("ok connection bound: 503 + Retry-After past %d, served again after" % MAX_CONN)
+
+        # ---- metrics ----
+        st, hd, body = http(base, "/metrics")
+        text = body.decode()
+        check(st == 200 and hd.get("Content-Type", "").startswith("text/plain"), "/metrics %s" % st)
+
+        def metric(prefix):
+            for line in text.splitlines():
+                if line.startswith(prefix):
+                    return float(line.rsplit(" ", 1)[1])
+            raise cl.Fail("no metric %s in:\n%s" % (prefix, text))
+
+        m = 'model="%s"' % spec["model"]
+        check(metric('kvrail_frontend_requests_total{role="frontend",%s,endpoint="/v1/completions",'
+                     'status="200"}' % m) >= 10, "completions 200 counter")
+        check(metric('kvrail_frontend_requests_total{role="frontend",%s,endpoint="/v1/completions",'
+                     'status="400"}' % m) >= 5, "completions 400 counter")
+        check(metric('kvrail:time_to_first_token_seconds_count{role="frontend",%s}' % m) >= 10,
+              "TTFT histogram count")
+        check(metric('kvrail:generation_tokens_total{role="frontend",%s}' % m) >= 100,
+              "generation tokens")
+        check(metric('kvrail_frontend_connections_rejected_total{role="frontend",%s}' % m) >= 1,
+              "rejected connections")
+        print("ok /metrics: request counters, TTFT histogram, tokens, rejections")
+        fe_alive()
+        c.check_alive()
+        ok = True
+        print("test_frontend: all passed")
+    except cl.Fail as e:
+        print("FAIL: %s" % e, file=sys.stderr)
+    finally:
+        cl.reap_all()
+        if ok:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print("work directory kept: %s" % work, file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
