@@ -134,7 +134,12 @@ static int cluster_wait(int argc, char **argv)
         int step = now < deadline ? (int)((deadline - now) / 1000000u) : 0;
         if (step > 1000)
             step = 1000;
-        if (step > 0 && kvr_client_status(cli, step, &s) == KVR_OK) {
+        if (step <= 0) {
+            fprintf(stderr, "kvrail cluster wait: not alive after %ld ms:%s\n", timeout_ms,
+                    missing);
+            break;
+        }
+        if (kvr_client_status(cli, step, &s) == KVR_OK) {
             if (router_only || !not_alive(cl, want, &s, missing, sizeof(missing))) {
                 rc = 0;
                 break;
@@ -142,11 +147,6 @@ static int cluster_wait(int argc, char **argv)
         } else {
             snprintf(missing, sizeof(missing), " (router at %s not answering: %s)",
                      cl->client_endpoint, kvr_client_error(cli));
-        }
-        if (kvr_now_ns() >= deadline) {
-            fprintf(stderr, "kvrail cluster wait: not alive after %ld ms:%s\n", timeout_ms,
-                    missing);
-            break;
         }
         usleep(100000);
     }
