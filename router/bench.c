@@ -161,8 +161,11 @@ static void node_msg(int idx, kvr_proto_frame_t *f)
         p->d = idx;
         p->n_tokens = (uint32_t)r->n_token_ids;
         p->max_tokens = r->max_tokens;
-        p->n_hashes = r->n_block_hashes < 256 ? r->n_block_hashes : 256;
-        memcpy(p->hashes, r->block_hashes, p->n_hashes * sizeof(uint64_t));
+        /* a node hashes its own prompt blocks (Reserve carries none) */
+        size_t nh = 0;
+        if (kvr_blockhash_seq(r->token_ids, r->n_token_ids, 16, p->hashes, 256, &nh) != KVR_OK)
+            nh = 0;
+        p->n_hashes = nh;
         uint32_t blocks[512];
         uint32_t nb = (p->n_tokens + 15) / 16;
         for (uint32_t i = 0; i < nb && i < 512; i++)

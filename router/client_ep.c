@@ -237,19 +237,11 @@ static void on_generate(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__Gener
         q->sp.seed = rt_rand(r);
         q->sp.has_seed = true;
     }
+    /* stop ids and EOS end the stream on D (it knows the model's EOS ids);
+     * the router passes the client's stop ids on and checks stop strings */
     for (size_t i = 0; i < g->n_stop_token_ids; i++)
         q->stop_ids[q->n_stop_ids++] = g->stop_token_ids[i];
     q->ignore_eos = g->ignore_eos;
-    for (size_t i = 0; !g->ignore_eos && i < r->n_eos && q->n_stop_ids < 64; i++)
-        if (!rt_req_is_stop_id(q, r->eos_ids[i]))
-            q->stop_ids[q->n_stop_ids++] = r->eos_ids[i];
-    if (r->tok && !g->ignore_eos) {
-        const int32_t *eos = NULL;
-        size_t ne = kvr_tokenizer_eos_ids(r->tok, &eos);
-        for (size_t i = 0; i < ne && q->n_stop_ids < 64; i++)
-            if (!rt_req_is_stop_id(q, (uint32_t)eos[i]))
-                q->stop_ids[q->n_stop_ids++] = (uint32_t)eos[i];
-    }
     if (r->tok && !g->no_text && kvr_detok_create(r->tok, true, &q->detok) != KVR_OK)
         q->detok = NULL;
     for (size_t i = 0; i < g->n_stop; i++) {

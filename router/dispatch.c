@@ -43,8 +43,6 @@ static enum rt_dispatch_result send_pick(rt_t *r, struct rt_req *q, const struct
     rs.request_id = q->did;
     rs.n_token_ids = q->n_ctx;
     rs.token_ids = q->ctx;
-    rs.n_block_hashes = q->n_hashes;
-    rs.block_hashes = q->hashes;
     rs.lease_ms = r->cl->timeouts.lease_ms;
     rs.max_tokens = q->max_tokens - q->index_base;
     rs.sampling = &q->sp;
@@ -68,8 +66,6 @@ static enum rt_dispatch_result send_pick(rt_t *r, struct rt_req *q, const struct
         pf.seed = q->sp.seed;
         pf.decode_node = d->name;
         pf.lease_ms = r->cl->timeouts.lease_ms;
-        pf.n_block_hashes = q->n_hashes;
-        pf.block_hashes = q->hashes;
         if (rt_send_node(r, p, KVRAIL__METHOD__PREFILL, &pf.base) != KVR_OK) {
             rt_send_node_cancel(r, pk->d, q->did, KVR_ERR_PEER_FAILURE, "prefill node unreachable");
             rt_u64map_del(&r->reqs, q->did);
@@ -89,7 +85,7 @@ static enum rt_dispatch_result send_pick(rt_t *r, struct rt_req *q, const struct
     d->free_est -= q->need_blocks;
     d->active++;
     d->requests++;
-    q->state = RQ_RESERVING;
+    rt_req_set_state(r, q, RQ_RESERVING);
     q->t_dispatch = now;
     q->prefill_deadline = now + (uint64_t)r->cl->timeouts.prefill_ms * MS;
     rt_timer_arm(r, q->prefill_deadline + 1);
@@ -195,7 +191,7 @@ void rt_on_reserved(rt_t *r, struct rt_node *n, const Kvrail__Reserved *m, uint6
             q->n_block_ids = m->n_block_ids;
         }
     }
-    q->state = RQ_PREFILLING;
+    rt_req_set_state(r, q, RQ_PREFILLING);
     if (!q->local && q->p >= 0) {
         Kvrail__PrefillTarget t = KVRAIL__PREFILL_TARGET__INIT;
         t.request_id = q->did;

@@ -40,36 +40,13 @@ static void on_signal(int sig)
     stop_flag = 1;
 }
 
-static void add_eos(rt_t *r, const kvr_json_t *root)
-{
-    const kvr_json_t *e = kvr_json_get(root, "eos_token_id");
-    if (!e)
-        return;
-    if (e->type == KVR_JSON_NUMBER && e->is_int && e->i64 >= 0 && r->n_eos < 16)
-        r->eos_ids[r->n_eos++] = (uint32_t)e->i64;
-    if (e->type == KVR_JSON_ARRAY)
-        for (size_t i = 0; i < e->n && r->n_eos < 16; i++)
-            if (e->items[i]->type == KVR_JSON_NUMBER && e->items[i]->is_int &&
-                e->items[i]->i64 >= 0)
-                r->eos_ids[r->n_eos++] = (uint32_t)e->items[i]->i64;
-}
-
 static void load_model_info(rt_t *r)
 {
     char path[KVR_CLUSTER_PATH_MAX + 32];
     snprintf(path, sizeof(path), "%s/config.json", r->cl->model_dir);
     kvr_json_doc_t *doc = NULL;
     char err[512];
-    char gpath[KVR_CLUSTER_PATH_MAX + 32];
-    snprintf(gpath, sizeof(gpath), "%s/generation_config.json", r->cl->model_dir);
-    if (kvr_json_parse_file(gpath, &doc, err, sizeof(err)) == KVR_OK) {
-        add_eos(r, kvr_json_root(doc));
-        kvr_json_free(doc);
-        doc = NULL;
-    }
     if (kvr_json_parse_file(path, &doc, err, sizeof(err)) == KVR_OK) {
-        if (!r->n_eos)
-            add_eos(r, kvr_json_root(doc));
         const kvr_json_t *root = kvr_json_root(doc);
         int64_t ctx = kvr_json_get_int(root, "max_position_embeddings", 0, NULL);
         int64_t voc = kvr_json_get_int(root, "vocab_size", 0, NULL);

@@ -256,6 +256,7 @@ void rt_registry_on_register(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__
     n->free_est = q->total_blocks;
     n->reserved_blocks = n->batch_size = n->cached_blocks = 0;
     n->inflight_tokens = 0;
+    n->reserving_blocks = 0;
     if (!r->context && n->max_context)
         r->context = n->max_context;
     if (!r->vocab && n->vocab_size)
@@ -302,11 +303,7 @@ void rt_registry_on_heartbeat(rt_t *r, const kvr_proto_frame_t *f, struct rt_nod
     n->kv_bytes = hb->kv_bytes_moved;
     n->kv_ns = hb->kv_transfer_ns;
     /* free estimate: what the node says minus what is on its way to it */
-    int64_t pending = 0;
-    for (struct rt_req *q = r->all; q; q = q->anext)
-        if (q->d == n->idx && q->state == RQ_RESERVING)
-            pending += q->need_blocks;
-    n->free_est = (int64_t)hb->free_blocks - pending;
+    n->free_est = (int64_t)hb->free_blocks - (int64_t)n->reserving_blocks;
     if (hb->block_event_seq <= n->ev_seq)
         n->hb_lag_seq = 0;
     if (n->role == KVR_NODE_ROLE_DECODE && hb->block_event_seq > n->ev_seq && !n->resync_wait) {

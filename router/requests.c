@@ -119,8 +119,20 @@ static struct rt_node *same_d(rt_t *r, const struct rt_req *q)
     return d->incarnation == q->d_inc ? d : NULL;
 }
 
+void rt_req_set_state(rt_t *r, struct rt_req *q, enum rt_req_state st)
+{
+    struct rt_node *d = same_d(r, q);
+    if (d && q->state == RQ_RESERVING && st != RQ_RESERVING)
+        d->reserving_blocks -=
+            d->reserving_blocks < q->need_blocks ? d->reserving_blocks : q->need_blocks;
+    if (d && st == RQ_RESERVING && q->state != RQ_RESERVING)
+        d->reserving_blocks += q->need_blocks;
+    q->state = st;
+}
+
 void rt_req_release(rt_t *r, struct rt_req *q)
 {
+    rt_req_set_state(r, q, RQ_QUEUED);
     if (q->p >= 0) {
         struct rt_node *p = &r->nodes[q->p];
         if (!q->prefill_done) {
@@ -153,14 +165,6 @@ void rt_req_requeue(rt_t *r, struct rt_req *q, uint64_t now)
     rt_req_release(r, q);
     q->queue_deadline = now + (uint64_t)r->cl->timeouts.queue_ms * 1000000ull;
     rt_queue_push(r, q, true);
-}
-
-bool rt_req_is_stop_id(const struct rt_req *q, uint32_t t)
-{
-    for (size_t i = 0; i < q->n_stop_ids; i++)
-        if (q->stop_ids[i] == t)
-            return true;
-    return false;
 }
 
 static void fill_usage(rt_t *r, struct rt_req *q, Kvrail__GenerateUsage *u, uint64_t now,

@@ -90,8 +90,9 @@ struct rt_node {
     uint64_t pd_bytes, pd_ns; /* the same, summed from PrefillDone (prefill and decode side) */
     /* load, router's estimate between heartbeats */
     int64_t free_est;
-    uint64_t inflight_tokens; /* prefill tokens dispatched and not done */
-    uint32_t active;          /* requests assigned */
+    uint64_t reserving_blocks; /* blocks of Reserves sent and not answered */
+    uint64_t inflight_tokens;  /* prefill tokens dispatched and not done */
+    uint32_t active;           /* requests assigned */
     uint64_t requests;
     /* block directory sync (the blocks themselves are in rt.dir) */
     uint64_t ev_seq;
@@ -192,10 +193,8 @@ typedef struct rt {
     uint64_t start_ns;
     uint64_t rng;
     kvr_tokenizer_t *tok;
-    uint32_t context;     /* model context length, 0 = unknown */
-    uint32_t vocab;       /* 0 = unknown */
-    uint32_t eos_ids[16]; /* the model's eos ids (generation_config.json / config.json) */
-    size_t n_eos;
+    uint32_t context; /* model context length, 0 = unknown */
+    uint32_t vocab;   /* 0 = unknown */
     char model_fingerprint[128];
     struct rt_node nodes[RT_MAX_NODES];
     int n_nodes;
@@ -263,6 +262,8 @@ void rt_req_add(rt_t *r, struct rt_req *q);
 void rt_req_free(rt_t *r, struct rt_req *q);
 void rt_queue_remove(rt_t *r, struct rt_req *q);
 void rt_queue_push(rt_t *r, struct rt_req *q, bool front);
+/** Moves q to state st, keeping D's reserving_blocks in step. */
+void rt_req_set_state(rt_t *r, struct rt_req *q, enum rt_req_state st);
 /** Undoes the load estimates of the current dispatch. */
 void rt_req_release(rt_t *r, struct rt_req *q);
 /** Back to the queue's front for another dispatch (retry, reject, migration). */
@@ -272,7 +273,6 @@ void rt_req_requeue(rt_t *r, struct rt_req *q, uint64_t now);
 void rt_req_finish(rt_t *r, struct rt_req *q, kvr_status_t code, Kvrail__FinishReason fin,
                    bool cancel_nodes, uint64_t now, const char *fmt, ...)
     __attribute__((format(printf, 7, 8)));
-bool rt_req_is_stop_id(const struct rt_req *q, uint32_t t);
 
 /* dispatch.c */
 enum rt_dispatch_result {

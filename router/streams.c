@@ -3,10 +3,11 @@
  * token comes from P's PrefillDone or D's token 0, whichever arrives first;
  * D's later tokens follow in order (index per dispatch, offset by the tokens
  * streamed before a migration).  Each token is detokenized incrementally and
- * sent as a GenerateChunk.  The router ends a stream on stop strings (the
- * last bytes of text kept in a small tail) and on what D reports finished;
- * max_tokens and stop ids are D's, the router checks them again only so a
- * stream that overtakes D's finish still ends at the right token.
+ * sent as a GenerateChunk.  Stop strings are the router's (the last bytes
+ * of text kept in a small tail); EOS, stop ids and max_tokens are D's, which
+ * marks the token that ends the stream (or sends a finish without a token
+ * when token 0 came through PrefillDone).  The router still cuts a stream
+ * at max_tokens: the bound of what it streams, should a node run past it.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -24,7 +25,7 @@ static bool emit(rt_t *r, struct rt_req *q, uint32_t token, float logprob,
     if (!q->t_first)
         q->t_first = now;
     if (q->state < RQ_DECODING)
-        q->state = RQ_DECODING;
+        rt_req_set_state(r, q, RQ_DECODING);
     q->out[q->n_out++] = token;
     Kvrail__GenerateChunk c = KVRAIL__GENERATE_CHUNK__INIT;
     c.request_id = q->id;
@@ -42,8 +43,6 @@ static bool emit(rt_t *r, struct rt_req *q, uint32_t token, float logprob,
         }
     }
     Kvrail__FinishReason fin = node_fin;
-    if (!fin && rt_req_is_stop_id(q, token))
-        fin = KVRAIL__FINISH_REASON__FINISH_STOP;
     if (!fin && q->n_stops && text_len) {
         /* keep the last max_stop_len - 1 bytes plus this text */
         size_t keep = q->tail_len < q->max_stop_len ? q->tail_len : q->max_stop_len;
@@ -56,8 +55,11 @@ static bool emit(rt_t *r, struct rt_req *q, uint32_t token, float logprob,
             if (memmem(q->tail, q->tail_len, q->stops[i], strlen(q->stops[i])))
                 fin = KVRAIL__FINISH_REASON__FINISH_STOP;
     }
-    if (!fin && (q->n_out >= q->max_tokens || (r->context && q->n_prompt + q->n_out >= r->context)))
+    if (!fin && q->n_out >= q->max_tokens) {
+        /* D ends the stream at max_tokens; this is the bound of the
+         * client's stream (and of q->out) should a node run past it */
         fin = KVRAIL__FINISH_REASON__FINISH_LENGTH;
+    }
     char *buf = NULL;
     if (text_len) {
         buf = malloc(text_len + 1);
