@@ -35,12 +35,6 @@
             snprintf(err, err_len, __VA_ARGS__);                                                   \
     } while (0)
 
-enum logits_mode {
-    LOGITS_NONE,
-    LOGITS_LAST, /* only the last row: out[V] */
-    LOGITS_ALL,  /* every row: out[M][V] */
-};
-
 /* Attention arguments of a forward pass over the M rows of the run state. */
 static struct kvr_attn_args attn_args(const struct kvr_model_config *c,
                                       const struct kvr_run_state *s, const struct kvr_kv_pool *pool,
@@ -57,11 +51,15 @@ static struct kvr_attn_args attn_args(const struct kvr_model_config *c,
     };
 }
 
+/* Runs the M rows of the run state through the model; then, if out, the
+ * logits of n_out rows: out_rows[i] (NULL: rows 0..n_out-1) into out[i][V].
+ * Every op is batch-invariant (kvr_compute_backend.h), so each row's result
+ * is the same whatever else is in the pass. */
 static kvr_status_t forward(kvr_ctx_t *ctx, const struct kvr_kv_pool *pool, int32_t M,
-                            kvr_layer_done_fn layer_done, void *arg, enum logits_mode lm,
-                            bool invariant, float *out)
+                            kvr_layer_done_fn layer_done, void *arg, const int32_t *out_rows,
+                            int32_t n_out, float *out)
 {
-    const unsigned inv = invariant ? KVR_MM_INVARIANT : 0, acc = inv | KVR_MM_ACCUMULATE;
+    const unsigned acc = KVR_MM_INVARIANT | KVR_MM_ACCUMULATE, inv = KVR_MM_INVARIANT;
     const kvr_model_t *m = ctx->model;
     const struct kvr_model_config *c = &m->cfg;
     const struct kvr_model_weights *w = &m->w;
@@ -97,14 +95,17 @@ static kvr_status_t forward(kvr_ctx_t *ctx, const struct kvr_kv_pool *pool, int3
                 return st;
         }
     }
-    if (lm == LOGITS_LAST) {
-        ops->rmsnorm(be, s->xlast, s->x + (size_t)(M - 1) * (size_t)d, 1, d, w->final_norm,
-                     c->norm_eps);
-        ops->matmul(be, out, s->xlast, 1, &w->lm_head, NULL, inv);
-    } else if (lm == LOGITS_ALL) {
-        ops->rmsnorm(be, s->xlast, s->x, M, d, w->final_norm, c->norm_eps);
-        ops->matmul(be, out, s->xlast, M, &w->lm_head, NULL, inv);
+    if (!out || n_out < 1)
+        return KVR_OK;
+    const float *xl = s->x;
+    if (out_rows) { /* gather the rows that need logits */
+        for (int32_t i = 0; i < n_out; i++)
+            memcpy(s->xb + (size_t)i * (size_t)d, s->x + (size_t)out_rows[i] * (size_t)d,
+                   (size_t)d * sizeof(float));
+        xl = s->xb;
     }
+    ops->rmsnorm(be, s->xlast, xl, n_out, d, w->final_norm, c->norm_eps);
+    ops->matmul(be, out, s->xlast, n_out, &w->lm_head, NULL, inv);
     return KVR_OK;
 }
 
@@ -150,110 +151,17 @@ kvr_status_t kvr_engine_prefill(kvr_ctx_t *ctx, const struct kvr_kv_pool *pool,
             ctx->s.pos[i] = c0 + i;
             ctx->s.bt[i] = req->block_table;
         }
-        enum logits_mode lm = req->all_logits ? LOGITS_ALL : last ? LOGITS_LAST : LOGITS_NONE;
-        float *out =
-            req->all_logits ? req->all_logits + (size_t)(c0 - req->n_cached) * (size_t)V : logits_p;
-        st = forward(ctx, pool, M, last ? req->layer_done : NULL, req->layer_done_arg, lm, false,
-                     out);
+        float *out = req->all_logits ? req->all_logits + (size_t)(c0 - req->n_cached) * (size_t)V
+                     : last          ? logits_p
+                                     : NULL;
+        int32_t last_row = M - 1;
+        st = forward(ctx, pool, M, last ? req->layer_done : NULL, req->layer_done_arg,
+                     req->all_logits ? NULL : &last_row, req->all_logits ? M : 1, out);
         if (st != KVR_OK)
             return st;
         if (last && req->all_logits)
             memcpy(logits_p, out + (size_t)(M - 1) * (size_t)V, (size_t)V * sizeof(float));
     }
-    return KVR_OK;
-}
-
-/* The rows of a batched prefill: sequence i's n_rows[i] rows start at row
- * row0[i]; the n_small rows of the sequences of <= KVR_GEMV_ROWS new tokens
- * come first, the longer ones after. */
-struct batch_rows {
-    int32_t M, n_small;
-    size_t n;
-    const int32_t *row0, *n_rows;
-};
-
-/* A matmul over the rows of a batched prefill, each sequence's rows computed
- * as they would be alone: the short sequences' rows together in one
- * invariant call (alone they take the same batch-invariant kernel); each
- * long sequence's rows in a call of their own (alone they take the GEMM,
- * whose rows can depend on M: OpenBLAS gives different roundings for a row
- * in a 66-row and a 33-row product of some shapes). */
-static void mm_rows(kvr_ctx_t *ctx, float *y, const float *x, const struct batch_rows *br,
-                    const struct kvr_weight *w, const float *bias, unsigned acc)
-{
-    const struct kvr_compute_ops *ops = ctx->be->ops;
-    const size_t N = (size_t)w->rows, K = (size_t)w->cols;
-    if (br->n_small > 0)
-        ops->matmul(ctx->be, y, x, br->n_small, w, bias, acc | KVR_MM_INVARIANT);
-    for (size_t i = 0; i < br->n; i++)
-        if (br->n_rows[i] > KVR_GEMV_ROWS)
-            ops->matmul(ctx->be, y + (size_t)br->row0[i] * N, x + (size_t)br->row0[i] * K,
-                        br->n_rows[i], w, bias, acc);
-}
-
-/* The batched prefill's forward pass: s->tokens/pos/bt hold the rows of br;
- * out[n][V] gets each sequence's last row's logits.  Per-row ops (embed,
- * norms, rope, kv_store) run over all rows at once; attention and swiglu
- * (whose vector/scalar split follows its thread chunks of the whole range)
- * per sequence, as alone. */
-static kvr_status_t forward_batch(kvr_ctx_t *ctx, const struct kvr_kv_pool *pool,
-                                  const struct batch_rows *br, kvr_layer_done_fn layer_done,
-                                  void *arg, float *out)
-{
-    const int32_t M = br->M;
-    const size_t n = br->n;
-    const int32_t *row0 = br->row0, *n_rows = br->n_rows;
-    const unsigned acc = KVR_MM_ACCUMULATE;
-    const kvr_model_t *m = ctx->model;
-    const struct kvr_model_config *c = &m->cfg;
-    const struct kvr_model_weights *w = &m->w;
-    const struct kvr_compute_ops *ops = ctx->be->ops;
-    struct kvr_compute_backend *be = ctx->be;
-    struct kvr_run_state *s = &ctx->s;
-    const int32_t d = c->hidden;
-    const size_t qd = (size_t)c->n_heads * (size_t)c->head_dim;
-
-    ops->embed(be, s->x, s->tokens, M, &w->embed);
-    struct kvr_attn_args a = attn_args(c, s, pool, M);
-    for (int32_t l = 0; l < c->n_layers; l++) {
-        const struct kvr_layer_weights *lw = &w->layers[l];
-        ops->rmsnorm(be, s->xb, s->x, M, d, lw->attn_norm, c->norm_eps);
-        mm_rows(ctx, s->q, s->xb, br, &lw->wq, lw->bq, 0);
-        mm_rows(ctx, s->k, s->xb, br, &lw->wk, lw->bk, 0);
-        mm_rows(ctx, s->v, s->xb, br, &lw->wv, lw->bv, 0);
-        ops->rope(be, s->q, M, c->n_heads, c->head_dim, s->pos, m->inv_freq);
-        ops->rope(be, s->k, M, c->n_kv_heads, c->head_dim, s->pos, m->inv_freq);
-        a.layer_base = pool->layer_base[l];
-        ops->kv_store(be, &a, s->k, s->v);
-        for (size_t i = 0; i < n; i++) {
-            struct kvr_attn_args sa = a;
-            sa.n_rows = n_rows[i];
-            sa.pos = s->pos + row0[i];
-            sa.block_table = s->bt + row0[i];
-            ops->attention(be, &sa, s->q + (size_t)row0[i] * qd, s->att + (size_t)row0[i] * qd);
-        }
-        mm_rows(ctx, s->x, s->att, br, &lw->wo, lw->bo, acc);
-        ops->rmsnorm(be, s->xb, s->x, M, d, lw->ffn_norm, c->norm_eps);
-        mm_rows(ctx, s->hb, s->xb, br, &lw->w_gate, NULL, 0);
-        mm_rows(ctx, s->hb2, s->xb, br, &lw->w_up, NULL, 0);
-        for (size_t i = 0; i < n; i++) {
-            size_t o = (size_t)row0[i] * (size_t)c->intermediate;
-            ops->swiglu(be, s->hb + o, s->hb2 + o, (size_t)n_rows[i] * (size_t)c->intermediate);
-        }
-        mm_rows(ctx, s->x, s->hb, br, &lw->w_down, NULL, acc);
-        if (layer_done) {
-            kvr_status_t st = layer_done(arg, l);
-            if (st != KVR_OK)
-                return st;
-        }
-    }
-    /* each sequence's last row, gathered, normed, through the lm head with
-     * the invariant kernel (as the single prefill's one-row matmul) */
-    for (size_t i = 0; i < n; i++)
-        memcpy(s->xb + i * (size_t)d, s->x + (size_t)(row0[i] + n_rows[i] - 1) * (size_t)d,
-               (size_t)d * sizeof(float));
-    ops->rmsnorm(be, s->xlast, s->xb, (int32_t)n, d, w->final_norm, c->norm_eps);
-    ops->matmul(be, out, s->xlast, (int32_t)n, &w->lm_head, NULL, KVR_MM_INVARIANT);
     return KVR_OK;
 }
 
@@ -316,33 +224,25 @@ kvr_status_t kvr_engine_prefill_batch(kvr_ctx_t *ctx, const struct kvr_kv_pool *
                       ctx->max_tokens);
         return KVR_ERR_INVALID;
     }
-    /* rows: the short sequences first, then the long ones; row0/n_rows
-     * (2n ints, the one allocation of this call) in the caller's order */
-    int32_t *row0 = calloc(2 * n, sizeof(int32_t));
-    if (!row0)
+    /* rows: each sequence's new tokens in the caller's order; out_rows
+     * (the one allocation of this call) its last row */
+    int32_t *out_rows = calloc(n, sizeof(int32_t));
+    if (!out_rows)
         return KVR_ERR_NO_MEMORY;
-    int32_t *n_rows = row0 + n, M = 0, n_small = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        for (size_t i = 0; i < n; i++) {
-            const struct kvr_prefill_seq *q = &seqs[i];
-            int32_t nn = q->n_tokens - q->n_cached;
-            if ((nn <= KVR_GEMV_ROWS) != (pass == 0))
-                continue;
-            row0[i] = M;
-            n_rows[i] = nn;
-            for (int32_t j = 0; j < nn; j++) {
-                ctx->s.tokens[M + j] = q->tokens[q->n_cached + j];
-                ctx->s.pos[M + j] = q->n_cached + j;
-                ctx->s.bt[M + j] = q->block_table;
-            }
-            M += nn;
+    int32_t M = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct kvr_prefill_seq *q = &seqs[i];
+        int32_t nn = q->n_tokens - q->n_cached;
+        for (int32_t j = 0; j < nn; j++) {
+            ctx->s.tokens[M + j] = q->tokens[q->n_cached + j];
+            ctx->s.pos[M + j] = q->n_cached + j;
+            ctx->s.bt[M + j] = q->block_table;
         }
-        if (pass == 0)
-            n_small = M;
+        M += nn;
+        out_rows[i] = M - 1;
     }
-    struct batch_rows br = {M, n_small, n, row0, n_rows};
-    st = forward_batch(ctx, pool, &br, layer_done, layer_done_arg, logits_p);
-    free(row0);
+    st = forward(ctx, pool, M, layer_done, layer_done_arg, out_rows, (int32_t)n, logits_p);
+    free(out_rows);
     return st;
 }
 
@@ -374,7 +274,7 @@ kvr_status_t kvr_engine_decode(kvr_ctx_t *ctx, const struct kvr_kv_pool *pool,
         ctx->s.pos[i] = q->pos;
         ctx->s.bt[i] = q->block_table;
     }
-    return forward(ctx, pool, n_seqs, NULL, NULL, LOGITS_ALL, true, logits_p);
+    return forward(ctx, pool, n_seqs, NULL, NULL, NULL, n_seqs, logits_p);
 }
 
 /* ------------------------------------------------------------ context */

@@ -34,19 +34,18 @@ struct kvr_backend_params {
     int32_t max_cols;    /* largest weight cols (K) */
     int32_t max_seq_len; /* longest sequence attention reads */
     int32_t max_head_dim;
-    /* matmuls of up to this many rows use the backend's batch-invariant
-     * kernel (each output row computed the same way whatever M), and so do
-     * all KVR_MM_INVARIANT ones; a fixed constant (KVR_GEMV_ROWS), not a
-     * context option, so every node computes a prompt the same way. */
+    /* unused since every matmul is batch-invariant at any M; kept so that
+     * callers that set it still compile */
     int32_t gemv_max_rows;
 };
 
-#define KVR_GEMV_ROWS 32
+#define KVR_GEMV_ROWS 32 /* the former gemv_max_rows; no longer a limit */
 
 enum kvr_mm_flags {
     KVR_MM_ACCUMULATE = 1, /* y += instead of y = */
-    KVR_MM_INVARIANT = 2,  /* each row's result must not depend on M (decode
-                              steps: batched == alone, bit for bit) */
+    KVR_MM_INVARIANT = 2,  /* each row's result must not depend on M; the CPU
+                              backend's matmul is invariant with or without
+                              it (every path bit for bit the same) */
 };
 
 /* Attention over the paged pool for n_rows query rows.  Row r is a token at
@@ -90,7 +89,9 @@ struct kvr_compute_ops {
     /* Writes k, v [n_rows][n_kv_heads][head_dim] at each row's position. */
     void (*kv_store)(struct kvr_compute_backend *be, const struct kvr_attn_args *a, const float *k,
                      const float *v);
-    /* out[n_rows][n_heads][head_dim] = softmax(q K^T * scale) V, causal. */
+    /* out[n_rows][n_heads][head_dim] = softmax(q K^T * scale) V, causal;
+     * rows may belong to different sequences.  A row's result must not
+     * depend on the other rows (batch invariance). */
     void (*attention)(struct kvr_compute_backend *be, const struct kvr_attn_args *a, const float *q,
                       float *out);
     /* g[i] = silu(g[i]) * u[i] for i < n. */

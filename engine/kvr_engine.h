@@ -199,9 +199,8 @@ struct kvr_prefill_seq {
  *  new tokens of all sequences together must fit in one chunk (sum of
  *  n_tokens - n_cached <= max_tokens); the sequences write disjoint blocks.
  *  Each sequence's logits and K/V are bit for bit those of
- *  kvr_engine_prefill() on it alone (rows of sequences of <= KVR_GEMV_ROWS
- *  new tokens go through the batch-invariant kernel as they would alone;
- *  longer ones through the GEMM).  n = 1 is kvr_engine_prefill().
+ *  kvr_engine_prefill() on it alone, of any length (every kernel is
+ *  batch-invariant).  n = 1 is kvr_engine_prefill().
  *  @return KVR_OK; KVR_ERR_INVALID (n < 1, too many new tokens, or a
  *          sequence invalid as for kvr_engine_prefill); an error returned by
  *          layer_done. */

@@ -1,28 +1,30 @@
 /*
  * cpu_backend.c - the CPU compute backend.
  *
- * matmul, y[M][N] = x[M][K] W[N][K]^T:
- *  - M <= gemv_max_rows, or KVR_MM_INVARIANT (decode steps, short prompts,
- *    last-token logits):
- *    our own kernel, W's rows split over the thread pool; each group of 4
- *    weight rows is read once in its file dtype (f32, f16 or bf16, widened
- *    in registers) and dotted with 4 activation rows at a time while it
- *    sits in L1.  Each output is one dot product summed in a fixed order,
- *    so a row's result does not depend on the batch (batch invariance:
- *    batched decode == decoding alone, bit for bit);
- *  - larger M (prefill): OpenBLAS cblas_sgemm, single-threaded, on slices
- *    of W's rows run by our pool (one set of threads: OpenBLAS's own pool
- *    and ours spinning against each other on few cores lost ~2x);
- *    f16/bf16 slices are widened into per-thread scratch just before their
- *    sgemm, so the model stays in its mapped file dtype.
- * Attention reads K/V through the block tables: for prefill (rows of one
- * sequence at consecutive positions) per kv head a gather of its K/V and
- * two sgemms per query head and 128-row tile (S = Q K^T, masked softmax,
- * O = S V); for decode one (row, head) pair per task with a vectorized dot
- * and exp.  Hot loops are compiled for x86-64-v4/v3/baseline
- * (target_clones) and picked at load by the CPU.
+ * Every op is batch-invariant: a row's result does not depend on how many
+ * rows are computed together, where the row sits, how a prompt is chunked
+ * or which thread runs it.  Threads split work by output rows/columns and
+ * heads, never inside a reduction, and every reduction has one fixed order:
+ *
+ *  - matmul, y[M][N] = x[M][K] W[N][K]^T, one kernel for every M (decode
+ *    steps and prefill alike): W's rows split over the thread pool in
+ *    panels of 4, each panel read once per L2-sized block of x rows in its
+ *    file dtype (f32, f16 or bf16; widened in registers, or for larger
+ *    blocks once into f32 scratch, which is exact) and dotted with 4 x rows
+ *    at a time while it sits in L1.  Each output is one dot product: 16
+ *    lanes accumulated over K in order, hsum()'s fixed tree, the scalar
+ *    tail, + bias;
+ *  - attention: each row's scores, softmax and weighted V sum over its
+ *    whole key range in key order (no split of the KV sequence); rows of
+ *    one sequence at consecutive positions share key loads in groups;
+ *  - rmsnorm: one sequential sum a row; swiglu and exp lane by lane.
+ *
+ * Hot loops are compiled for x86-64-v4/v3/baseline (target_clones) and
+ * picked at load by the CPU.  v4 and v3 compute the same bits (the same
+ * 16-lane order; both contract a*b+c into FMA); the baseline clone has no
+ * FMA and rounds differently, so the nodes of one cluster must all run the
+ * v3 or v4 clone (any x86-64 CPU with AVX2+FMA, or AVX-512).
  */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,18 +34,11 @@
 #include "kvr_log.h"
 #include "threadpool.h"
 
-#define CONV_FLOATS   (4u << 20) /* f32 scratch for widened weight rows: 16 MiB in all */
-#define ATTN_S_FLOATS (1u << 20) /* score tile of the GEMM attention: 4 MiB a thread */
-#define ATTN_ROWS     128        /* query rows per score tile */
-
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define KVR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define KVR_CLONES
 #endif
-
-/* Provided by OpenBLAS; absent from other CBLAS implementations. */
-extern void openblas_set_num_threads(int n) __attribute__((weak));
 
 typedef float v16f __attribute__((vector_size(64)));
 typedef uint16_t v16u16 __attribute__((vector_size(32)));
@@ -55,12 +50,10 @@ struct cpu_backend {
     struct kvr_compute_backend base; /* first */
     kvr_tp_t *tp;
     struct kvr_backend_params p;
-    float *conv; /* [n_threads][conv_per_thread] widened weight rows for sgemm */
-    size_t conv_per_thread, kv_per_thread;
-    float *scores; /* [n_threads][max_seq_len] attention scores */
-    float *kbuf;   /* [n_threads][max_seq_len][head_dim] a kv head's K, gathered */
-    float *vbuf;   /* [n_threads][max_seq_len][head_dim] and its V */
-    float *sbuf;   /* [n_threads][ATTN_S_FLOATS] score tiles of the GEMM attention */
+    float *conv; /* [n_threads][conv_per_thread] a widened weight panel */
+    size_t conv_per_thread;
+    float *scores; /* [n_threads][ATTN_RQ][max_seq_len] attention scores */
+    int32_t *grp;  /* [max_rows + 1] attention row groups */
 };
 
 static struct cpu_backend *cpu(struct kvr_compute_backend *be)
@@ -184,7 +177,10 @@ static inline __attribute__((always_inline)) void vexp_inplace(float *v, size_t 
     }
 }
 
-/* R weight rows x C activation rows, R*C accumulators. */
+/* R weight rows x C activation rows, R*C accumulators: out[c][r] = the dot
+ * of weight row r and x row c, 16 lanes accumulated over K in order (the
+ * tail zero-padded to a last vector step), then hsum().  Only vector
+ * arithmetic, so every instantiation (R, C, dtype) rounds alike. */
 static inline __attribute__((always_inline)) void micro(const int R, const int C, int32_t dtype,
                                                         const void *w, size_t ldw, const float *x,
                                                         size_t ldx_, size_t K, float *out,
@@ -206,114 +202,174 @@ static inline __attribute__((always_inline)) void micro(const int R, const int C
             for (int c = 0; c < C; c++)
                 acc[r][c] += wv[r] * xv[c];
     }
-    for (int r = 0; r < R; r++) {
-        for (int c = 0; c < C; c++) {
-            float s = hsum(acc[r][c]);
-            for (size_t kk = k; kk < K; kk++)
-                s += ld1((const char *)w + (size_t)r * ldw * esz, dtype, kk) *
-                     x[(size_t)c * ldx_ + kk];
-            out[(size_t)c * ldo + (size_t)r] = s;
+    if (k < K) { /* the tail, zero-padded to one more vector step */
+        v16f wv[4], xv[4];
+        for (int r = 0; r < R; r++) {
+            uint16_t h[16] = {0};
+            float f[16] = {0};
+            const char *wr = (const char *)w + (size_t)r * ldw * esz + k * esz;
+            memcpy(dtype == KVR_DT_F32 ? (void *)f : (void *)h, wr, (K - k) * esz);
+            wv[r] = dtype == KVR_DT_F32 ? ld16(f, dtype, 0) : ld16(h, dtype, 0);
         }
+        for (int c = 0; c < C; c++) {
+            float f[16] = {0};
+            memcpy(f, x + (size_t)c * ldx_ + k, (K - k) * 4);
+            xv[c] = ldx(f);
+        }
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++)
+                acc[r][c] += wv[r] * xv[c];
     }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            out[(size_t)c * ldo + (size_t)r] = hsum(acc[r][c]);
 }
 
-/* ------------------------------------------------------------ GEMV */
+/* ------------------------------------------------------------ matmul */
 
-struct gemv_job {
+struct mm_job {
+    struct cpu_backend *c;
     float *y;
     const float *x;
     int32_t M;
     const struct kvr_weight *w;
     const float *bias;
     bool accumulate;
+    int32_t per; /* weight rows a chunk, a multiple of 4 */
 };
 
-/* Rows n0..n1 of y: 4 weight rows at a time (tail: 1), each group dotted
- * with 4 activation rows at a time (tail: 1..3) while it sits in L1.  Every
- * y element is one dot product summed in the same order whatever M, the
- * tile or the thread: a row's result does not depend on the batch. */
-static inline __attribute__((always_inline)) void gemv_rows(const struct gemv_job *j, int32_t dtype,
-                                                            int32_t n0, int32_t n1)
+/* Rows m0..m1 of y against one panel of R weight rows wp (stride ldw, in
+ * dtype) starting at weight row n: R x C tiles of micro(). */
+static inline __attribute__((always_inline)) void mm_panel(const struct mm_job *j, int32_t dtype,
+                                                           const void *wp, size_t ldw, int R,
+                                                           int32_t n, int32_t m0, int32_t m1)
 {
     const size_t K = (size_t)j->w->cols, N = (size_t)j->w->rows;
-    const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
-    const char *W = j->w->data;
     float tmp[4 * 4];
-    for (int32_t n = n0; n < n1;) {
-        int R = n1 - n >= 4 ? 4 : 1;
-        const void *wr = W + (size_t)n * K * esz;
-        for (int32_t m = 0; m < j->M; m += 4) {
-            int C = j->M - m < 4 ? j->M - m : 4;
-            const float *xr = j->x + (size_t)m * K;
-#define MICRO(r, c) micro(r, c, dtype, wr, K, xr, K, K, tmp, 4)
-            if (R == 4) {
-                switch (C) {
-                case 4:
-                    MICRO(4, 4);
-                    break;
-                case 3:
-                    MICRO(4, 3);
-                    break;
-                case 2:
-                    MICRO(4, 2);
-                    break;
-                default:
-                    MICRO(4, 1);
-                    break;
-                }
-            } else {
-                switch (C) {
-                case 4:
-                    MICRO(1, 4);
-                    break;
-                case 3:
-                    MICRO(1, 3);
-                    break;
-                case 2:
-                    MICRO(1, 2);
-                    break;
-                default:
-                    MICRO(1, 1);
-                    break;
-                }
+    for (int32_t m = m0; m < m1; m += 4) {
+        int C = m1 - m < 4 ? m1 - m : 4;
+        const float *xr = j->x + (size_t)m * K;
+#define MICRO(r, c) micro(r, c, dtype, wp, ldw, xr, K, K, tmp, 4)
+        if (R == 4) {
+            switch (C) {
+            case 4:
+                MICRO(4, 4);
+                break;
+            case 3:
+                MICRO(4, 3);
+                break;
+            case 2:
+                MICRO(4, 2);
+                break;
+            default:
+                MICRO(4, 1);
+                break;
             }
-#undef MICRO
-            for (int c = 0; c < C; c++) {
-                for (int r = 0; r < R; r++) {
-                    float v = tmp[c * 4 + r] + (j->bias ? j->bias[n + r] : 0.0f);
-                    float *yp = &j->y[(size_t)(m + c) * N + (size_t)(n + r)];
-                    *yp = j->accumulate ? *yp + v : v;
-                }
+        } else {
+            switch (C) {
+            case 4:
+                MICRO(1, 4);
+                break;
+            case 3:
+                MICRO(1, 3);
+                break;
+            case 2:
+                MICRO(1, 2);
+                break;
+            default:
+                MICRO(1, 1);
+                break;
             }
         }
-        n += R;
+#undef MICRO
+        for (int c = 0; c < C; c++) {
+            for (int r = 0; r < R; r++) {
+                float v = tmp[c * 4 + r] + (j->bias ? j->bias[n + r] : 0.0f);
+                float *yp = &j->y[(size_t)(m + c) * N + (size_t)(n + r)];
+                *yp = j->accumulate ? *yp + v : v;
+            }
+        }
     }
 }
 
-KVR_CLONES static void gemv_task(void *arg, int ith, int nth, int tid)
+/* Weight rows n0..n1 of y for all M rows.  The activation rows go in blocks
+ * that stay in L2 (MM_XBLOCK bytes); per block, each panel of 4 weight rows
+ * (tail: 1) is read once and dotted with 4 activation rows at a time while
+ * it sits in L1.  A f16/bf16 panel met by more than MM_WIDEN_ROWS rows is
+ * first widened into the thread's f32 scratch (exact), so its conversion is
+ * paid once per block instead of once per 4 rows.  Every y element is one
+ * micro() dot product in the same order whatever M, the blocking, the
+ * widening or the thread: a row's result does not depend on the batch. */
+#define MM_XBLOCK     (512u << 10)
+#define MM_WIDEN_ROWS 8
+
+static inline __attribute__((always_inline)) void mm_rows(const struct mm_job *j, int32_t dtype,
+                                                          int32_t n0, int32_t n1, int tid)
 {
-    const struct gemv_job *j = arg;
+    const size_t K = (size_t)j->w->cols;
+    const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
+    const char *W = j->w->data;
+    int32_t mb = (int32_t)(MM_XBLOCK / (K * 4)) & ~3;
+    if (mb < 4)
+        mb = 4;
+    float *conv = j->c->conv + (size_t)tid * j->c->conv_per_thread;
+    for (int32_t m0 = 0; m0 < j->M; m0 += mb) {
+        int32_t m1 = j->M - m0 < mb ? j->M : m0 + mb;
+        bool widen = dtype != KVR_DT_F32 && m1 - m0 > MM_WIDEN_ROWS;
+        for (int32_t n = n0; n < n1;) {
+            int R = n1 - n >= 4 ? 4 : 1;
+            const void *wr = W + (size_t)n * K * esz;
+            if (widen) {
+                size_t i = 0, cnt = (size_t)R * K;
+                for (; i + 16 <= cnt; i += 16) {
+                    v16f v = ld16(wr, dtype, i);
+                    memcpy(conv + i, &v, 64);
+                }
+                for (; i < cnt; i++)
+                    conv[i] = ld1(wr, dtype, i);
+                mm_panel(j, KVR_DT_F32, conv, K, R, n, m0, m1);
+            } else {
+                mm_panel(j, dtype, wr, K, R, n, m0, m1);
+            }
+            n += R;
+        }
+    }
+}
+
+KVR_CLONES static void mm_task(void *arg, int ith, int nth, int tid)
+{
+    const struct mm_job *j = arg;
     int32_t N = j->w->rows;
-    /* split in multiples of 4 rows */
-    int32_t per = ((N + nth - 1) / nth + 3) & ~3;
-    int32_t n0 = ith * per, n1 = n0 + per < N ? n0 + per : N;
+    int32_t n0 = ith * j->per, n1 = n0 + j->per < N ? n0 + j->per : N;
     if (n0 >= n1)
         return;
     switch (j->w->dtype) {
     case KVR_DT_F32:
-        gemv_rows(j, KVR_DT_F32, n0, n1);
+        mm_rows(j, KVR_DT_F32, n0, n1, tid);
         break;
     case KVR_DT_BF16:
-        gemv_rows(j, KVR_DT_BF16, n0, n1);
+        mm_rows(j, KVR_DT_BF16, n0, n1, tid);
         break;
     default:
-        gemv_rows(j, KVR_DT_F16, n0, n1);
+        mm_rows(j, KVR_DT_F16, n0, n1, tid);
         break;
     }
 }
 
-/* ------------------------------------------------------------ GEMM */
+/* Threads split W's rows (multiples of 4), never K: batch-invariant at
+ * every M, so there is one kernel for decode and prefill alike. */
+static void cpu_matmul(struct kvr_compute_backend *be, float *y, const float *x, int32_t M,
+                       const struct kvr_weight *w, const float *bias, unsigned flags)
+{
+    struct cpu_backend *c = cpu(be);
+    const int32_t N = w->rows;
+    struct mm_job j = {c, y, x, M, w, bias, (flags & KVR_MM_ACCUMULATE) != 0, 0};
+    int n_chunks = chunks_for(c, (double)M * N * w->cols, N / 16);
+    j.per = ((N + n_chunks - 1) / n_chunks + 3) & ~3;
+    kvr_tp_run(c->tp, mm_task, &j, (N + j.per - 1) / j.per);
+}
 
+/* Widens n elements of src (dtype) into out. */
 struct conv_job {
     float *out;
     const void *src;
@@ -333,67 +389,6 @@ KVR_CLONES static void conv_task(void *arg, int ith, int nth, int tid)
     }
     for (; i < i1; i++)
         j->out[i] = ld1(j->src, j->dtype, i);
-}
-
-/* sgemm over a slice of W's rows [n0, n1), on one thread: OpenBLAS runs
- * single-threaded inside our pool, so one set of threads does all the work
- * (two pools spinning against each other on few cores lose a lot). */
-struct sgemm_job {
-    struct cpu_backend *c;
-    float *y;
-    const float *x;
-    int32_t M;
-    const struct kvr_weight *w;
-    bool accumulate;
-};
-
-KVR_CLONES static void sgemm_task(void *arg, int chunk, int n_chunks, int tid)
-{
-    const struct sgemm_job *j = arg;
-    const int32_t N = j->w->rows, K = j->w->cols;
-    int32_t per = ((N + n_chunks - 1) / n_chunks + 15) & ~15;
-    int32_t n0 = chunk * per, n1 = n0 + per < N ? n0 + per : N;
-    if (n0 >= n1)
-        return;
-    if (j->w->dtype == KVR_DT_F32) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->M, n1 - n0, K, 1.0f, j->x, K,
-                    (const float *)j->w->data + (size_t)n0 * (size_t)K, K,
-                    j->accumulate ? 1.0f : 0.0f, j->y + n0, N);
-        return;
-    }
-    /* f16/bf16: widen rows into this thread's scratch, multiply, next rows */
-    float *conv = j->c->conv + (size_t)tid * j->c->conv_per_thread;
-    int32_t rows = (int32_t)(j->c->conv_per_thread / (size_t)K);
-    for (int32_t r0 = n0; r0 < n1; r0 += rows) {
-        int32_t nr = n1 - r0 < rows ? n1 - r0 : rows;
-        struct conv_job cj = {conv, (const uint16_t *)j->w->data + (size_t)r0 * (size_t)K,
-                              j->w->dtype, (size_t)nr * (size_t)K};
-        conv_task(&cj, 0, 1, tid);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->M, nr, K, 1.0f, j->x, K, conv, K,
-                    j->accumulate ? 1.0f : 0.0f, j->y + r0, N);
-    }
-}
-
-static void cpu_matmul(struct kvr_compute_backend *be, float *y, const float *x, int32_t M,
-                       const struct kvr_weight *w, const float *bias, unsigned flags)
-{
-    struct cpu_backend *c = cpu(be);
-    const int32_t N = w->rows, K = w->cols;
-    const bool accumulate = flags & KVR_MM_ACCUMULATE;
-    if (M <= c->p.gemv_max_rows || (flags & KVR_MM_INVARIANT)) {
-        struct gemv_job j = {y, x, M, w, bias, accumulate};
-        kvr_tp_run(c->tp, gemv_task, &j, chunks_for(c, (double)M * N * K, N / 16));
-        return;
-    }
-    struct sgemm_job j = {c, y, x, M, w, accumulate};
-    /* one slice of >= 64 rows of W per thread: each sgemm call packs x
-     * again, so more slices cost more than the balance they buy */
-    int n_chunks = c->p.n_threads < N / 64 ? c->p.n_threads : N / 64;
-    kvr_tp_run(c->tp, sgemm_task, &j, n_chunks > 1 ? n_chunks : 1);
-    if (bias)
-        for (int32_t m = 0; m < M; m++)
-            for (int32_t n = 0; n < N; n++)
-                y[(size_t)m * (size_t)N + (size_t)n] += bias[n];
 }
 
 /* ------------------------------------------------------------ small ops */
@@ -478,12 +473,41 @@ static void cpu_kv_store(struct kvr_compute_backend *be, const struct kvr_attn_a
     }
 }
 
+/* Attention.  Rows go in groups of up to ATTN_RQ consecutive positions of
+ * one sequence (a prefill chunk; a decode step's rows are groups of one);
+ * a task is one (group, head).  Each row is computed exactly as alone: its
+ * scores q.k over every key of its range in key order (a 16-lane dot and
+ * hsum()'s tree, the scalar tail after), times scale; the max; exp by
+ * vexp() lane by lane; their sum in key order; O = sum over keys in key
+ * order of p_t v_t.  The group only shares each key's loads among its rows.
+ * No split of the key range, so a row's output is the same whatever the
+ * chunking, the batch or the cached prefix. */
+#define ATTN_RQ 4
+
 struct attn_job {
     struct cpu_backend *c;
     const struct kvr_attn_args *a;
     const float *q;
     float *out;
+    const int32_t *grp; /* [n_groups + 1] first row of each group */
+    int32_t n_groups;
 };
+
+static inline __attribute__((always_inline)) float attn_dot(const float *q, const float *k,
+                                                            int32_t hd)
+{
+    float s = 0;
+    int32_t i = 0;
+    if (hd % 16 == 0) {
+        v16f acc = {0};
+        for (; i < hd; i += 16)
+            acc += ldx(q + i) * ldx(k + i);
+        s = hsum(acc);
+    }
+    for (; i < hd; i++)
+        s += q[i] * k[i];
+    return s;
+}
 
 KVR_CLONES static void attn_task(void *arg, int ith, int nth, int tid)
 {
@@ -492,165 +516,86 @@ KVR_CLONES static void attn_task(void *arg, int ith, int nth, int tid)
     const struct kvr_kv_layout *l = a->layout;
     const int32_t H = a->n_heads, hd = l->head_dim, bs = l->block_size;
     const int32_t group = H / l->n_kv_heads;
-    float *sc = j->c->scores + (size_t)tid * (size_t)j->c->p.max_seq_len;
-    int32_t n_pairs = a->n_rows * H;
+    const size_t msl = (size_t)j->c->p.max_seq_len;
+    int32_t n_pairs = j->n_groups * H;
     for (int32_t pi = ith; pi < n_pairs; pi += nth) {
-        int32_t r = pi / H, h = pi % H, kvh = h / group;
-        int32_t p = a->pos[r];
-        int32_t lo = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
-        const float *qv = j->q + ((size_t)r * (size_t)H + (size_t)h) * (size_t)hd;
-        const int32_t *bt = a->block_table[r];
-        float mx = -INFINITY;
-        for (int32_t t = lo; t <= p; t++) {
+        int32_t h = pi / j->n_groups, gi = pi % j->n_groups, kvh = h / group;
+        int32_t r0 = j->grp[gi], g = j->grp[gi + 1] - r0;
+        const int32_t *bt = a->block_table[r0];
+        int32_t lo[ATTN_RQ], hi[ATTN_RQ];
+        float *sc[ATTN_RQ], inv[ATTN_RQ];
+        const float *qv[ATTN_RQ];
+        float *o[ATTN_RQ];
+        for (int32_t r = 0; r < g; r++) {
+            int32_t p = a->pos[r0 + r];
+            lo[r] = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+            hi[r] = p;
+            sc[r] = j->c->scores + ((size_t)tid * ATTN_RQ + (size_t)r) * msl;
+            qv[r] = j->q + ((size_t)(r0 + r) * (size_t)H + (size_t)h) * (size_t)hd;
+            o[r] = j->out + ((size_t)(r0 + r) * (size_t)H + (size_t)h) * (size_t)hd;
+        }
+        for (int32_t t = lo[0]; t <= hi[g - 1]; t++) {
             const float *kv = a->layer_base + kvr_kv_offset(l, bt[t / bs], 0, kvh, t % bs);
-            float s = 0;
-            int32_t i = 0;
-            if (hd % 16 == 0) {
-                v16f acc = {0};
-                for (; i < hd; i += 16)
-                    acc += ldx(qv + i) * ldx(kv + i);
-                s = hsum(acc);
-            }
-            for (; i < hd; i++)
-                s += qv[i] * kv[i];
-            s *= a->scale;
-            sc[t - lo] = s;
-            if (s > mx)
-                mx = s;
+            for (int32_t r = 0; r < g; r++)
+                if (t >= lo[r] && t <= hi[r])
+                    sc[r][t - lo[r]] = attn_dot(qv[r], kv, hd) * a->scale;
         }
-        float sum = 0;
-        vexp_inplace(sc, (size_t)(p - lo + 1), mx);
-        for (int32_t t = lo; t <= p; t++)
-            sum += sc[t - lo];
-        float inv = 1.0f / sum;
-        float *o = j->out + ((size_t)r * (size_t)H + (size_t)h) * (size_t)hd;
-        memset(o, 0, (size_t)hd * 4);
-        for (int32_t t = lo; t <= p; t++) {
+        for (int32_t r = 0; r < g; r++) {
+            size_t n = (size_t)(hi[r] - lo[r] + 1);
+            float mx = -INFINITY;
+            for (size_t t = 0; t < n; t++)
+                mx = sc[r][t] > mx ? sc[r][t] : mx;
+            vexp_inplace(sc[r], n, mx);
+            float sum = 0;
+            for (size_t t = 0; t < n; t++)
+                sum += sc[r][t];
+            inv[r] = 1.0f / sum;
+            memset(o[r], 0, (size_t)hd * 4);
+        }
+        for (int32_t t = lo[0]; t <= hi[g - 1]; t++) {
             const float *vv = a->layer_base + kvr_kv_offset(l, bt[t / bs], 1, kvh, t % bs);
-            float pr = sc[t - lo] * inv;
-            for (int32_t i = 0; i < hd; i++)
-                o[i] += pr * vv[i];
+            for (int32_t r = 0; r < g; r++) {
+                if (t < lo[r] || t > hi[r])
+                    continue;
+                float pr = sc[r][t - lo[r]] * inv[r];
+                int32_t i = 0;
+                if (hd % 16 == 0) {
+                    v16f pv = (v16f){0} + pr;
+                    for (; i < hd; i += 16) {
+                        v16f acc = ldx(o[r] + i) + pv * ldx(vv + i);
+                        memcpy(o[r] + i, &acc, 64);
+                    }
+                }
+                for (; i < hd; i++)
+                    o[r][i] += pr * vv[i];
+            }
         }
     }
-}
-
-/* Prefill attention with two GEMMs per head and row tile: S = Q K^T * scale
- * over the keys up to the tile's last row, a masked softmax per row, O = S V.
- * K and V of the kv head are first gathered from the blocks. */
-struct smax_job {
-    float *s;
-    int32_t ld, first_pos, lo_key, window, n_rows;
-};
-
-static inline __attribute__((always_inline)) void smax_row(const struct smax_job *j, int32_t r)
-{
-    float *row = j->s + (size_t)r * (size_t)j->ld;
-    int32_t pos = j->first_pos + r; /* absolute position of this query */
-    int32_t b = pos - j->lo_key;    /* last key index in the tile */
-    int32_t a = 0;
-    if (j->window > 0 && pos - j->window + 1 - j->lo_key > 0)
-        a = pos - j->window + 1 - j->lo_key;
-    float mx = -INFINITY;
-    for (int32_t t = a; t <= b; t++)
-        mx = row[t] > mx ? row[t] : mx;
-    vexp_inplace(row + a, (size_t)(b - a + 1), mx);
-    float sum = 0;
-    for (int32_t t = a; t <= b; t++)
-        sum += row[t];
-    float inv = 1.0f / sum;
-    for (int32_t t = a; t <= b; t++)
-        row[t] *= inv;
-    if (a > 0)
-        memset(row, 0, (size_t)a * 4);
-    if (b + 1 < j->ld)
-        memset(row + b + 1, 0, (size_t)(j->ld - b - 1) * 4);
-}
-
-struct attn_gemm_job {
-    struct cpu_backend *c;
-    const struct kvr_attn_args *a;
-    const float *q;
-    float *out;
-    int32_t lo, rows;
-};
-
-/* One kv head: gather its K/V, then for each query head of its group and
- * each tile of rows, S = Q K^T, masked softmax, O = S V. */
-KVR_CLONES static void attn_gemm_task(void *arg, int kvh, int n_chunks, int tid)
-{
-    const struct attn_gemm_job *j = arg;
-    const struct kvr_attn_args *a = j->a;
-    const struct kvr_kv_layout *l = a->layout;
-    struct cpu_backend *c = j->c;
-    const int32_t M = a->n_rows, H = a->n_heads, hd = l->head_dim, bs = l->block_size;
-    const int32_t group = H / l->n_kv_heads, p0 = a->pos[0], n_keys = p0 + M, lo = j->lo;
-    const size_t ldq = (size_t)H * (size_t)hd;
-    const int32_t *bt = a->block_table[0];
-    float *kbuf = c->kbuf + (size_t)tid * c->kv_per_thread;
-    float *vbuf = c->vbuf + (size_t)tid * c->kv_per_thread;
-    float *sbuf = c->sbuf + (size_t)tid * ATTN_S_FLOATS;
-    for (int32_t t = lo; t < n_keys; t++) {
-        size_t off = kvr_kv_offset(l, bt[t / bs], 0, kvh, t % bs);
-        memcpy(kbuf + (size_t)(t - lo) * (size_t)hd, a->layer_base + off, (size_t)hd * 4);
-        off = kvr_kv_offset(l, bt[t / bs], 1, kvh, t % bs);
-        memcpy(vbuf + (size_t)(t - lo) * (size_t)hd, a->layer_base + off, (size_t)hd * 4);
-    }
-    for (int32_t g = 0; g < group; g++) {
-        int32_t h = kvh * group + g;
-        for (int32_t r0 = 0; r0 < M; r0 += j->rows) {
-            int32_t mr = M - r0 < j->rows ? M - r0 : j->rows;
-            /* keys this tile needs: from the window start of its first row
-             * to its last row's position */
-            int32_t k0 =
-                a->window > 0 && p0 + r0 - a->window + 1 > lo ? p0 + r0 - a->window + 1 : lo;
-            int32_t nkk = p0 + r0 + mr - k0;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mr, nkk, hd, a->scale,
-                        j->q + (size_t)r0 * ldq + (size_t)h * (size_t)hd, (int)ldq,
-                        kbuf + (size_t)(k0 - lo) * (size_t)hd, hd, 0.0f, sbuf, nkk);
-            struct smax_job sj = {sbuf, nkk, p0 + r0, k0, a->window, mr};
-            for (int32_t r = 0; r < mr; r++)
-                smax_row(&sj, r);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mr, hd, nkk, 1.0f, sbuf, nkk,
-                        vbuf + (size_t)(k0 - lo) * (size_t)hd, hd, 0.0f,
-                        j->out + (size_t)r0 * ldq + (size_t)h * (size_t)hd, (int)ldq);
-        }
-    }
-}
-
-static bool attn_gemm(struct cpu_backend *c, const struct kvr_attn_args *a, const float *q,
-                      float *out)
-{
-    const int32_t M = a->n_rows;
-    if (M < 16)
-        return false;
-    for (int32_t r = 1; r < M; r++)
-        if (a->block_table[r] != a->block_table[0] || a->pos[r] != a->pos[0] + r)
-            return false;
-    const int32_t p0 = a->pos[0], n_keys = p0 + M;
-    int32_t lo = a->window > 0 && p0 - a->window + 1 > 0 ? p0 - a->window + 1 : 0;
-    int32_t nk = n_keys - lo;
-    int32_t rows = ATTN_ROWS < M ? ATTN_ROWS : M;
-    if ((size_t)rows * (size_t)nk > ATTN_S_FLOATS)
-        rows = (int32_t)(ATTN_S_FLOATS / (size_t)nk);
-    if (rows < 1 || (size_t)nk * (size_t)a->layout->head_dim > c->kv_per_thread)
-        return false;
-    struct attn_gemm_job j = {c, a, q, out, lo, rows};
-    kvr_tp_run(c->tp, attn_gemm_task, &j, a->layout->n_kv_heads);
-    return true;
 }
 
 static void cpu_attention(struct kvr_compute_backend *be, const struct kvr_attn_args *a,
                           const float *q, float *out)
 {
-    if (attn_gemm(cpu(be), a, q, out))
-        return;
-    struct attn_job j = {cpu(be), a, q, out};
+    struct cpu_backend *c = cpu(be);
+    /* groups: runs of up to ATTN_RQ rows of one sequence at consecutive
+     * positions */
+    int32_t n_groups = 0;
+    for (int32_t r = 0; r < a->n_rows;) {
+        int32_t e = r + 1;
+        while (e < a->n_rows && e - r < ATTN_RQ && a->block_table[e] == a->block_table[r] &&
+               a->pos[e] == a->pos[e - 1] + 1)
+            e++;
+        c->grp[n_groups++] = r;
+        r = e;
+    }
+    c->grp[n_groups] = a->n_rows;
+    struct attn_job j = {c, a, q, out, c->grp, n_groups};
     /* work: every row attends to up to pos + 1 keys, per head */
     double work = 0;
     for (int32_t r = 0; r < a->n_rows; r++)
         work += (double)(a->pos[r] + 1);
     work *= 4.0 * a->n_heads * a->layout->head_dim;
-    kvr_tp_run(cpu(be)->tp, attn_task, &j, chunks_for(cpu(be), work, a->n_rows * a->n_heads));
+    kvr_tp_run(c->tp, attn_task, &j, chunks_for(c, work, n_groups * a->n_heads));
 }
 
 struct swiglu_job {
@@ -672,9 +617,13 @@ KVR_CLONES static void swiglu_task(void *arg, int ith, int nth, int tid)
         v16f r = g / (1.0f + vexp(-g)) * u;
         memcpy(j->g + i, &r, 64);
     }
-    for (; i < i1; i++) {
-        float g = j->g[i];
-        j->g[i] = g / (1.0f + expf(-g)) * j->u[i];
+    if (i < i1) { /* the tail padded to a vector: every element through vexp() */
+        float gt[16] = {0}, ut[16] = {0};
+        memcpy(gt, j->g + i, (i1 - i) * 4);
+        memcpy(ut, j->u + i, (i1 - i) * 4);
+        v16f g = ldx(gt), u = ldx(ut);
+        v16f r = g / (1.0f + vexp(-g)) * u;
+        memcpy(j->g + i, &r, (i1 - i) * 4);
     }
 }
 
@@ -708,9 +657,7 @@ static void cpu_destroy(struct kvr_compute_backend *be)
     kvr_tp_destroy(c->tp);
     free(c->conv);
     free(c->scores);
-    free(c->kbuf);
-    free(c->vbuf);
-    free(c->sbuf);
+    free(c->grp);
     free(c);
 }
 
@@ -724,24 +671,15 @@ static kvr_status_t cpu_create(const struct kvr_backend_params *p,
     c->base.n_threads = p->n_threads;
     c->p = *p;
     size_t nt = (size_t)p->n_threads;
-    c->conv_per_thread = (CONV_FLOATS / nt) & ~(size_t)15;
-    if (c->conv_per_thread < (size_t)p->max_cols * 16)
-        c->conv_per_thread = (size_t)p->max_cols * 16;
-    c->kv_per_thread = ((size_t)p->max_seq_len * (size_t)p->max_head_dim + 15) & ~(size_t)15;
+    c->conv_per_thread = ((size_t)p->max_cols * 4 + 15) & ~(size_t)15;
     c->conv = aligned_alloc(64, nt * c->conv_per_thread * sizeof(float));
-    c->scores = aligned_alloc(64, (nt * (size_t)p->max_seq_len * 4 + 63) & ~(size_t)63);
-    c->kbuf = aligned_alloc(64, nt * c->kv_per_thread * sizeof(float));
-    c->vbuf = aligned_alloc(64, nt * c->kv_per_thread * sizeof(float));
-    c->sbuf = aligned_alloc(64, nt * ATTN_S_FLOATS * sizeof(float));
+    c->scores = aligned_alloc(64, nt * ATTN_RQ * (size_t)p->max_seq_len * sizeof(float));
+    c->grp = calloc((size_t)p->max_rows + 1, sizeof(int32_t));
     kvr_status_t st = KVR_ERR_NO_MEMORY;
-    if (!c->conv || !c->scores || !c->kbuf || !c->vbuf || !c->sbuf ||
-        (st = kvr_tp_create(p->n_threads, &c->tp)) != KVR_OK) {
+    if (!c->conv || !c->scores || !c->grp || (st = kvr_tp_create(p->n_threads, &c->tp)) != KVR_OK) {
         cpu_destroy(&c->base);
         return st;
     }
-    /* OpenBLAS runs single-threaded inside our pool's threads */
-    if (openblas_set_num_threads)
-        openblas_set_num_threads(1);
     *be_p = &c->base;
     return KVR_OK;
 }

@@ -1,8 +1,8 @@
 /*
  * test_engine_batch.c - the batched prefill (kvr_engine_prefill_batch):
  * sequences of different lengths, some continuing from a cached prefix
- * (ending on a block boundary or mid-block), some of <= KVR_GEMV_ROWS new
- * tokens and some longer, prefilled in one call give each sequence's
+ * (ending on a block boundary or mid-block), short and long ones (all rows
+ * in one batch-invariant matmul), prefilled in one call give each sequence's
  * last-position logits and every K/V block bit for bit equal (memcmp, no
  * tolerance) to prefilling it alone with kvr_engine_prefill; layer_done runs
  * once per layer for the whole batch, after that layer's K/V of every
@@ -83,9 +83,9 @@ static void run_model(const char *dir, const char *what)
     KVR_CHECK_STATUS(kvr_ctx_create(model, &o, &ctx, err, sizeof(err)), KVR_OK);
     KVR_CHECK_EQ(kvr_ctx_max_tokens(ctx), 512);
 
-    /* lengths / cached prefixes: 1 new token, a short one, exactly
-     * KVR_GEMV_ROWS and one more, block-boundary and mid-block prefixes,
-     * long ones (> 32 new rows go through the GEMM) */
+    /* lengths / cached prefixes: 1 new token, short ones, 32 and 33 (the
+     * former GEMV/GEMM switch), block-boundary and mid-block prefixes, long
+     * ones */
     static const int32_t len[NSEQ] = {5, 20, 32, 33, 64, 40, 100, 61, 130};
     static const int32_t cached[NSEQ] = {4, 0, 0, 0, 0, 16, 29, 3, 24};
     int32_t t[NSEQ][160], bt[NSEQ][NB];

@@ -1,0 +1,255 @@
+/*
+ * test_engine_invariant.c - every engine path gives the same bits for the
+ * same sequence.  The reference is one full prefill of a sequence of N
+ * tokens with every position's logits (all_logits) and its K/V.  Against it,
+ * memcmp-equal, no tolerance:
+ *  - chunked prefill (max_tokens 1, 7, 64, 512): every position's logits
+ *    and the K/V;
+ *  - prefill continuing from a cached prefix of every length 0..N-1 (ending
+ *    on a block boundary or mid-block): the logits of the new positions;
+ *  - batched prefill (kvr_engine_prefill_batch) with the sequence among
+ *    2..36 others of mixed lengths and cached prefixes, at each position of
+ *    the batch: its last logits and K/V;
+ *  - a decode step of the sequence's next token alone and in a batch of 8
+ *    (other sequences at other lengths, in every slot): the logits equal
+ *    the (N+1)-token prefill's last row.
+ * On Llama models stored in f32, bf16 and f16, and a Qwen2 one (biases), a
+ * sliding-window Mistral one, and head_dim / hidden not multiples of 16
+ * (the kernels' padded tails).
+ *
+ *   test_engine_invariant KVRAIL_MKMODEL
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvr_engine.h"
+#include "kvr_test.h"
+#include "engine_test_util.h"
+
+#define BS   8
+#define N    48 /* the sequence under test */
+#define NB   8  /* blocks a sequence: up to 64 positions */
+#define NOTH 36 /* other sequences */
+#define NBLK ((NOTH + 1) * NB)
+
+static kvr_model_t *model;
+static int32_t V, L;
+static int32_t seq[N + 1];
+static int32_t oth[NOTH][N];
+static int32_t oth_len[NOTH], oth_cached[NOTH];
+static int32_t bt[NOTH + 1][NB]; /* bt[0]: the sequence under test */
+static float *ref;               /* [N + 1][V] logits of the full prefill of N + 1 tokens */
+static struct kvr_kv_pool ref_pool;
+
+static void tokens(int32_t *t, int n, unsigned seed)
+{
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1103515245u + 12345u;
+        t[i] = (int32_t)((seed >> 8) % (unsigned)V);
+    }
+}
+
+static kvr_ctx_t *ctx_new(int32_t max_tokens, int32_t threads)
+{
+    char err[512];
+    kvr_ctx_t *ctx;
+    struct kvr_ctx_opts o = {.n_threads = threads, .max_tokens = max_tokens, .max_batch = 64};
+    KVR_CHECK_STATUS(kvr_ctx_create(model, &o, &ctx, err, sizeof(err)), KVR_OK);
+    return ctx;
+}
+
+static void prefill(kvr_ctx_t *ctx, struct kvr_kv_pool *p, const int32_t *t, int32_t n,
+                    int32_t cached, const int32_t *table, float *all, float *last)
+{
+    struct kvr_prefill_req r = {.tokens = t,
+                                .n_tokens = n,
+                                .n_cached = cached,
+                                .block_table = table,
+                                .n_blocks = NB,
+                                .all_logits = all};
+    KVR_CHECK_STATUS(kvr_engine_prefill(ctx, p, &r, last), KVR_OK);
+}
+
+/* the K/V of the sequence under test's first n positions, as in ref_pool */
+static int kv_equal(const struct kvr_kv_pool *p, int32_t n)
+{
+    const struct kvr_kv_layout *l = &p->layout;
+    for (int32_t layer = 0; layer < L; layer++)
+        for (int32_t t = 0; t < n; t++)
+            for (int kv = 0; kv < 2; kv++)
+                for (int32_t h = 0; h < l->n_kv_heads; h++) {
+                    size_t off = kvr_kv_offset(l, bt[0][t / BS], kv, h, t % BS);
+                    if (memcmp(p->layer_base[layer] + off, ref_pool.layer_base[layer] + off,
+                               (size_t)l->head_dim * 4) != 0)
+                        return 0;
+                }
+    return 1;
+}
+
+static int rows_equal(const float *a, int32_t pos0, int32_t n)
+{
+    return memcmp(a, ref + (size_t)pos0 * (size_t)V, (size_t)n * (size_t)V * 4) == 0;
+}
+
+static void pool_clear(struct kvr_kv_pool *p)
+{
+    for (int l = 0; l < L; l++)
+        memset(p->layer_base[l], 0, kvr_kv_layer_bytes(&p->layout, NBLK));
+}
+
+static void run_model(const char *dir, const char *what)
+{
+    char err[512];
+    KVR_CHECK_STATUS(kvr_model_load(dir, &model, err, sizeof(err)), KVR_OK);
+    V = kvr_model_vocab(model);
+    L = kvr_model_n_layers(model);
+    tokens(seq, N + 1, 7u);
+    for (int s = 0; s <= NOTH; s++)
+        for (int i = 0; i < NB; i++)
+            bt[s][i] = s + (NOTH + 1) * i; /* interleaved across sequences */
+    for (int s = 0; s < NOTH; s++) {
+        oth_len[s] = 1 + (s * 7) % 13;
+        oth_cached[s] = s % 3 == 0 ? 0 : (s * 5) % oth_len[s];
+        tokens(oth[s], oth_len[s], 1000u + (unsigned)s);
+    }
+    ref = malloc((size_t)(N + 1) * (size_t)V * 4);
+    float *lg = malloc((size_t)(N + 1) * (size_t)V * 4);
+    float *last = malloc((size_t)(NOTH + 1) * (size_t)V * 4);
+    KVR_CHECK(ref && lg && last);
+    struct kvr_kv_pool pool;
+    test_pool_init(model, BS, L, &ref_pool, NBLK);
+    test_pool_init(model, BS, L, &pool, NBLK);
+
+    /* the reference: one prefill of all N + 1 tokens, one chunk */
+    kvr_ctx_t *ctx = ctx_new(512, 2);
+    prefill(ctx, &ref_pool, seq, N + 1, 0, bt[0], ref, last);
+    KVR_CHECK(rows_equal(last, N, 1));
+
+    /* chunked prefill: every position's logits, and the K/V */
+    static const int32_t chunks[] = {1, 7, 64, 512};
+    for (size_t ci = 0; ci < sizeof(chunks) / sizeof(chunks[0]); ci++) {
+        kvr_ctx_t *cc = ctx_new(chunks[ci], 2);
+        pool_clear(&pool);
+        prefill(cc, &pool, seq, N + 1, 0, bt[0], lg, last);
+        if (!rows_equal(lg, 0, N + 1))
+            printf("%s: chunk size %d: logits differ\n", what, chunks[ci]);
+        KVR_CHECK(rows_equal(lg, 0, N + 1));
+        KVR_CHECK(kv_equal(&pool, N + 1));
+        kvr_ctx_destroy(cc);
+    }
+
+    /* a cached prefix of every length k: the new positions' logits */
+    for (int32_t k = 0; k < N; k++) {
+        pool_clear(&pool);
+        if (k > 0)
+            prefill(ctx, &pool, seq, k, 0, bt[0], NULL, last);
+        prefill(ctx, &pool, seq, N, k, bt[0], lg, last);
+        if (!rows_equal(lg, k, N - k))
+            printf("%s: prefix of %d cached: logits differ\n", what, k);
+        KVR_CHECK(rows_equal(lg, k, N - k));
+        KVR_CHECK(kv_equal(&pool, N));
+    }
+
+    /* batched prefill: the sequence (N tokens, some cached) among
+     * others, in several batch sizes and slots */
+    static const int32_t bsz[][2] = {{2, 0}, {2, 1}, {5, 3}, {8, 7}, {17, 4}, {36, 0}, {37, 36}};
+    for (size_t bi = 0; bi < sizeof(bsz) / sizeof(bsz[0]); bi++) {
+        int32_t n = bsz[bi][0], slot = bsz[bi][1], cached = (int32_t)(bi * 9) % N;
+        struct kvr_prefill_seq ss[NOTH + 1];
+        pool_clear(&pool);
+        for (int32_t i = 0, o = 0; i < n; i++) {
+            if (i == slot) {
+                ss[i] = (struct kvr_prefill_seq){seq, N, cached, bt[0], NB};
+                continue;
+            }
+            ss[i] = (struct kvr_prefill_seq){oth[o], oth_len[o], oth_cached[o], bt[o + 1], NB};
+            o++;
+        }
+        for (int32_t i = 0; i < n; i++)
+            if (ss[i].n_cached > 0)
+                prefill(ctx, &pool, ss[i].tokens, ss[i].n_cached, 0, ss[i].block_table, NULL, last);
+        KVR_CHECK_STATUS(kvr_engine_prefill_batch(ctx, &pool, ss, (size_t)n, NULL, NULL, last),
+                         KVR_OK);
+        if (!rows_equal(last + (size_t)slot * (size_t)V, N - 1, 1))
+            printf("%s: batch of %d, slot %d, %d cached: logits differ\n", what, n, slot, cached);
+        KVR_CHECK(rows_equal(last + (size_t)slot * (size_t)V, N - 1, 1));
+        KVR_CHECK(kv_equal(&pool, N));
+    }
+
+    /* decode of token N alone and among 7 others, in every slot, == the
+     * prefill's last row (the pool holds positions 0..N-1 from above) */
+    struct kvr_decode_seq ds[8];
+    for (int o = 0; o < 7; o++) /* the others: their prompts in the pool */
+        prefill(ctx, &pool, oth[o], oth_len[o], 0, bt[o + 1], NULL, last);
+    for (int slot = -1; slot < 8; slot++) {
+        int32_t n = slot < 0 ? 1 : 8;
+        for (int32_t i = 0, o = 0; i < n; i++) {
+            if (i == slot || slot < 0) {
+                ds[i] = (struct kvr_decode_seq){seq[N], N, bt[0], NB};
+                continue;
+            }
+            ds[i] = (struct kvr_decode_seq){oth[o][oth_len[o] - 1], oth_len[o] - 1, bt[o + 1], NB};
+            o++;
+        }
+        KVR_CHECK_STATUS(kvr_engine_decode(ctx, &pool, ds, n, last), KVR_OK);
+        int32_t at = slot < 0 ? 0 : slot;
+        if (!rows_equal(last + (size_t)at * (size_t)V, N, 1))
+            printf("%s: decode in a batch of %d, slot %d: logits differ\n", what, n, at);
+        KVR_CHECK(rows_equal(last + (size_t)at * (size_t)V, N, 1));
+        KVR_CHECK(kv_equal(&pool, N + 1));
+    }
+    /* and with one thread: the same bits */
+    kvr_ctx_t *c1 = ctx_new(16, 1);
+    pool_clear(&pool);
+    prefill(c1, &pool, seq, N + 1, 0, bt[0], lg, last);
+    KVR_CHECK(rows_equal(lg, 0, N + 1));
+    kvr_ctx_destroy(c1);
+    printf("%s: chunked, prefix-continued, batched prefill and batched decode == one full "
+           "prefill, bit for bit\n",
+           what);
+
+    free(ref);
+    free(lg);
+    free(last);
+    test_pool_free(&pool, L);
+    test_pool_free(&ref_pool, L);
+    kvr_ctx_destroy(ctx);
+    kvr_model_destroy(model);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        KVR_SKIP("usage: test_engine_invariant KVRAIL_MKMODEL");
+    static const struct {
+        const char *args, *what;
+    } models[] = {
+        {"--arch llama --layers 2 --hidden 128 --heads 4 --kv-heads 2 --intermediate 256 "
+         "--vocab 512 --seed 11",
+         "llama f32"},
+        {"--arch llama --layers 2 --hidden 128 --heads 4 --kv-heads 2 --intermediate 256 "
+         "--vocab 512 --dtype bf16 --seed 12",
+         "llama bf16"},
+        {"--arch llama --layers 2 --hidden 128 --heads 4 --kv-heads 2 --intermediate 256 "
+         "--vocab 512 --dtype f16 --seed 13",
+         "llama f16"},
+        {"--arch qwen2 --layers 2 --hidden 120 --heads 4 --kv-heads 2 --intermediate 200 "
+         "--vocab 300 --seed 14",
+         "qwen2 f32, head_dim 30"},
+        {"--arch mistral --layers 2 --hidden 128 --heads 4 --kv-heads 1 --intermediate 256 "
+         "--vocab 300 --sliding-window 20 --dtype bf16 --seed 15",
+         "mistral bf16, window 20"},
+    };
+    for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++) {
+        char d[] = "/tmp/kvr-test-engine-inv-XXXXXX", cmd[8192];
+        KVR_CHECK(mkdtemp(d) != NULL);
+        snprintf(cmd, sizeof(cmd), "%s --out %s %s >/dev/null", argv[1], d, models[i].args);
+        KVR_CHECK(system(cmd) == 0);
+        run_model(d, models[i].what);
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", d);
+        KVR_CHECK(system(cmd) == 0);
+    }
+    return 0;
+}
