@@ -469,10 +469,27 @@ static kvr_status_t parse_root(struct ctx *c, const yaml_node_t *root, kvr_clust
                         st = get_u32(c, lv, full, 0, 100, &cl->prefill_retries);
                     else if (!strcmp(lk, "max_tokens"))
                         st = get_u32(c, lv, full, 1, 1u << 24, &cl->max_tokens_limit);
+                    else if (!strcmp(lk, "prefill_chunk_tokens"))
+                        st = get_u32(c, lv, full, 0, 1u << 20, &cl->prefill_chunk_tokens);
+                    else if (!strcmp(lk, "reservation")) {
+                        const char *rs = scalar(lv);
+                        if (rs && !strcmp(rs, "paged"))
+                            cl->reservation = KVR_RESERVE_PAGED;
+                        else if (rs && !strcmp(rs, "whole"))
+                            cl->reservation = KVR_RESERVE_WHOLE;
+                        else
+                            st = fail(c, lv, full,
+                                      "'%s' is not a reservation policy (want paged: the "
+                                      "prompt's blocks, grown while decoding; or whole: prompt + "
+                                      "max_tokens up front)",
+                                      rs ? rs : "(not a string)");
+                    } else if (!strcmp(lk, "reservation_headroom_blocks"))
+                        st = get_u32(c, lv, full, 0, 1u << 16, &cl->reservation_headroom_blocks);
                     else
                         st = fail(c, lv, full,
                                   "unknown key in 'limits' (known: max_queue, prefill_retries, "
-                                  "max_tokens)");
+                                  "max_tokens, prefill_chunk_tokens, reservation, "
+                                  "reservation_headroom_blocks)");
                     if (st != KVR_OK)
                         return st;
                 }
@@ -541,6 +558,9 @@ static void set_defaults(kvr_cluster_t *cl)
     cl->max_queue = 256;
     cl->prefill_retries = 2;
     cl->max_tokens_limit = 8192;
+    cl->prefill_chunk_tokens = 0;
+    cl->reservation = KVR_RESERVE_PAGED;
+    cl->reservation_headroom_blocks = 2;
 }
 
 kvr_status_t kvr_cluster_parse(const char *text, size_t len, const char *name,

@@ -55,6 +55,13 @@ typedef struct kvr_cluster_node {
     int line;                          /* line of the node in the file */
 } kvr_cluster_node_t;
 
+/* How a decode node reserves KV blocks (limits.reservation). */
+enum kvr_reservation {
+    KVR_RESERVE_PAGED = 0, /* the prompt's blocks + headroom; grown while decoding; the
+                              youngest sequence is preempted (recomputed) when the pool is full */
+    KVR_RESERVE_WHOLE = 1, /* prompt + max_tokens up front: never preempted */
+};
+
 typedef struct kvr_cluster {
     char path[KVR_CLUSTER_PATH_MAX];           /* the file as given */
     char name[KVR_CLUSTER_NAME_MAX];           /* "cluster:", default "kvrail" */
@@ -78,6 +85,11 @@ typedef struct kvr_cluster {
     uint32_t max_queue;            /* requests waiting for capacity, default 256 */
     uint32_t prefill_retries;      /* default 2 */
     uint32_t max_tokens_limit;     /* largest max_tokens a client may ask, default 8192 */
+    /* decode: a local prefill runs in chunks of this many tokens between
+     * decode steps; 0 (default) = the engine's chunk (its max_tokens, 512) */
+    uint32_t prefill_chunk_tokens;
+    enum kvr_reservation reservation;     /* decode KV reservation, default paged */
+    uint32_t reservation_headroom_blocks; /* paged: blocks beyond the prompt's, default 2 */
     size_t n_nodes;
     kvr_cluster_node_t *nodes;
 } kvr_cluster_t;

@@ -61,6 +61,7 @@ enum dreq_state {
     DR_READY,         /* KV here, waiting for a batch slot */
     DR_RUNNING,
     DR_QUARANTINE, /* canceled while a prefill node may still write */
+    DR_PREEMPTED,  /* its blocks were taken back; waits to be recomputed */
 };
 
 struct dreq {
@@ -69,8 +70,11 @@ struct dreq {
     enum dreq_state state;
     int32_t *tokens; /* prompt, then generated */
     uint32_t n_prompt, n_tokens, cap, max_tokens, ngen;
-    uint32_t *blocks;
-    uint32_t n_blocks, n_prompt_blocks, n_cached_blocks;
+    uint32_t *blocks;    /* [max_blocks]: room for the whole request */
+    uint32_t n_blocks;   /* held now (paged: grows while decoding) */
+    uint32_t max_blocks; /* ceil(cap / block_size) */
+    uint32_t n_prompt_blocks, n_cached_blocks;
+    uint32_t kv_len;  /* decoding: positions whose K/V is in the blocks */
     uint64_t *hashes; /* sequence hashes of the prompt's full blocks */
     uint32_t n_hashes;
     kvr_sampler_t *smp;
@@ -142,7 +146,12 @@ struct decode {
     uint64_t kv_bytes, tokens_out, steps, cached_tokens, bad_notifs;
     /* the worker's own timings (ns) and the gaps between a running
      * sequence's tokens as sent */
-    uint64_t chunks, chunk_ns_max, decode_ns_max, step_ns_last, itl_ns_max;
+    uint64_t chunks, mixed_steps, chunk_ns_max, decode_ns_max, step_ns_last, itl_ns_max;
+    /* paged reservations */
+    bool paged;
+    uint32_t headroom;
+    uint64_t preemptions, grown_blocks;
+    int batch_max;
 };
 
 /* ---- block events ---- */
@@ -393,6 +402,7 @@ static void start_decoding(struct decode *d, struct dreq *r, int32_t tok, float 
 {
     r->tokens[r->n_tokens++] = tok;
     r->ngen = 1;
+    r->kv_len = r->n_prompt;
     r->t_ready = kvr_now_ns();
     d->tokens_out++;
     Kvrail__FinishReason fin = KVRAIL__FINISH_REASON__FINISH_NONE;
@@ -457,6 +467,14 @@ static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
                       nblocks, np, m->max_tokens, c.total);
         return;
     }
+    if (d->paged)
+        for (struct dreq *q = d->reqs; q; q = q->next)
+            if (q->state == DR_PREEMPTED) {
+                /* the preempted go first: the router queues this one */
+                send_rejected(d, m->request_id, KVR_ERR_NO_RESOURCE,
+                              "KV pool full: preempted requests wait for blocks");
+                return;
+            }
     struct kvr_sample_params sp;
     kvr_node_sampling(m->sampling, m->sampling ? m->sampling->seed : 0, &sp);
     char err[200];
@@ -474,6 +492,12 @@ static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
     r->max_tokens = m->max_tokens;
     r->tokens = malloc(((size_t)cap + 1) * sizeof *r->tokens);
     r->blocks = malloc(nblocks * sizeof *r->blocks);
+    r->max_blocks = nblocks;
+    if (d->paged) {
+        /* the prompt's blocks and a little headroom; the rest is grown */
+        uint32_t first = nprompt_blocks + d->headroom;
+        nblocks = first < nblocks ? first : nblocks;
+    }
     r->hashes = malloc((np / bs + 1) * sizeof *r->hashes);
     r->stop_ids = malloc((m->n_stop_token_ids + 1) * sizeof *r->stop_ids);
     if (!r->tokens || !r->blocks || !r->hashes || !r->stop_ids)
@@ -700,9 +724,97 @@ static struct dreq *next_local_prefill(struct decode *d)
 
 static void on_worker(void *arg, const struct kvr_worker_event *ev);
 
+/* Takes every block back from r (not in a job) and queues it to be
+ * recomputed: its prompt prefilled here again, then its generated tokens
+ * replayed through decode steps (their logits dropped), so that it goes on
+ * exactly where it was; the sampler keeps its state. */
+static void preempt(struct decode *d, struct dreq *r)
+{
+    batch_remove(d, r);
+    if (r->n_blocks)
+        kvr_blocktab_release(d->bt, r->blocks, r->n_blocks);
+    r->n_blocks = 0;
+    r->n_computed = 0;
+    r->kv_len = 0;
+    r->last_step_tok_ns = 0;
+    r->state = DR_PREEMPTED;
+    d->preemptions++;
+    KVR_LOG_INFO(COMP,
+                 "request %" PRIu64 ": preempted after %u tokens (KV pool full); it will "
+                 "be recomputed",
+                 r->id, r->ngen);
+    kvr_node_stats_dirty(&d->node);
+}
+
+/* The youngest request holding blocks that may give them back. */
+static struct dreq *youngest_victim(struct decode *d)
+{
+    struct dreq *v = NULL;
+    for (struct dreq *r = d->reqs; r; r = r->next)
+        if ((r->state == DR_RUNNING || r->state == DR_READY || r->state == DR_LOCAL_PREFILL) &&
+            r->n_blocks > 0 && !r->end_pending && (!v || r->t_reserve > v->t_reserve))
+            v = r;
+    return v;
+}
+
+/* Paged: every running sequence gets the block its next position needs,
+ * oldest first; when the pool is out of blocks the youngest request is
+ * preempted (possibly the one growing), so the oldest always progresses. */
+static void grow_batch(struct decode *d)
+{
+    uint32_t bs = (uint32_t)d->node.layout.block_size;
+    for (;;) {
+        struct dreq *need = NULL;
+        for (int i = 0; i < d->n_batch; i++) {
+            struct dreq *r = d->batch[i];
+            if (r->kv_len / bs >= r->n_blocks && (!need || r->t_reserve < need->t_reserve))
+                need = r;
+        }
+        if (!need)
+            return;
+        if (need->n_blocks >= need->max_blocks) { /* cannot happen: cap bounds kv_len */
+            req_fail(d, need, KVR_ERR_INTERNAL, "sequence outgrew its block table");
+            continue;
+        }
+        if (kvr_blocktab_alloc(d->bt, 1, &need->blocks[need->n_blocks]) == KVR_OK) {
+            need->n_blocks++;
+            d->grown_blocks++;
+            continue;
+        }
+        struct dreq *v = youngest_victim(d);
+        preempt(d, v ? v : need);
+    }
+}
+
+/* Paged: the oldest preempted request gets blocks for everything it had
+ * when there are enough, and is recomputed. */
+static void readmit(struct decode *d)
+{
+    uint32_t bs = (uint32_t)d->node.layout.block_size;
+    struct dreq *o = NULL;
+    for (struct dreq *r = d->reqs; r; r = r->next)
+        if (r->state == DR_PREEMPTED && !r->end_pending && (!o || r->t_reserve < o->t_reserve))
+            o = r;
+    if (!o)
+        return;
+    uint32_t need = (o->n_tokens + bs - 1) / bs;
+    if (need > o->max_blocks)
+        need = o->max_blocks;
+    if (kvr_blocktab_available(d->bt) < need ||
+        kvr_blocktab_alloc(d->bt, need, o->blocks) != KVR_OK)
+        return;
+    o->n_blocks = need;
+    o->n_computed = 0;
+    o->state = DR_LOCAL_PREFILL;
+    KVR_LOG_DEBUG(COMP, "request %" PRIu64 ": readmitted, recomputing %u tokens", o->id,
+                  o->n_tokens);
+}
+
 /* Builds and submits the next step, if there is work. */
 static void start_step(struct decode *d)
 {
+    if (d->paged)
+        readmit(d);
     /* join: ready sequences take free batch slots, oldest first */
     if (d->n_batch < d->max_batch) {
         struct dreq *cand[256];
@@ -716,6 +828,10 @@ static void start_step(struct decode *d)
             d->batch[d->n_batch++] = cand[i];
         }
     }
+    if (d->paged)
+        grow_batch(d);
+    if (d->n_batch > d->batch_max)
+        d->batch_max = d->n_batch;
     struct djob *j = &d->job;
     j->chunk_req = next_local_prefill(d);
     if (j->chunk_req) {
@@ -738,8 +854,8 @@ static void start_step(struct decode *d)
     for (int i = 0; i < j->n; i++) {
         struct dreq *r = d->batch[i];
         j->members[i] = r;
-        j->seqs[i].token = r->tokens[r->n_tokens - 1];
-        j->seqs[i].pos = (int32_t)r->n_tokens - 1;
+        j->seqs[i].token = r->tokens[r->kv_len];
+        j->seqs[i].pos = (int32_t)r->kv_len;
         j->seqs[i].block_table = (const int32_t *)r->blocks;
         j->seqs[i].n_blocks = (int32_t)r->n_blocks;
         r->in_job = true;
@@ -788,6 +904,11 @@ static void chunk_done(struct decode *d, struct djob *j)
         r->n_computed = (uint32_t)j->pr.n_tokens;
         if (r->n_computed < r->n_prompt)
             return;
+        if (r->ngen > 0) { /* recomputed after a preemption: replay what it generated */
+            r->kv_len = r->n_prompt;
+            r->state = DR_READY;
+            return;
+        }
     }
     int32_t tok = 0;
     float lp = 0;
@@ -837,6 +958,8 @@ static void step_done(struct decode *d, struct djob *j)
             req_fail(d, r, j->decode_status, "decode step failed");
             continue;
         }
+        if (++r->kv_len < r->n_tokens)
+            continue; /* replaying after a preemption: the token is known */
         int32_t tok = 0;
         float lp = 0;
         kvr_status_t s =
@@ -872,6 +995,8 @@ static void on_worker(void *arg, const struct kvr_worker_event *ev)
         return;
     d->busy = false;
     d->step_ns_last = j->chunk_ns + j->decode_ns;
+    if (j->chunk_req && j->n > 0)
+        d->mixed_steps++; /* a chunk and running sequences in one step */
     if (j->chunk_req && job_release(d, j->chunk_req))
         chunk_done(d, j);
     if (j->n > 0)
@@ -957,12 +1082,13 @@ static void role_stats(void *arg, struct kvr_sbuf *b)
     struct decode *d = arg;
     struct kvr_blocktab_counts c;
     kvr_blocktab_counts(d->bt, &c);
-    int nres = 0, nq = 0, nready = 0, nlocal = 0;
+    int nres = 0, nq = 0, nready = 0, nlocal = 0, npre = 0;
     for (struct dreq *r = d->reqs; r; r = r->next) {
         nres++;
         nq += r->state == DR_QUARANTINE;
         nready += r->state == DR_READY;
         nlocal += r->state == DR_LOCAL_PREFILL;
+        npre += r->state == DR_PREEMPTED;
     }
     kvr_sbuf_printf(
         b,
@@ -975,16 +1101,19 @@ static void role_stats(void *arg, struct kvr_sbuf *b)
         ", \"tokens_out\": %" PRIu64 ", \"steps\": %" PRIu64 ", \"cached_tokens_reused\": %" PRIu64
         ", \"block_event_seq\": %" PRIu64
         ", \"block_bytes\": %zu, \"layers\": %d, \"bad_notifications\": %" PRIu64
-        ", \"prefill_chunk_tokens\": %d, \"chunks\": %" PRIu64 ", \"chunk_ns_max\": %" PRIu64
-        ", \"decode_step_ns_max\": %" PRIu64 ", \"step_ns_last\": %" PRIu64
-        ", \"itl_ns_max\": %" PRIu64 ", \"pool_setup_ns\": %" PRIu64 ", \"pool_huge_pages\": %s"
-        ", \"cached_hashes\": [",
+        ", \"prefill_chunk_tokens\": %d, \"chunks\": %" PRIu64 ", \"mixed_steps\": %" PRIu64
+        ", \"chunk_ns_max\": %" PRIu64 ", \"decode_step_ns_max\": %" PRIu64
+        ", \"step_ns_last\": %" PRIu64 ", \"itl_ns_max\": %" PRIu64 ", \"pool_setup_ns\": %" PRIu64
+        ", \"pool_huge_pages\": %s"
+        ", \"reservation\": \"%s\", \"preemptions\": %" PRIu64 ", \"preempted\": %d"
+        ", \"grown_blocks\": %" PRIu64 ", \"batch_max\": %d, \"cached_hashes\": [",
         c.total, c.free, c.evictable, c.cached, c.referenced, nres, nq, nready, nlocal, d->n_batch,
         d->n_done, d->n_failed, d->n_canceled, d->n_expired, d->n_rejected, d->n_local, d->n_remote,
         d->kv_bytes, d->tokens_out, d->steps, d->cached_tokens, d->ev_seq,
         kvr_kv_block_bytes(&d->node.layout), d->node.layout.n_layers, d->bad_notifs, d->chunk,
-        d->chunks, d->chunk_ns_max, d->decode_ns_max, d->step_ns_last, d->itl_ns_max,
-        d->npool.setup_ns, d->npool.huge ? "true" : "false");
+        d->chunks, d->mixed_steps, d->chunk_ns_max, d->decode_ns_max, d->step_ns_last,
+        d->itl_ns_max, d->npool.setup_ns, d->npool.huge ? "true" : "false",
+        d->paged ? "paged" : "whole", d->preemptions, npre, d->grown_blocks, d->batch_max);
     if (b->p)
         kvr_blocktab_foreach_cached(d->bt, stats_hash, b);
     kvr_sbuf_printf(b, "]");
@@ -1068,14 +1197,19 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvrail-decode: engine worker: %s\n", err);
         goto out;
     }
-    d->chunk = kvr_worker_max_tokens(d->node.worker);
+    d->chunk = d->node.cluster->prefill_chunk_tokens
+                   ? (int32_t)d->node.cluster->prefill_chunk_tokens
+                   : kvr_worker_max_tokens(d->node.worker);
+    d->paged = d->node.cluster->reservation == KVR_RESERVE_PAGED;
+    d->headroom = d->node.cluster->reservation_headroom_blocks;
     s = kvr_xfer_address(d->node.xfer, &d->addr, &d->addr_len);
     if (s != KVR_OK) {
         fprintf(stderr, "kvrail-decode: transport address: %s\n", kvr_status_str(s));
         goto out;
     }
-    KVR_LOG_INFO(COMP, "max batch %d, local prefill in chunks of %d tokens", d->max_batch,
-                 d->chunk);
+    KVR_LOG_INFO(COMP, "max batch %d, local prefill in chunks of %d tokens, %s reservations",
+                 d->max_batch, d->chunk,
+                 d->paged ? "paged (prompt + headroom, grown while decoding)" : "whole-request");
 
     kvr_node_run(&d->node, &decode_ops, d);
     KVR_LOG_INFO(COMP, "stopping: %" PRIu64 " requests done, %" PRIu64 " tokens", d->n_done,

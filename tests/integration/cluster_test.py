@@ -221,6 +221,10 @@ def case_exhaust(args, bins, wd):
         # short queue timeout, long outputs: 100 + 3000 tokens = 194 blocks of a
         # 200-block pool, one request at a time; the late ones get an overload status
         c = Cluster(bins, wd, model, n_prefill=1, n_decode=1, pool_blocks=200, queue_ms=300)
+        with open(c.config) as f:  # whole-request reservations (limits.reservation)
+            text = f.read()
+        with open(c.config, "w") as f:
+            f.write(text.replace("limits:\n", "limits:\n  reservation: whole\n", 1))
         c.start()
         prompts = [([rng.randrange(4, 512) for _ in range(100)], 3000) for _ in range(6)]
         t0 = time.time()

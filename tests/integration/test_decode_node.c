@@ -153,7 +153,9 @@ int main(int argc, char **argv)
     KVR_CHECK(f);
     fprintf(f,
             "cluster: t\nmodel: model\nblock_size: 16\nrouter:\n  client: tcp://127.0.0.1:1\n"
-            "  node: %s\ntimeouts:\n  heartbeat_ms: 100\nnodes:\n  - name: router\n"
+            "  node: %s\ntimeouts:\n  heartbeat_ms: 100\n"
+            "limits:\n  reservation: whole\n" /* exhaustion below counts max_tokens */
+            "nodes:\n  - name: router\n"
             "    role: router\n  - name: d0\n    role: decode\n    pool_blocks: 64\n"
             "    transport:\n      backend: loop\n",
             ep);
