@@ -5,8 +5,9 @@
  * The process is libmicrohttpd with one thread per connection (a bounded
  * number; past the bound a connection is answered 503 and closed) that
  * blocks in the router client while its request runs.  Router clients
- * (libkvrail-client, one DEALER socket each) are pooled: a request borrows
- * one, opens its streams on it and gives it back.  Files:
+ * (libkvrail-client, one DEALER socket each, all on one ZeroMQ context)
+ * are pooled: a request borrows one, opens its streams on it and gives it
+ * back.  Files:
  *   main.c      options, cluster file, model facts, start/stop
  *   http.c      libmicrohttpd glue: connection bound, bodies, routing,
  *               health/ready/models/metrics, error responses

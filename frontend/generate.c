@@ -23,6 +23,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <zmq.h>
+
 #include "kvr_clock.h"
 #include "kvr_log.h"
 #include "frontend.h"
@@ -33,15 +35,23 @@
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static kvr_client_t **pool;
 static size_t pool_n, pool_cap;
+static void *zctx; /* one ZeroMQ context (one I/O thread) for every client */
 
 kvr_client_t *fe_client_get(void)
 {
     pthread_mutex_lock(&pool_mu);
     kvr_client_t *c = pool_n ? pool[--pool_n] : NULL;
+    if (!zctx)
+        zctx = zmq_ctx_new();
+    void *ctx = zctx;
     pthread_mutex_unlock(&pool_mu);
     if (c)
         return c;
-    kvr_status_t st = kvr_client_connect(fe_cfg.router, &c);
+    if (!ctx) {
+        KVR_LOG_ERROR(FE_COMP, "cannot create a ZeroMQ context: %s", zmq_strerror(zmq_errno()));
+        return NULL;
+    }
+    kvr_status_t st = kvr_client_connect_ctx(ctx, fe_cfg.router, &c);
     if (st != KVR_OK) {
         KVR_LOG_ERROR(FE_COMP, "cannot create a client of the router at %s: %s", fe_cfg.router,
                       kvr_status_str(st));

@@ -36,6 +36,7 @@ struct kvr_gen_stream {
 
 struct kvr_client {
     void *zctx;
+    bool own_ctx; /* zctx is this client's (kvr_client_connect) */
     void *sock;
     uint64_t next_call;
     kvr_gen_stream_t *streams;
@@ -64,15 +65,18 @@ void kvr_gen_params_default(struct kvr_gen_params *p)
     p->repetition_penalty = 1.0f;
 }
 
-kvr_status_t kvr_client_connect(const char *endpoint, kvr_client_t **client_p)
+static kvr_status_t connect_on(void *zctx, bool own_ctx, const char *endpoint,
+                               kvr_client_t **client_p)
 {
-    if (!endpoint || !client_p)
-        return KVR_ERR_INVALID;
     kvr_client_t *c = calloc(1, sizeof(*c));
-    if (!c)
+    if (!c) {
+        if (own_ctx)
+            zmq_ctx_term(zctx);
         return KVR_ERR_NO_MEMORY;
-    c->zctx = zmq_ctx_new();
-    c->sock = c->zctx ? zmq_socket(c->zctx, ZMQ_DEALER) : NULL;
+    }
+    c->zctx = zctx;
+    c->own_ctx = own_ctx;
+    c->sock = zmq_socket(c->zctx, ZMQ_DEALER);
     if (!c->sock)
         goto err;
     int zero = 0, hwm = 100000;
@@ -81,7 +85,8 @@ kvr_status_t kvr_client_connect(const char *endpoint, kvr_client_t **client_p)
     if (zmq_connect(c->sock, endpoint) != 0) {
         int e = zmq_errno();
         zmq_close(c->sock);
-        zmq_ctx_term(c->zctx);
+        if (own_ctx)
+            zmq_ctx_term(c->zctx);
         free(c);
         return e == EINVAL || e == EPROTONOSUPPORT ? KVR_ERR_INVALID : KVR_ERR_IO;
     }
@@ -89,10 +94,27 @@ kvr_status_t kvr_client_connect(const char *endpoint, kvr_client_t **client_p)
     *client_p = c;
     return KVR_OK;
 err:
-    if (c->zctx)
+    if (own_ctx)
         zmq_ctx_term(c->zctx);
     free(c);
     return KVR_ERR_IO;
+}
+
+kvr_status_t kvr_client_connect(const char *endpoint, kvr_client_t **client_p)
+{
+    if (!endpoint || !client_p)
+        return KVR_ERR_INVALID;
+    void *zctx = zmq_ctx_new();
+    if (!zctx)
+        return KVR_ERR_IO;
+    return connect_on(zctx, true, endpoint, client_p);
+}
+
+kvr_status_t kvr_client_connect_ctx(void *zmq_ctx, const char *endpoint, kvr_client_t **client_p)
+{
+    if (!zmq_ctx || !endpoint || !client_p)
+        return KVR_ERR_INVALID;
+    return connect_on(zmq_ctx, false, endpoint, client_p);
 }
 
 void kvr_client_close(kvr_client_t *c)
@@ -104,7 +126,8 @@ void kvr_client_close(kvr_client_t *c)
     if (c->have_reply)
         kvr_proto_frame_clear(&c->reply);
     zmq_close(c->sock);
-    zmq_ctx_term(c->zctx);
+    if (c->own_ctx)
+        zmq_ctx_term(c->zctx);
     free(c);
 }
 

@@ -98,6 +98,12 @@ void kvr_gen_params_default(struct kvr_gen_params *p);
 /** Creates a client connected (asynchronously, as ZeroMQ does) to endpoint.
  *  @return KVR_OK; KVR_ERR_INVALID (bad endpoint); KVR_ERR_NO_MEMORY; KVR_ERR_IO. */
 kvr_status_t kvr_client_connect(const char *endpoint, kvr_client_t **client_p);
+/** The same on a ZeroMQ context the caller owns, which many clients may
+ *  share (one I/O thread for all of them, as kvrail-frontend does); the
+ *  context must outlive the client.
+ *  @return KVR_OK; KVR_ERR_INVALID (bad endpoint, NULL context);
+ *          KVR_ERR_NO_MEMORY; KVR_ERR_IO. */
+kvr_status_t kvr_client_connect_ctx(void *zmq_ctx, const char *endpoint, kvr_client_t **client_p);
 void kvr_client_close(kvr_client_t *c);
 /** The last error message of this client ("" when none). */
 const char *kvr_client_error(const kvr_client_t *c);

@@ -1,0 +1,122 @@
+"""bench_frontend.py - the frontend's overhead: the same closed-loop load
+(C concurrent streams, random token-id prompts of P tokens, M output tokens,
+greedy, ignore_eos) through kvrail-frontend's HTTP (bench_http.mjs, SSE)
+and straight into the router with kvrail-loadgen (protobuf), on one real
+1 prefill + 1 decode cluster, alternating R rounds; prints a markdown table
+of TTFT / e2e percentiles and output tokens/s, and HTTP / protobuf ratios
+(medians over the rounds).  Not a test: run it by hand.
+
+  python3 tests/frontend/bench_frontend.py --router B/router/kvrail-router \\
+    --prefill-bin B/prefill/kvrail-prefill --decode-bin B/decode/kvrail-decode \\
+    --kvrail B/tools/kvrail/kvrail --mkmodel B/tools/mkmodel/kvrail-mkmodel \\
+    --loadgen B/tools/loadgen/kvrail-loadgen --frontend B/frontend/kvrail-frontend \\
+    [--concurrency 8 --requests 200 --prompt-len 64 --output-len 32 --rounds 3]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+import cluster_lib as cl  # noqa: E402
+
+
+def cpu_s(pid):
+    """utime + stime of a process, in seconds"""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    cl.add_bin_args(ap)
+    ap.add_argument("--frontend", required=True)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--mkmodel-args", default="", help="extra kvrail-mkmodel arguments")
+    a = ap.parse_args()
+    bins = cl.Bins(a)
+    work = tempfile.mkdtemp(prefix="kvr-fe-bench-")
+    try:
+        model = cl.make_model(bins, work, a.mkmodel_args.split())
+        with open(os.path.join(model, "config.json")) as f:
+            vocab = json.load(f)["vocab_size"]
+        c = cl.Cluster(bins, work, model, n_prefill=1, n_decode=1, pool_blocks=8192)
+        c.start()
+        port = cl.free_port()
+        base = "http://127.0.0.1:%d" % port
+        fe = cl.spawn([a.frontend, "--config", c.config, "--listen", "127.0.0.1:%d" % port],
+                 stdout=open(os.path.join(work, "frontend.log"), "w"), stderr=subprocess.STDOUT)
+        for _ in range(200):
+            try:
+                if urllib.request.urlopen(base + "/ready", timeout=2).status == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
+        rows = {"http": [], "protobuf": []}
+        for rnd in range(a.rounds):
+            seed = 1000 + rnd * 2
+            sj = os.path.join(work, "lg%d.json" % rnd)
+            r = cl.run([bins.loadgen, "--router", c.client_ep, "--mode", "closed", "--concurrency",
+                        str(a.concurrency), "--requests", str(a.requests), "--prompt-len",
+                        str(a.prompt_len), "--output-len", str(a.output_len), "--vocab", str(vocab),
+                        "--seed", str(seed), "--warmup", "8", "--summary-json", sj, "--quiet"],
+                       timeout=600)
+            if r.returncode != 0:
+                raise cl.Fail("loadgen: %s %s" % (r.stdout, r.stderr))
+            with open(sj) as f:
+                rows["protobuf"].append(json.load(f))
+            c0 = cpu_s(fe.pid)
+            r = cl.run(["node", os.path.join(HERE, "bench_http.mjs"), base, os.path.basename(model),
+                        str(a.concurrency), str(a.requests), str(a.prompt_len), str(a.output_len),
+                        str(vocab), str(seed + 1), "8"], timeout=600)
+            if r.returncode != 0:
+                raise cl.Fail("bench_http: %s %s" % (r.stdout, r.stderr))
+            rows["http"].append(json.loads(r.stdout))
+            rows["http"][-1]["frontend_cpu_s"] = cpu_s(fe.pid) - c0
+        med = {}
+        for k, rs in rows.items():
+            med[k] = {
+                "ttft_p50": statistics.median(x["ttft_ms"]["p50"] for x in rs),
+                "ttft_p99": statistics.median(x["ttft_ms"]["p99"] for x in rs),
+                "e2e_p50": statistics.median(x["e2e_ms"]["p50"] for x in rs),
+                "e2e_p99": statistics.median(x["e2e_ms"]["p99"] for x in rs),
+                "tok_s": statistics.median(x["out_tok_per_s"] for x in rs),
+            }
+        print("%d concurrent streams, %d requests per run, prompt %d, output %d tokens, "
+              "median of %d alternating rounds" % (a.concurrency, a.requests, a.prompt_len,
+                                                   a.output_len, a.rounds))
+        print("| path | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | e2e p99 ms | output tok/s |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for k in ("protobuf", "http"):
+            m = med[k]
+            print("| %s | %.2f | %.2f | %.2f | %.2f | %.0f |" % (
+                "kvrail-loadgen (protobuf)" if k == "protobuf" else "kvrail-frontend (HTTP+SSE)",
+                m["ttft_p50"], m["ttft_p99"], m["e2e_p50"], m["e2e_p99"], m["tok_s"]))
+        h, p = med["http"], med["protobuf"]
+        print("| HTTP / protobuf | %.2f | %.2f | %.2f | %.2f | %.2f |" % (
+            h["ttft_p50"] / p["ttft_p50"], h["ttft_p99"] / p["ttft_p99"],
+            h["e2e_p50"] / p["e2e_p50"], h["e2e_p99"] / p["e2e_p99"], h["tok_s"] / p["tok_s"]))
+        print("| HTTP - protobuf (ms) | %+.2f | %+.2f | %+.2f | %+.2f | |" % (
+            h["ttft_p50"] - p["ttft_p50"], h["ttft_p99"] - p["ttft_p99"],
+            h["e2e_p50"] - p["e2e_p50"], h["e2e_p99"] - p["e2e_p99"]))
+        fcpu = statistics.median(x["frontend_cpu_s"] / (x["requests"] + 8) for x in rows["http"])
+        print("kvrail-frontend CPU time: %.0f us per request (%d output tokens), warm-up included"
+              % (fcpu * 1e6, a.output_len))
+        print("raw rounds: " + json.dumps(rows))
+    finally:
+        cl.reap_all()
+
+
+if __name__ == "__main__":
+    main()
