@@ -7,7 +7,8 @@ set between fork and exec (so even a SIGKILL of the test takes it along), and
 is recorded; reap_all() kills every recorded group (SIGTERM, then SIGKILL
 after 5 s) and runs on every exit path: normal exit and uncaught exceptions
 (atexit), SIGTERM / SIGINT / SIGHUP (meson's timeout sends SIGTERM).  Tests
-that do not use Cluster import spawn / run / reap_all from here too.
+that do not use Cluster import spawn (for Popen) and sp_run (for
+subprocess.run) from here too.
 
 A Cluster writes a cluster file with free loopback ports (or the addresses of
 network namespaces), starts every process with --config/--node (decode and
@@ -106,6 +107,30 @@ def run(argv, timeout, **kw):
     if p in _children:
         _children.remove(p)
     return subprocess.CompletedProcess(argv, p.returncode, out, err)
+
+
+def sp_run(argv, timeout=300, check=False, capture_output=False, input=None, **kw):
+    """Drop-in for subprocess.run (same arguments and result) through
+    spawn(): the child leads its own group, dies with this process, and its
+    group is killed on a timeout or any exception.  timeout defaults to 300 s
+    (every wait in a test is bounded)."""
+    if capture_output:
+        kw["stdout"] = kw["stderr"] = subprocess.PIPE
+    if input is not None:
+        kw["stdin"] = subprocess.PIPE
+    p = spawn(argv, **kw)
+    try:
+        out, err = p.communicate(input=input, timeout=timeout)
+    except BaseException:
+        stop_group(p, grace=0)
+        raise
+    killgroup(p, signal.SIGKILL)
+    if p in _children:
+        _children.remove(p)
+    r = subprocess.CompletedProcess(argv, p.returncode, out, err)
+    if check:
+        r.check_returncode()
+    return r
 
 
 _reaping = False

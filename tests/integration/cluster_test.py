@@ -28,7 +28,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster_lib import (Bins, Cluster, Fail, add_bin_args, check, make_model, make_prompts,  # noqa
-                         reference, run_main, workdir)
+                         reference, run_main, sp_run, workdir)
 
 KVR_ERR_CANCELED = -11
 KVR_ERR_OVERLOAD = -12
@@ -333,7 +333,7 @@ def case_badargs(args, bins, wd):
         (bins.loadgen, ["--router", "tcp://127.0.0.1:1", "--mode", "sideways"], "--mode must be open or closed"),
     ]
     for exe, argv, want in cases:
-        r = subprocess.run([exe] + argv, capture_output=True, text=True, timeout=20)
+        r = sp_run([exe] + argv, capture_output=True, text=True, timeout=20)
         out = r.stdout + r.stderr
         print("%s %s -> exit %d: %s" % (os.path.basename(exe), " ".join(argv[-2:]), r.returncode,
                                           out.strip().splitlines()[-1] if out.strip() else ""))

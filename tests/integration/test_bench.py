@@ -21,6 +21,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+from cluster_lib import sp_run, spawn  # noqa: E402  (own process groups, reaped on every exit path)
+
 BENCH = sys.argv[1]
 MODE = sys.argv[2]
 TIMEOUT = 60
@@ -37,7 +40,7 @@ def check(cond, msg):
 
 
 def run(args, env=None, timeout=TIMEOUT):
-    p = subprocess.run([BENCH] + args, capture_output=True, text=True, timeout=timeout,
+    p = sp_run([BENCH] + args, capture_output=True, text=True, timeout=timeout,
                        env=env)
     return p.returncode, p.stdout, p.stderr
 
@@ -137,7 +140,7 @@ def two_process(tls, extra_target=(), extra_init=(), op="write", check_mode=True
     # shared memory: kvr_xfer_mem_alloc pools (the default); TCP: mmap + kvr_xfer_mem_reg
     mem = ["--mem", "reg" if tls == "tcp" else "alloc"]
     targs += mem
-    tgt = subprocess.Popen([BENCH] + targs, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    tgt = spawn([BENCH] + targs, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, env=env)
     try:
         iargs = ["--role", "initiator", "--peer", "127.0.0.1:%d" % port, "--backend", "ucx",
@@ -226,7 +229,7 @@ def mode_badinput():
             check(rc == 1 and "RDMA" in err, "--require-rdma: rc %d %r" % (rc, err))
         # a target speaking another backend refuses the initiator, by name
         port = free_port()
-        tgt = subprocess.Popen([BENCH, "--role", "target", "--listen", "127.0.0.1:%d" % port,
+        tgt = spawn([BENCH, "--role", "target", "--listen", "127.0.0.1:%d" % port,
                                 "--backend", "ucx", "--pool-size", "1M", "--wait", "10000"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:

@@ -16,6 +16,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+from cluster_lib import sp_run, spawn  # noqa: E402  (own process groups, reaped on every exit path)
+
 
 def read_st(path):
     with open(path, "rb") as f:
@@ -155,15 +158,15 @@ def main():
     failed = 0
     with tempfile.TemporaryDirectory(prefix="kvr-engine-bad-") as tmp:
         good = os.path.join(tmp, "good")
-        subprocess.run([mkmodel, "--out", good, "--seed", "7"], check=True)
-        r = subprocess.run([dump, good, "1,2,3", "1", os.path.join(tmp, "ok")],
+        sp_run([mkmodel, "--out", good, "--seed", "7"], check=True)
+        r = sp_run([dump, good, "1,2,3", "1", os.path.join(tmp, "ok")],
                            capture_output=True, text=True, timeout=30)
         assert r.returncode == 0, f"the unbroken model fails: {r.stderr}"
         for i, (name, breaker, status, want) in enumerate(CASES):
             d = os.path.join(tmp, f"case{i}")
             shutil.copytree(good, d)
             breaker(d)
-            r = subprocess.run([dump, d, "1,2,3", "1", os.path.join(tmp, f"out{i}")],
+            r = sp_run([dump, d, "1,2,3", "1", os.path.join(tmp, f"out{i}")],
                                capture_output=True, text=True, timeout=30)
             msg = r.stderr.strip()
             ok = r.returncode == 1 and status in msg and all(w in msg for w in want)
@@ -203,7 +206,7 @@ def main():
                     b[rnd.randrange(len(b))] = rnd.choice(b'{}[]",:0123456789-.eE \x00\xff')
                 with open(os.path.join(d, "config.json"), "wb") as f:
                     f.write(bytes(b))
-            r = subprocess.run([dump, d, "1,2,3", "1", os.path.join(tmp, f"fo{i}")],
+            r = sp_run([dump, d, "1,2,3", "1", os.path.join(tmp, f"fo{i}")],
                                capture_output=True, text=True, timeout=30)
             if r.returncode not in (0, 1) or (r.returncode == 1 and not r.stderr.strip()):
                 print(f"FAIL fuzz case {i} (kind {kind}): rc={r.returncode} {r.stderr[-300:]}")

@@ -18,6 +18,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+from cluster_lib import sp_run, spawn  # noqa: E402  (own process groups, reaped on every exit path)
+
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -55,13 +58,13 @@ def main():
             name, flags, bs, max_tokens, bound = case[:5]
             N_PROMPT = case[5] if len(case) > 5 else N_PROMPT_DEFAULT
             mdir = os.path.join(tmp, name)
-            subprocess.run([mkmodel, "--out", mdir, "--seed", str(100 + i)] + flags.split(),
+            sp_run([mkmodel, "--out", mdir, "--seed", str(100 + i)] + flags.split(),
                            check=True)
             rng = np.random.default_rng(i)
             prompt = rng.integers(0, 256, N_PROMPT).tolist()
             out = os.path.join(tmp, name + ".out")
             env = dict(os.environ, KVR_LOG_LEVEL="warn")
-            subprocess.run([dump, mdir, ",".join(map(str, prompt)), str(N_DECODE), out, str(bs),
+            sp_run([dump, mdir, ",".join(map(str, prompt)), str(N_DECODE), out, str(bs),
                             str(max_tokens)], check=True, env=env)
             with open(out + ".json") as f:
                 meta = json.load(f)

@@ -17,9 +17,12 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+from cluster_lib import sp_run, spawn  # noqa: E402  (own process groups, reaped on every exit path)
+
 
 def run(kvrail, *args, check=True):
-    r = subprocess.run([kvrail, "run"] + list(args), capture_output=True, text=True, timeout=60,
+    r = sp_run([kvrail, "run"] + list(args), capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, KVR_LOG_LEVEL="warn"))
     if check and r.returncode != 0:
         raise AssertionError(f"kvrail run {args} failed ({r.returncode}): {r.stderr}")
@@ -34,7 +37,7 @@ def main():
     kvrail, mk, dump = sys.argv[1:4]
     with tempfile.TemporaryDirectory(prefix="kvr-run-") as tmp:
         m = os.path.join(tmp, "m")
-        subprocess.run([mk, "--out", m, "--seed", "11"], check=True)
+        sp_run([mk, "--out", m, "--seed", "11"], check=True)
         prompt = [5, 17, 99, 3, 250, 42, 8, 64, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
         ptxt = ",".join(map(str, prompt))
 
@@ -50,7 +53,7 @@ def main():
             assert isinstance(g["token_id"], int) and isinstance(g["text"], str)
             assert g["logprob"] <= 0.0
         out = os.path.join(tmp, "d")
-        subprocess.run([dump, m, ptxt, "23", out], check=True,
+        sp_run([dump, m, ptxt, "23", out], check=True,
                        env=dict(os.environ, KVR_LOG_LEVEL="warn"))
         with open(out + ".json") as f:
             ref = json.load(f)["tokens"][len(prompt):]

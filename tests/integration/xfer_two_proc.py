@@ -26,6 +26,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+from cluster_lib import sp_run, spawn  # noqa: E402  (own process groups, reaped on every exit path)
+
 TLS = {"shm": ("sm", ("posix", "sysv", "cma")), "tcp": ("tcp", ("tcp",))}
 
 
@@ -36,7 +39,7 @@ def fail(msg):
 
 def start(peer, mode, d, tls, extra, env, **kw):
     args = [peer, mode, d, "--tls", tls] + extra
-    return subprocess.Popen(args, env=env, **kw)
+    return spawn(args, env=env, **kw)
 
 
 def wait_file(path, timeout):

@@ -16,11 +16,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 from cluster_lib import (Bins, Cluster, Fail, add_bin_args, check, make_model, make_prompts,  # noqa
-                         reference, run_main, workdir)
+                         reference, run_main, sp_run, spawn, workdir)
 
 
 def sh(*argv, ok=True):
-    r = subprocess.run(list(argv), capture_output=True, text=True, timeout=20)
+    r = sp_run(list(argv), capture_output=True, text=True, timeout=20)
     if ok and r.returncode != 0:
         raise Fail("%s: %s" % (" ".join(argv), r.stderr.strip()))
     return r
@@ -93,12 +93,12 @@ def main():
         prompts = make_prompts(args.prompts, seed=3)
         ref = reference(bins, model, prompts)
         # TCP across the bridge first: a broken set-up is a failure, not a skip
-        srv = subprocess.Popen(["ip", "netns", "exec", net.ns["decode"], sys.executable, "-c",
+        srv = spawn(["ip", "netns", "exec", net.ns["decode"], sys.executable, "-c",
                                 "import socket; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,"
                                 " socket.SO_REUSEADDR, 1); s.bind(('%s', 17999)); s.listen(1); "
                                 "s.settimeout(10); c,_=s.accept(); c.sendall(b'ok')" % net.ip["decode"]])
         # the client retries until the server listens (no sleep as synchronization)
-        r = subprocess.run(["ip", "netns", "exec", net.ns["prefill"], sys.executable, "-c",
+        r = sp_run(["ip", "netns", "exec", net.ns["prefill"], sys.executable, "-c",
                             "import socket, time\n"
                             "t = time.time() + 10\n"
                             "while True:\n"

@@ -17,9 +17,12 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+from cluster_lib import sp_run, spawn  # noqa: E402  (own process groups, reaped on every exit path)
+
 
 def sh(*args, ok=True):
-    r = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=30)
+    r = sp_run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=30)
     if ok and r.returncode != 0:
         raise RuntimeError("%s: %s" % (" ".join(args), r.stderr.strip()))
     return r
@@ -59,7 +62,7 @@ def main():
 
         env = dict(os.environ, KVR_UCX_ERR_MODE="peer")
         common = ["--tls", "tcp", "--mib", mib, "--timeout", "100"]
-        target = subprocess.Popen(["ip", "netns", "exec", ns_t, peer, "target", d, "--devices",
+        target = spawn(["ip", "netns", "exec", ns_t, peer, "target", d, "--devices",
                                    dev_t] + common, env=env)
         procs.append(target)
         end = time.monotonic() + 20
@@ -67,7 +70,7 @@ def main():
             if time.monotonic() > end or target.poll() is not None:
                 fail("target did not start")
             time.sleep(0.02)
-        ini = subprocess.Popen(["ip", "netns", "exec", ns_i, peer, "initiator", d, "--devices",
+        ini = spawn(["ip", "netns", "exec", ns_i, peer, "initiator", d, "--devices",
                                 dev_i] + common, env=env, stderr=subprocess.PIPE)
         procs.append(ini)
         try:

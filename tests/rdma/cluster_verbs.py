@@ -16,7 +16,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
-from cluster_lib import Cluster, Fail, check, make_model, reference, run_main, workdir  # noqa
+from cluster_lib import (Cluster, Fail, check, make_model, reference, run_main, sp_run,  # noqa
+                         workdir)
 
 
 class B:
@@ -29,7 +30,7 @@ class SlowCluster(Cluster):
 
     def status(self, timeout_ms=3000):
         try:
-            r = subprocess.run([self.bins.loadgen, "--router", self.client_ep, "--status",
+            r = sp_run([self.bins.loadgen, "--router", self.client_ep, "--status",
                                 "--timeout-ms", str(max(timeout_ms, 5000))],
                                capture_output=True, text=True, timeout=60)
         except subprocess.TimeoutExpired:

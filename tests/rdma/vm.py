@@ -35,6 +35,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+from cluster_lib import sp_run, spawn  # noqa: E402  (own process groups, reaped on every exit path)
+
 KVER_GLOB = "/boot/vmlinuz-*"
 MODULES = ["virtio_pci", "9pnet_virtio", "9p"]
 SKIP = 77
@@ -117,7 +120,7 @@ def build_initramfs(kver, out, results, guest, cwd):
         return "busybox not found (apt-get install busybox-static)"
     mods = []
     for mod in MODULES:
-        r = subprocess.run(["modprobe", "-S", kver, "--show-depends", mod],
+        r = sp_run(["modprobe", "-S", kver, "--show-depends", mod],
                            capture_output=True, text=True)
         if r.returncode != 0:
             return "modprobe --show-depends %s failed: %s" % (mod, r.stderr.strip())
@@ -149,10 +152,10 @@ def build_initramfs(kver, out, results, guest, cwd):
         with open(p, "w") as f:
             f.write(text)
         os.chmod(p, 0o755)
-    files = subprocess.run("cd %s && find . | sort" % root, shell=True,
+    files = sp_run("cd %s && find . | sort" % root, shell=True,
                            capture_output=True, check=True).stdout
     with open(out + ".tmp", "wb") as f:
-        subprocess.run(["cpio", "-o", "-H", "newc", "--quiet"], cwd=root,
+        sp_run(["cpio", "-o", "-H", "newc", "--quiet"], cwd=root,
                        input=files, stdout=f, check=True)
     os.replace(out + ".tmp", out)
     shutil.rmtree(root, ignore_errors=True)
@@ -212,7 +215,7 @@ def boot(args, cache, resdir):
            "-virtfs", "local,path=%s,mount_tag=results,security_model=none" % resdir]
     t0 = time.time()
     with open(os.path.join(cache, "qemu.log"), "wb") as log:
-        r = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
+        r = sp_run(cmd, stdout=log, stderr=subprocess.STDOUT,
                            stdin=subprocess.DEVNULL)
     dt = time.time() - t0
     print("vm: qemu exited %d after %.1f s" % (r.returncode, dt), file=sys.stderr)
