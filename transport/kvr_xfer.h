@@ -257,6 +257,7 @@ struct kvr_xfer_engine_stats {
     uint64_t notifs_sent;
     uint64_t notifs_received;
     uint64_t errors;
+    uint64_t failovers; /* verbs: rails that failed with their transfers moved to others */
 };
 void kvr_xfer_engine_stats(const kvr_xfer_engine_t *engine, struct kvr_xfer_engine_stats *stats_p);
 

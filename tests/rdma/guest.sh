@@ -43,7 +43,8 @@ fail_all() {
 # veth GIDs exist) those on rxe0/rxe1
 TESTS_LO="verbs_conformance:60 verbs_pair_lo:60 verbs_bad_rkey:30 verbs_kvrail_bench:60
        verbs_cluster_1p1d:120"
-TESTS_VETH="rdma_devices:30 verbs_pair_veth:90 verbs_peer_death:60 verbs_mismatch:30"
+TESTS_VETH="rdma_devices:30 verbs_pair_veth:90 verbs_peer_death:60 verbs_mismatch:30
+       verbs_failover:90"
 # `vm.py --mode bench` (a file "mode" in the results directory) runs the benchmark only
 if [ "$(cat "$RES/mode" 2>/dev/null)" = bench ]; then
     TESTS_LO="verbs_bench:1200"
@@ -110,6 +111,7 @@ cmd_of() {
     verbs_pair_veth) echo "$BIN/test_verbs_pair --case pair --dev-a rxe0 --dev-b rxe1 --gid-a 0 --gid-b 0 &&
         $BIN/test_verbs_pair --case pair --dev-a rxe0:1:0,rxe_lo:1:1 --dev-b rxe1:1:0,rxe_lo:1:1 --rounds 2" ;;
     verbs_peer_death) echo "$BIN/test_verbs_pair --case death --dev-a rxe0 --dev-b rxe1 --gid-a 0 --gid-b 0" ;;
+    verbs_failover) echo "$BIN/test_verbs_pair --case failover --dev-a rxe0:1:0,rxe_lo:1:1 --dev-b rxe1:1:0,rxe_lo:1:1" ;;
     verbs_bad_rkey) echo "$BIN/test_verbs_pair --case badkey --dev-a rxe_lo --dev-b rxe_lo" ;;
     verbs_mismatch) echo "$BIN/test_verbs_pair --case mismatch --dev-a rxe0 --dev-b rxe1" ;;
     verbs_kvrail_bench) echo "$BUILD/tools/bench/kvrail-bench --backend verbs --devices rxe_lo --pool-size 16M \

@@ -74,6 +74,18 @@ static kvr_status_t vb_engine_init(kvr_xfer_engine_t *e)
     if (ve->sq_depth < 4 || ve->sq_depth > 16384)
         ve->sq_depth = VB_SQ_DEPTH;
     ve->nonce = ((uint64_t)kvr_verbs_rand32() << 32) ^ kvr_verbs_rand32() ^ (uint64_t)getpid();
+    ve->inject_rail = -1;
+    const char *inj = getenv("KVR_VERBS_FAIL_RAIL");
+    unsigned ir = 0;
+    unsigned long long ia = 0;
+    if (inj && sscanf(inj, "%u:%llu", &ir, &ia) == 2 && ir < VB_MAX_DEV) {
+        ve->inject_rail = (int)ir;
+        ve->inject_after = ia;
+        KVR_LOG_WARN(COMP,
+                     "%s: KVR_VERBS_FAIL_RAIL: rail %u's QP will be put in error after %llu "
+                     "WRs (a failover test)",
+                     e->name, ir, ia);
+    }
     char host[32] = "?";
     gethostname(host, sizeof(host) - 1);
     snprintf(ve->who, sizeof(ve->who), "%.20s pid %d on %.24s", e->name, (int)getpid(), host);
@@ -255,6 +267,7 @@ static void vb_part_done(struct vb_part *pt, kvr_status_t s)
 
 static void vb_peer_failed(struct vb_peer *vp, kvr_status_t first, struct vb_dlist *first_dl,
                            const char *why);
+static void vb_rail_failover(struct vb_peer *vp, int ri, kvr_status_t s, const char *why);
 
 /* signal every Nth WR of a rail: N <= depth / 4, so a full send queue always
  * holds a signaled WR and a tail to flush is always shorter than the room */
@@ -285,6 +298,16 @@ static int vb_post_chunk(struct vb_rail *r, struct vb_part *pt, uint32_t n, uint
         sl->dl = pt->dl;
         sl->kind = VB_ITEM_PART;
         sl->end = k == pt->nwr - 1;
+        sl->pi = (uint8_t)(pt - pt->dl->part);
+        r->bytes += pt->sge[k].length;
+    }
+    struct vb_engine *ve = ENG(r->peer->base.engine);
+    if (ve->inject_rail == (int)(r - r->peer->rail) && r->posted + n > ve->inject_after) {
+        /* these WRs will be flushed, never executed: a failover must redo them */
+        KVR_LOG_WARN(COMP, "%s: KVR_VERBS_FAIL_RAIL: QP %u of rail %d put in error now",
+                     ve->base.name, r->qp->qp_num, ve->inject_rail);
+        ve->inject_rail = -1;
+        kvr_verbs_qp_to_error(r->qp);
     }
     struct ibv_send_wr *save = pt->wr[b - 1].next, *bad = NULL;
     pt->wr[b - 1].next = NULL;
@@ -357,7 +380,7 @@ static int vb_post_notif(struct vb_rail *r, struct vb_notif *nt, uint32_t depth)
 static bool vb_fence_ok(const struct vb_peer *vp, const struct vb_notif *nt)
 {
     for (int i = 1; i < vp->nrails; i++)
-        if (vp->rail[i].done < nt->fence[i])
+        if (!vp->rail[i].down && vp->rail[i].done < nt->fence[i])
             return false;
     return true;
 }
@@ -391,7 +414,7 @@ static int vb_rail_kick(struct vb_rail *r)
             char why[128];
             snprintf(why, sizeof(why), "ibv_post_send on %s: %s",
                      ENG(vp->base.engine)->dev[r->ldev].name, strerror(rc));
-            vb_peer_failed(vp, kvr_verbs_status(-1, rc), NULL, why);
+            vb_rail_failover(vp, (int)(r - vp->rail), kvr_verbs_status(-1, rc), why);
             return n;
         }
         n++;
@@ -403,7 +426,6 @@ static int vb_rail_kick(struct vb_rail *r)
 static void vb_retire(struct vb_rail *r, uint64_t upto, uint32_t depth)
 {
     struct vb_peer *vp = r->peer;
-    int ri = (int)(r - vp->rail);
     for (; r->done < upto; r->done++) {
         struct vb_slot *sl = &r->slots[r->done % depth];
         if (sl->kind == VB_ITEM_NOTIF) {
@@ -411,7 +433,7 @@ static void vb_retire(struct vb_rail *r, uint64_t upto, uint32_t depth)
         } else if (sl->end && sl->dl) {
             struct vb_dlist *dl = sl->dl;
             sl->dl = NULL;
-            vb_part_done(&dl->part[ri], KVR_OK);
+            vb_part_done(&dl->part[sl->pi], KVR_OK);
         }
         sl->kind = 0;
     }
@@ -439,7 +461,7 @@ static void vb_peer_failed(struct vb_peer *vp, kvr_status_t first, struct vb_dli
             if (sl->dl && sl->end) {
                 struct vb_dlist *dl = sl->dl;
                 sl->dl = NULL;
-                vb_part_done(&dl->part[i], dl == first_dl ? first : KVR_ERR_PEER_FAILURE);
+                vb_part_done(&dl->part[sl->pi], dl == first_dl ? first : KVR_ERR_PEER_FAILURE);
             }
         }
         while (r->head) {
@@ -456,6 +478,137 @@ static void vb_peer_failed(struct vb_peer *vp, kvr_status_t first, struct vb_dli
         close(vp->fd);
         vp->fd = -1;
     }
+}
+
+/* ------------------------------------------------------------------------ */
+/* rail failover                                                             */
+
+/* gives a part's WRs the keys of rail j (its local device's lkey, the
+ * remote device's rkey: the target registered every region on every device
+ * it named) */
+static void vb_part_rekey(struct vb_peer *vp, struct vb_part *pt, int j)
+{
+    const struct vb_rail *r = &vp->rail[j];
+    for (uint32_t k = 0; k < pt->nwr; k++) {
+        pt->sge[k].lkey = MEM(pt->ref[k].l)->mr[r->ldev]->lkey;
+        pt->wr[k].wr.rdma.rkey = RMEM(pt->ref[k].r)->rkey[r->rdev];
+    }
+    pt->rail = j;
+}
+
+/* the live rail with the least queued or in flight; -1: none */
+static int vb_live_rail(const struct vb_peer *vp, int prefer)
+{
+    if (prefer >= 0 && prefer < vp->nrails && !vp->rail[prefer].down)
+        return prefer;
+    int best = -1;
+    for (int i = 0; i < vp->nrails; i++) {
+        const struct vb_rail *r = &vp->rail[i];
+        if (!r->down && (best < 0 || r->enq - r->done < vp->rail[best].enq - vp->rail[best].done))
+            best = i;
+    }
+    return best;
+}
+
+/* queues a part on rail j ahead of what waits there (after a part already
+ * half posted): it was submitted before them */
+static void vb_push_front(struct vb_rail *r, struct vb_part *pt)
+{
+    struct vb_item *it = &pt->item;
+    it->queued = true;
+    struct vb_item *h = r->head;
+    if (h && h->kind == VB_ITEM_PART && container_of(h, struct vb_part, item)->posted) {
+        it->next = h->next;
+        h->next = it;
+        if (r->tail == h)
+            r->tail = it;
+        return;
+    }
+    it->next = h;
+    r->head = it;
+    if (!r->tail)
+        r->tail = it;
+}
+
+/* Rail ri failed (a QP error, or a post to it refused).  Rail 0 carries the
+ * notifications (the target receives on rail 0 only): its loss, or the loss
+ * of the last rail, fails the peer.  Otherwise the rail goes down for the
+ * rest of the connection and every part it held - in flight (whether or not
+ * the WRs executed: a WRITE or READ again is harmless, the source and
+ * destination of an incomplete post are the caller's untouched buffers) or
+ * queued - is resubmitted whole on a live rail, ahead of what waits there;
+ * notifications queued on rail 0 now also wait for those WRs.  A part's
+ * list fails when the part was submitted VB_MAX_ATTEMPTS times. */
+static void vb_rail_failover(struct vb_peer *vp, int ri, kvr_status_t s, const char *why)
+{
+    struct vb_rail *r = &vp->rail[ri];
+    struct vb_engine *ve = ENG(vp->base.engine);
+    uint32_t depth = ve->sq_depth;
+    int others = 0;
+    for (int i = 0; i < vp->nrails; i++)
+        others += i != ri && !vp->rail[i].down;
+    if (ri == 0 || others == 0 || vp->state != VB_READY) {
+        vb_peer_failed(vp, s, NULL, why);
+        return;
+    }
+    r->down = true;
+    r->failovers++;
+    ve->base.stats.failovers++;
+    if (r->qp)
+        kvr_verbs_qp_to_error(r->qp);
+    /* the parts it held: queued ones, then those with WRs in flight */
+    struct vb_part *moved = NULL;
+    uint32_t nmoved = 0;
+    while (r->head) {
+        struct vb_item *it = r->head;
+        vb_fifo_pop(r);
+        struct vb_part *pt = container_of(it, struct vb_part, item);
+        pt->moving = true;
+        pt->item.next = moved ? &moved->item : NULL;
+        moved = pt;
+        nmoved++;
+    }
+    for (; r->done < r->posted; r->done++) {
+        struct vb_slot *sl = &r->slots[r->done % depth];
+        if (sl->kind == VB_ITEM_PART && sl->dl && !sl->dl->part[sl->pi].moving) {
+            struct vb_part *pt = &sl->dl->part[sl->pi];
+            pt->moving = true;
+            pt->item.next = moved ? &moved->item : NULL;
+            moved = pt;
+            nmoved++;
+        }
+        sl->dl = NULL;
+        sl->kind = 0;
+    }
+    KVR_LOG_WARN(COMP,
+                 "%s: rail %d (%s -> %s of %.64s) failed: %s; %u transfer part(s) resubmitted on "
+                 "the other rails; the rail stays down until the peer is reconnected",
+                 ve->base.name, ri, ve->dev[r->ldev].name, vp->remote.dev[r->rdev].name,
+                 vp->remote.host, why, nmoved);
+    while (moved) {
+        struct vb_part *pt = moved;
+        moved = pt->item.next ? container_of(pt->item.next, struct vb_part, item) : NULL;
+        pt->item.next = NULL;
+        pt->moving = false;
+        int j = vb_live_rail(vp, -1);
+        if (++pt->attempts >= VB_MAX_ATTEMPTS || j < 0) {
+            KVR_LOG_ERROR(COMP, "%s: a transfer failed on %u rails in turn; giving it up",
+                          ve->base.name, (unsigned)pt->attempts);
+            vb_part_done(pt, KVR_ERR_PEER_FAILURE);
+            continue;
+        }
+        vb_part_rekey(vp, pt, j);
+        pt->posted = 0;
+        struct vb_rail *rj = &vp->rail[j];
+        rj->enq += pt->nwr;
+        for (struct vb_item *it = vp->rail[0].head; it && j > 0; it = it->next)
+            if (it->kind == VB_ITEM_NOTIF)
+                container_of(it, struct vb_notif, item)->fence[j] += pt->nwr;
+        vb_push_front(rj, pt);
+    }
+    for (int i = 0; i < vp->nrails && vp->state == VB_READY; i++)
+        if (!vp->rail[i].down)
+            vb_rail_kick(&vp->rail[i]);
 }
 
 static void vb_rail_fini(struct vb_rail *r)
@@ -721,13 +874,15 @@ static kvr_status_t vb_dlist_prepare(kvr_xfer_dlist_t *d)
             cnt[best]++;
             owner[q++] = (uint8_t)best;
         }
-    vd->mem = calloc(total, sizeof(struct ibv_send_wr) + sizeof(struct ibv_sge));
+    vd->mem = calloc(total ? total : 1,
+                     sizeof(struct ibv_send_wr) + sizeof(struct ibv_sge) + sizeof(struct vb_wref));
     if (!vd->mem) {
         free(owner);
         return KVR_ERR_NO_MEMORY;
     }
     struct ibv_send_wr *wr = vd->mem;
     struct ibv_sge *sge = (struct ibv_sge *)(wr + total);
+    struct vb_wref *ref = (struct vb_wref *)(sge + total);
     size_t base = 0;
     vd->nparts = nr;
     for (int i = 0; i < nr; i++) {
@@ -736,6 +891,8 @@ static kvr_status_t vb_dlist_prepare(kvr_xfer_dlist_t *d)
         pt->dl = vd;
         pt->wr = wr + base;
         pt->sge = sge + base;
+        pt->ref = ref + base;
+        pt->rail = i;
         base += cnt[i];
         cnt[i] = 0; /* refilled below */
     }
@@ -760,6 +917,7 @@ static kvr_status_t vb_dlist_prepare(kvr_xfer_dlist_t *d)
             w->wr.rdma.remote_addr = sg->raddr + off;
             w->wr.rdma.rkey = RMEM(sg->rmem)->rkey[r->rdev];
             w->next = NULL;
+            pt->ref[j] = (struct vb_wref){sg->lmem, sg->rmem};
             if (j)
                 pt->wr[j - 1].next = w;
         }
@@ -776,8 +934,8 @@ static void vb_dlist_release(kvr_xfer_dlist_t *d)
     struct vb_peer *vp = PEER(d->peer);
     struct vb_engine *ve = ENG(d->peer->engine);
     for (int i = 0; i < vd->nparts; i++) {
-        struct vb_rail *r = &vp->rail[i];
-        if (vd->part[i].item.queued) { /* unlink from the FIFO */
+        struct vb_rail *r = &vp->rail[vd->part[i].rail]; /* where failover put it */
+        if (vd->part[i].item.queued) {                   /* unlink from the FIFO */
             struct vb_item **pp = &r->head, *prev = NULL;
             while (*pp && *pp != &vd->part[i].item) {
                 prev = *pp;
@@ -789,11 +947,12 @@ static void vb_dlist_release(kvr_xfer_dlist_t *d)
                     r->tail = prev;
             }
         }
-        if (r->slots)
-            for (uint32_t k = 0; k < ve->sq_depth; k++)
-                if (r->slots[k].dl == vd)
-                    r->slots[k].dl = NULL;
     }
+    for (int i = 0; i < vp->nrails; i++) /* any rail may hold its WRs after a failover */
+        if (vp->rail[i].slots)
+            for (uint32_t k = 0; k < ve->sq_depth; k++)
+                if (vp->rail[i].slots[k].dl == vd)
+                    vp->rail[i].slots[k].dl = NULL;
     free(vd->mem);
 }
 
@@ -812,7 +971,13 @@ static kvr_status_t vb_post(kvr_xfer_dlist_t *d)
         struct vb_part *pt = &vd->part[i];
         if (!pt->nwr)
             continue;
-        struct vb_rail *r = &vp->rail[i];
+        int ri = vb_live_rail(vp, i); /* its own rail, or a live one after a failover */
+        if (ri < 0)
+            return KVR_ERR_PEER_FAILURE; /* (the peer fails with its last rail) */
+        if (pt->rail != ri)
+            vb_part_rekey(vp, pt, ri);
+        struct vb_rail *r = &vp->rail[ri];
+        pt->attempts = 0;
         pt->posted = 0;
         r->enq += pt->nwr;
         bool was_empty = r->head == NULL;
@@ -1190,7 +1355,7 @@ static int vb_rail_poll(struct vb_rail *r, uint32_t depth)
     struct ibv_wc wc[VB_CQ_BATCH];
     int n = vb_cq_poll(ENG(r->peer->base.engine), r->cq, &r->armed, wc);
     struct vb_peer *vp = r->peer;
-    for (int i = 0; i < n && vp->state != VB_FAILED; i++) {
+    for (int i = 0; i < n && vp->state != VB_FAILED && !r->down; i++) {
         uint64_t seq = wc[i].wr_id;
         if (seq < r->done || seq >= r->posted)
             continue;
@@ -1198,7 +1363,14 @@ static int vb_rail_poll(struct vb_rail *r, uint32_t depth)
             vb_retire(r, seq + 1, depth);
             continue;
         }
-        vb_retire(r, seq, depth); /* everything before it on an RC QP succeeded */
+        /* the rail, not the transfer: the network path or the QP failed */
+        bool rail_err = wc[i].status == IBV_WC_RETRY_EXC_ERR ||
+                        wc[i].status == IBV_WC_WR_FLUSH_ERR || wc[i].status == IBV_WC_FATAL_ERR ||
+                        wc[i].status == IBV_WC_LOC_QP_OP_ERR;
+        /* everything before it on an RC QP succeeded - unless it was flushed:
+         * unsignaled WRs before a flushed one were flushed too, silently */
+        if (wc[i].status != IBV_WC_WR_FLUSH_ERR)
+            vb_retire(r, seq, depth);
         struct vb_slot *sl = &r->slots[seq % depth];
         struct vb_dlist *dl = sl->dl;
         kvr_status_t s = kvr_verbs_status((int)wc[i].status, 0);
@@ -1220,7 +1392,10 @@ static int vb_rail_poll(struct vb_rail *r, uint32_t depth)
                      ? " (bad remote key, or the region was deregistered at the target)"
                      : "",
                  kvr_status_name(s));
-        vb_peer_failed(vp, s, dl, why);
+        if (rail_err && !gone && !vb_side_closed(vp, 0))
+            vb_rail_failover(vp, (int)(r - vp->rail), s, why);
+        else
+            vb_peer_failed(vp, s, dl, why);
     }
     if (n > 0 && vp->state == VB_READY)
         n += vb_rail_kick(r);
@@ -1241,9 +1416,13 @@ static int vb_progress(kvr_xfer_engine_t *e)
         if (vp->state != VB_READY)
             continue;
         for (int i = 0; i < vp->nrails && vp->state == VB_READY; i++) {
+            if (vp->rail[i].down) { /* drain its flushed completions */
+                n += vb_rail_poll(&vp->rail[i], ve->sq_depth);
+                continue;
+            }
             vb_rail_flush_or_fail(&vp->rail[i], ve->sq_depth);
             n += vb_rail_poll(&vp->rail[i], ve->sq_depth);
-            if (ve->efd >= 0 && vp->state == VB_READY)
+            if (ve->efd >= 0 && vp->state == VB_READY && !vp->rail[i].down)
                 vb_rail_flush_or_fail(&vp->rail[i], ve->sq_depth);
         }
         if (vp->state == VB_READY && vp->rail[0].head) /* fenced notifications */

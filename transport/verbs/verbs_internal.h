@@ -41,6 +41,7 @@
 #define VB_HS_TIMEOUT_MS 10000
 #define VB_TCP_TIMEOUT   1000 /* ms per side-channel address tried */
 #define VB_POLL_EVERY_NS 1000000ull
+#define VB_MAX_ATTEMPTS  3           /* submissions of a part before its list fails */
 #define VB_HS_MAGIC      0x5652564bu /* "KVRV" */
 #define VB_HS_VERSION    1
 
@@ -118,7 +119,9 @@ struct vb_engine {
     struct vb_inbound *inbound;
     struct vb_peer *peers;
     uint64_t last_poll_ns;
-    char who[64]; /* "name pid N on host": names this end in the other's errors */
+    int inject_rail;       /* KVR_VERBS_FAIL_RAIL=R:N: rail R's QP is put in error */
+    uint64_t inject_after; /* once N WRs were posted on it (a test of failover) */
+    char who[64];          /* "name pid N on host": names this end in the other's errors */
 };
 
 struct vb_mem {
@@ -150,6 +153,15 @@ struct vb_part {
     uint32_t nwr, posted;
     struct ibv_send_wr *wr;
     struct ibv_sge *sge;
+    struct vb_wref *ref; /* the regions of each WR: keys for another rail */
+    int rail;            /* the rail its WRs carry the keys of (failover moves it) */
+    uint8_t attempts;    /* submissions of the current post */
+    bool moving;
+};
+
+struct vb_wref {
+    kvr_xfer_mem_t *l;
+    kvr_xfer_rmem_t *r;
 };
 
 struct vb_notif {
@@ -163,6 +175,7 @@ struct vb_slot {
     struct vb_dlist *dl; /* NULL for a notification, or once the list was released */
     uint8_t kind;        /* VB_ITEM_PART, VB_ITEM_NOTIF or VB_ITEM_FLUSH */
     uint8_t end;         /* last WR of its part */
+    uint8_t pi;          /* which part of dl (failover: not always this rail's) */
 };
 
 struct vb_rail {
@@ -178,6 +191,9 @@ struct vb_rail {
     uint64_t flushes;           /* zero-length signaled WRITEs posted to cover a tail */
     uint64_t last_raddr;        /* target of the last data WR: what a flush WRITE names */
     uint32_t last_rkey;
+    bool down;             /* failed over: carries nothing until the peer reconnects */
+    uint64_t bytes;        /* data bytes posted on this rail */
+    uint64_t failovers;    /* times this rail failed and its transfers moved */
     struct vb_slot *slots; /* sq_depth, indexed by seq % sq_depth */
     struct vb_item *head, *tail;
 };
