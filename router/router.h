@@ -23,9 +23,10 @@
  *   util.c      rng, timing samples, CPU clock, log rate limit, timers
  * Calls: main -> client_ep, node_ep, registry, failover, dispatch, requests;
  * client_ep -> status, dispatch, requests; node_ep -> registry, dirsync,
- * dispatch, streams; streams -> failover, requests; failover -> requests;
- * dispatch -> scheduler, directory, requests; registry -> dirsync;
- * dirsync -> directory; all -> send, util.
+ * dispatch, streams; streams -> failover, requests; failover -> registry,
+ * requests; dispatch -> scheduler, directory, registry, requests;
+ * registry -> dirsync, directory; dirsync -> directory; status ->
+ * directory; all -> send, util.  (Checked from the objects' symbols.)
  */
 #ifndef KVR_ROUTER_H
 #define KVR_ROUTER_H
@@ -83,6 +84,9 @@ struct rt_node {
     uint64_t *layer_base;
     size_t n_layer_base;
     uint64_t layer_stride, block_bytes;
+    /* prefill: the incarnation of each decode node whose address and rkeys
+     * this node was sent (0: none); PrefillTarget carries them only once */
+    uint64_t sent_d_inc[RT_MAX_NODES];
     /* load, from heartbeats */
     uint32_t total_blocks, free_blocks, cached_blocks, batch_size, reserved_blocks;
     uint64_t inflight_prefill_hb, queued_prefill_hb;
