@@ -2,6 +2,7 @@
 # run_oracle.sh - installs the oracle's npm packages (npm ci, into the build
 # dir, once per package-lock.json) and runs oracle.mjs against tokcheck.
 #   run_oracle.sh SRC_DIR WORK_DIR TOKCHECK [--bench] [--only NAME]
+#   run_oracle.sh SRC_DIR WORK_DIR CHATCHECK --chat [--bench]   (chat_oracle.mjs)
 # Exits 77 (skip) only when node/npm are missing or the npm registry cannot
 # be reached.
 set -u
@@ -15,7 +16,8 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
 fi
 mkdir -p "$work" || exit 1
 if ! cmp -s "$src/package-lock.json" "$work/.installed-lock" ||
-    [ ! -f "$work/node_modules/@huggingface/tokenizers/package.json" ]; then
+    [ ! -f "$work/node_modules/@huggingface/tokenizers/package.json" ] ||
+    [ ! -f "$work/node_modules/@huggingface/jinja/package.json" ]; then
     cp "$src/package.json" "$src/package-lock.json" "$work/" || exit 1
     # one installer at a time per work dir
     if ! (
@@ -30,6 +32,12 @@ if ! cmp -s "$src/package-lock.json" "$work/.installed-lock" ||
         exit 1
     fi
     cp "$src/package-lock.json" "$work/.installed-lock" || exit 1
+fi
+if [ "${1:-}" = "--chat" ]; then
+    # the chat template oracle: $3 is chatcheck
+    shift
+    exec node "$src/chat_oracle.mjs" --chatcheck "$tokcheck" --modules "$work/node_modules" \
+        --dir "$src" --out "$work/chat-out" "$@"
 fi
 exec node "$src/oracle.mjs" --tokcheck "$tokcheck" --modules "$work/node_modules" \
     --corpus "$src/corpus.json" --out "$work/out" "$@"
