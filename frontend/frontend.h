@@ -12,6 +12,7 @@
  *   http.c      libmicrohttpd glue: connection bound, bodies, routing,
  *               health/ready/models/metrics, error responses
  *   request.c   an OpenAI request body -> struct fe_req, every field checked
+ *   chat.c      chat messages -> prompt token ids (the model's chat template)
  *   generate.c  runs a request on the router (n choices, stop text cut,
  *               logprobs) and writes the JSON / SSE answer
  *   metrics.c   the frontend's own Prometheus counters and histograms
@@ -43,8 +44,9 @@ struct fe_config {
     uint32_t max_n;       /* largest n (choices per prompt) */
     uint32_t max_prompts; /* prompts in one request */
     int request_timeout_ms;
-    int idle_timeout_s; /* HTTP connection idle timeout */
-    bool have_chat;     /* the tokenizer library can render a chat template */
+    int idle_timeout_s;        /* HTTP connection idle timeout */
+    uint32_t max_tokens_limit; /* the router's largest max_tokens (cluster file) */
+    bool have_chat;            /* the model's chat template is loaded (chat.c) */
 };
 
 extern struct fe_config fe_cfg;
@@ -113,6 +115,7 @@ struct fe_req {
     uint32_t n;
     int logprobs; /* -1 = none, 0 = the sampled tokens' logprobs */
     bool stream, include_usage;
+    const kvr_json_t *messages; /* chat: the messages list (in the JSON document) */
 };
 
 /** Parses and checks a request body.  On an error, status_p gets the HTTP
@@ -123,6 +126,18 @@ struct fe_req {
 kvr_status_t fe_req_parse(const kvr_json_t *root, bool chat, struct fe_req *req, unsigned *status_p,
                           char *param, size_t param_len, char *msg, size_t msg_len);
 void fe_req_free(struct fe_req *req);
+
+/* ---- chat (chat.c) ---- */
+/** Loads the model's chat template and tokenizer; sets fe_cfg.have_chat. */
+void fe_chat_init(const char *model_dir);
+/** Why chat is off (for the 501 answer). */
+const char *fe_chat_unavailable(void);
+/** Renders messages with the template (kwargs: chat_template_kwargs, may be
+ *  NULL) and tokenizes the text into p->ids.
+ *  @return KVR_OK; KVR_ERR_INVALID (msg says why); KVR_ERR_UNSUPPORTED
+ *          (chat is off); KVR_ERR_NO_MEMORY. */
+kvr_status_t fe_chat_prompt(const kvr_json_t *messages, const kvr_json_t *kwargs,
+                            struct fe_prompt *p, char *msg, size_t msg_len);
 
 /* ---- generation (generate.c) ---- */
 /** Borrows a router client from the pool (connecting a new one when none

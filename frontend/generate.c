@@ -115,6 +115,7 @@ struct choice {
     bool stopped; /* the frontend found a stop string (text cut there) */
     bool first;   /* a token or the end has been seen */
     bool final_sent;
+    bool role_sent; /* chat: the first delta (with the role) is out */
     enum kvr_finish finish;
     struct kvr_gen_result res;
     struct fe_buf text;
@@ -366,13 +367,37 @@ err:
     return st != KVR_OK ? st : KVR_ERR_INTERNAL;
 }
 
-static void put_logprobs(struct fe_buf *b, struct choice *c, size_t upto, bool final)
+/* The chat form: {"content": [{"token", "logprob", "bytes", "top_logprobs"}]}. */
+static void put_chat_logprobs(struct fe_buf *b, struct choice *c, size_t from, size_t to)
+{
+    fe_buf_puts(b, "{\"content\":[");
+    for (size_t i = from; i < to; i++) {
+        const struct tokrec *t = &c->toks[i];
+        size_t len = t->off + t->len > c->text.len ? c->text.len - t->off : t->len;
+        fe_buf_puts(b, i > from ? ",{\"token\":" : "{\"token\":");
+        fe_buf_json_str(b, c->text.p + t->off, len);
+        fe_buf_puts(b, ",\"logprob\":");
+        fe_buf_json_num(b, t->logprob);
+        fe_buf_puts(b, ",\"bytes\":[");
+        for (size_t k = 0; k < len; k++)
+            fe_buf_printf(b, "%s%u", k ? "," : "", (unsigned char)c->text.p[t->off + k]);
+        fe_buf_puts(b, "],\"top_logprobs\":[]}");
+    }
+    fe_buf_puts(b, "]}");
+}
+
+static void put_logprobs(struct fe_buf *b, bool chat, struct choice *c, size_t upto, bool final)
 {
     /* the tokens whose text starts before upto (all that remain when final) */
     size_t from = c->toks_emitted, to = from;
     while (to < c->n_toks &&
            (c->toks[to].off < upto || (final && !c->stopped && c->toks[to].off <= upto)))
         to++;
+    c->toks_emitted = to;
+    if (chat) {
+        put_chat_logprobs(b, c, from, to);
+        return;
+    }
     fe_buf_puts(b, "{\"tokens\":[");
     for (size_t i = from; i < to; i++) {
         const struct tokrec *t = &c->toks[i];
@@ -391,7 +416,6 @@ static void put_logprobs(struct fe_buf *b, struct choice *c, size_t upto, bool f
     for (size_t i = from; i < to; i++)
         fe_buf_printf(b, "%s%zu", i > from ? "," : "", c->toks[i].off);
     fe_buf_puts(b, "]}");
-    c->toks_emitted = to;
 }
 
 static void put_usage(struct fe_buf *b, struct fe_run *run)
@@ -416,10 +440,13 @@ static void put_usage(struct fe_buf *b, struct fe_run *run)
                   prompt, completion, prompt + completion, cached);
 }
 
-static void put_head(struct fe_buf *b, const struct fe_run *run)
+static void put_head(struct fe_buf *b, const struct fe_run *run, bool chunk)
 {
-    fe_buf_printf(b, "{\"id\":\"%s\",\"object\":\"text_completion\",\"created\":%lld,\"model\":",
-                  run->id, run->created);
+    const char *object = !run->req->chat ? "text_completion"
+                         : chunk         ? "chat.completion.chunk"
+                                         : "chat.completion";
+    fe_buf_printf(b, "{\"id\":\"%s%s\",\"object\":\"%s\",\"created\":%lld,\"model\":",
+                  run->req->chat ? "chat" : "", run->id, object, run->created);
     fe_buf_json_str(b, fe_cfg.model_name, strlen(fe_cfg.model_name));
 }
 
@@ -442,15 +469,17 @@ kvr_status_t fe_run_finish_json(struct fe_run *run, struct fe_buf *out, unsigned
         error_of(bad, http_status_p, msg, msg_len);
         return bad->res.status;
     }
-    put_head(out, run);
+    bool chat = run->req->chat;
+    put_head(out, run, false);
     fe_buf_puts(out, ",\"choices\":[");
     for (size_t i = 0; i < run->n_ch; i++) {
         struct choice *c = &run->ch[i];
-        fe_buf_printf(out, "%s{\"index\":%zu,\"text\":", i ? "," : "", i);
+        fe_buf_printf(out, "%s{\"index\":%zu,%s", i ? "," : "", i,
+                      chat ? "\"message\":{\"role\":\"assistant\",\"content\":" : "\"text\":");
         fe_buf_json_str(out, c->text.p ? c->text.p : "", c->text.len);
-        fe_buf_puts(out, ",\"logprobs\":");
+        fe_buf_puts(out, chat ? "},\"logprobs\":" : ",\"logprobs\":");
         if (run->req->logprobs >= 0)
-            put_logprobs(out, c, c->text.len, true);
+            put_logprobs(out, chat, c, c->text.len, true);
         else
             fe_buf_puts(out, "null");
         fe_buf_printf(out, ",\"finish_reason\":\"%s\"}", finish_name(c->finish));
@@ -480,13 +509,20 @@ static void sse_choice(struct fe_run *run, size_t i, struct fe_buf *out)
     bool has_tok = c->toks_emitted < c->n_toks && c->toks[c->toks_emitted].off < upto;
     if (upto <= c->emitted && !over && !(run->req->logprobs >= 0 && has_tok))
         return;
+    bool chat = run->req->chat;
     fe_buf_puts(out, "data: ");
-    put_head(out, run);
-    fe_buf_printf(out, ",\"choices\":[{\"index\":%zu,\"text\":", i);
+    put_head(out, run, true);
+    fe_buf_printf(out, ",\"choices\":[{\"index\":%zu,", i);
+    if (chat)
+        fe_buf_puts(out, c->role_sent ? "\"delta\":{\"content\":"
+                                      : "\"delta\":{\"role\":\"assistant\",\"content\":");
+    else
+        fe_buf_puts(out, "\"text\":");
+    c->role_sent = true;
     fe_buf_json_str(out, c->text.p ? c->text.p + c->emitted : "", upto - c->emitted);
-    fe_buf_puts(out, ",\"logprobs\":");
+    fe_buf_puts(out, chat ? "},\"logprobs\":" : ",\"logprobs\":");
     if (run->req->logprobs >= 0)
-        put_logprobs(out, c, upto, over);
+        put_logprobs(out, chat, c, upto, over);
     else
         fe_buf_puts(out, "null");
     c->emitted = upto;
@@ -520,7 +556,7 @@ kvr_status_t fe_run_next_sse(struct fe_run *run, struct fe_buf *out)
         if (all_ended(run)) {
             if (run->req->include_usage) {
                 fe_buf_puts(out, "data: ");
-                put_head(out, run);
+                put_head(out, run, true);
                 fe_buf_puts(out, ",\"choices\":[],");
                 put_usage(out, run);
                 fe_buf_puts(out, "}\n\n");

@@ -14,7 +14,7 @@
  * passes the limit is read and dropped (up to 8 times the limit, then the
  * connection is closed) before its 413.  Routing:
  *   POST /v1/completions       generate.c (JSON, or SSE when stream is true)
- *   POST /v1/chat/completions  501 until the tokenizer library renders chat templates
+ *   POST /v1/chat/completions  the same, the prompt from chat.c (501 when chat is off)
  *   GET  /v1/models            the served model and its context length
  *   GET  /health               the process answers
  *   GET  /ready                the router answers and reports a live decode node
@@ -452,11 +452,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     case FE_EP_CHAT:
         if (!fe_cfg.have_chat)
-            return send_error(
-                conn, h, 501, "messages",
-                "chat completions (messages) need the model's chat template, which the "
-                "tokenizer library cannot render yet (kvr_chat_render); use "
-                "/v1/completions with the prompt already in the chat format");
+            return send_error(conn, h, 501, "messages", fe_chat_unavailable());
         /* fall through */
     case FE_EP_COMPLETIONS:
         return serve_completions(conn, h);

@@ -9,7 +9,8 @@
  *
  * The cluster file gives the router's client endpoint and the model folder,
  * whose name is the model id served and whose config.json gives the context
- * length.  The process runs until SIGINT/SIGTERM.
+ * length, and whose tokenizer_config.json the chat template.  The process
+ * runs until SIGINT/SIGTERM.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -226,7 +227,11 @@ int main(int argc, char **argv)
         }
         if (!fe_cfg.context_len)
             read_context(cl->model_dir);
+        fe_cfg.max_tokens_limit = cl->max_tokens_limit;
+        fe_chat_init(cl->model_dir);
         kvr_cluster_free(cl);
+    } else {
+        fe_chat_init(NULL);
     }
     if (!fe_cfg.router[0] || !fe_cfg.model_name[0]) {
         fprintf(stderr, "kvrail-frontend: give --config FILE, or --router ENDPOINT and "

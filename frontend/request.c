@@ -1,5 +1,6 @@
 /*
- * request.c - an OpenAI /v1/completions body -> struct fe_req.
+ * request.c - an OpenAI /v1/completions or /v1/chat/completions body ->
+ * struct fe_req.
  *
  * Every member of the body is looked at: a known field of the wrong type or
  * out of range is a 400 naming it; a field this server cannot honour (a
@@ -215,7 +216,8 @@ kvr_status_t fe_req_parse(const kvr_json_t *root, bool chat, struct fe_req *r, u
         return fail(&c, 400, KVR_ERR_INVALID, "", "the request body must be a JSON object, not %s",
                     root ? type_name(root) : "empty");
     bool have_prompt = false, have_model = false, have_stream_options = false;
-    bool have_best_of = false;
+    bool have_best_of = false, have_max_tokens = false;
+    const kvr_json_t *kwargs = NULL;
     int64_t best_of = 1;
     for (size_t i = 0; i < root->n; i++) {
         const char *k = root->keys[i];
@@ -235,12 +237,49 @@ kvr_status_t fe_req_parse(const kvr_json_t *root, bool chat, struct fe_req *r, u
                             "GET /v1/models)",
                             v->str, fe_cfg.model_name);
             have_model = true;
+        } else if (!strcmp(k, "messages") && chat) {
+            if (v->type != KVR_JSON_ARRAY || v->n == 0)
+                return fail(&c, 400, KVR_ERR_INVALID, k,
+                            "'messages' must be a non-empty list of {\"role\", \"content\"} "
+                            "objects");
+            for (size_t j = 0; j < v->n; j++) {
+                const kvr_json_t *m = v->items[j];
+                const kvr_json_t *role = kvr_json_get(m, "role");
+                if (m->type != KVR_JSON_OBJECT || !role || role->type != KVR_JSON_STRING)
+                    return fail(&c, 400, KVR_ERR_INVALID, k,
+                                "'messages' element %zu is not an object with a string 'role'", j);
+                const kvr_json_t *content = kvr_json_get(m, "content");
+                if (content && content->type != KVR_JSON_STRING &&
+                    content->type != KVR_JSON_ARRAY && content->type != KVR_JSON_NULL)
+                    return fail(&c, 400, KVR_ERR_INVALID, k,
+                                "'messages' element %zu: 'content' must be a string or a list "
+                                "of parts, not %s",
+                                j, type_name(content));
+            }
+            r->messages = v;
+        } else if (!strcmp(k, "chat_template_kwargs") && chat) {
+            if (v->type != KVR_JSON_OBJECT)
+                return fail(&c, 400, KVR_ERR_INVALID, k,
+                            "'chat_template_kwargs' must be an object (variables for the "
+                            "template)");
+            kwargs = v;
+        } else if (!strcmp(k, "logprobs") && chat) {
+            bool b = false;
+            st = get_bool(&c, k, v, &b);
+            r->logprobs = b ? 0 : -1;
+        } else if (!strcmp(k, "top_logprobs") && chat) {
+            st = get_int(&c, k, v, 0, 20, &iv);
+            if (st == KVR_OK)
+                st = only_default(&c, k, v, iv == 0,
+                                  "the router streams the sampled token's logprob only, not the "
+                                  "top-N alternatives; use logprobs: true without top_logprobs");
         } else if (!strcmp(k, "prompt") && !chat) {
             st = parse_prompt(&c, v, r);
             have_prompt = true;
         } else if (!strcmp(k, "max_tokens") || (chat && !strcmp(k, "max_completion_tokens"))) {
             st = get_int(&c, k, v, 1, fe_cfg.context_len ? fe_cfg.context_len : 1 << 20, &iv);
             r->max_tokens = (uint32_t)iv;
+            have_max_tokens = true;
         } else if (!strcmp(k, "temperature")) {
             st = get_num(&c, k, v, 0, 2, &dv);
             r->temperature = (float)dv;
@@ -349,6 +388,28 @@ kvr_status_t fe_req_parse(const kvr_json_t *root, bool chat, struct fe_req *r, u
                     "'model' is required (this server serves '%s')", fe_cfg.model_name);
     if (!chat && !have_prompt)
         return fail(&c, 400, KVR_ERR_INVALID, "prompt", "'prompt' is required");
+    if (chat && !r->messages)
+        return fail(&c, 400, KVR_ERR_INVALID, "messages", "'messages' is required");
+    if (chat) {
+        r->prompts = calloc(1, sizeof(*r->prompts));
+        if (!r->prompts)
+            return fail(&c, 500, KVR_ERR_NO_MEMORY, "messages", "out of memory");
+        r->n_prompts = 1;
+        char m[600];
+        kvr_status_t st = fe_chat_prompt(r->messages, kwargs, &r->prompts[0], m, sizeof(m));
+        if (st != KVR_OK)
+            return fail(&c, st == KVR_ERR_NO_MEMORY ? 500 : 400, st, "messages", "%s", m);
+        if (!have_max_tokens) { /* OpenAI: up to the end of the context */
+            size_t left = fe_cfg.context_len > r->prompts[0].n_ids
+                              ? fe_cfg.context_len - r->prompts[0].n_ids
+                              : 16;
+            if (!fe_cfg.context_len)
+                left = 16;
+            if (fe_cfg.max_tokens_limit && left > fe_cfg.max_tokens_limit)
+                left = fe_cfg.max_tokens_limit;
+            r->max_tokens = (uint32_t)left;
+        }
+    }
     if (have_stream_options && !r->stream)
         return fail(&c, 400, KVR_ERR_INVALID, "stream_options",
                     "'stream_options' is only allowed when 'stream' is true");

@@ -154,7 +154,33 @@ await expectError({ ...base, model: 'no-such-model' }, 404, 'unknown model', 'mo
 await expectError({ ...base, prompt: [1, 2, 'x'] }, 400, 'mixed prompt list', 'prompt');
 if (spec.context_len)
   await expectError({ ...base, prompt: new Array(spec.context_len + 5).fill(1) }, 400, 'prompt too long');
-if (!spec.have_chat)
+const chatCreate = (p) => client.chat.completions.create(p);
+if (!spec.have_chat) {
   await expectError({ model, messages: [{ role: 'user', content: 'hi' }] }, 501, 'chat without a template renderer',
-    'messages', (p) => client.chat.completions.create(p));
+    'messages', chatCreate);
+} else {
+  const ch = spec.chat, want = ch.texts.join('');
+  const p = { model, messages: ch.messages, max_tokens: ch.max_tokens, temperature: 0 };
+  const r = await client.chat.completions.create({ ...p, logprobs: true });
+  check(r.object === 'chat.completion' && r.choices[0].message.role === 'assistant', 'chat shape', r);
+  check(r.choices[0].message.content === want, 'chat content == kvrail run on the rendered prompt',
+    { got: r.choices[0].message.content, want });
+  check(JSON.stringify(r.choices[0].logprobs.content.map((t) => t.token)) === JSON.stringify(ch.texts),
+    'chat logprobs.content tokens', r.choices[0].logprobs);
+  check(r.usage.prompt_tokens === ch.prompt_tokens && r.usage.completion_tokens === ch.texts.length,
+    'chat usage', [r.usage, ch.prompt_tokens]);
+  const chunks = [];
+  for await (const c of await client.chat.completions.create({ ...p, stream: true,
+    stream_options: { include_usage: true } })) chunks.push(c);
+  const deltas = chunks.filter((c) => c.choices.length);
+  check(deltas.every((c) => c.object === 'chat.completion.chunk'), 'chat chunk objects', deltas[0]);
+  check(deltas[0].choices[0].delta.role === 'assistant', 'first delta carries the role', deltas[0]);
+  check(deltas.map((c) => c.choices[0].delta.content ?? '').join('') === want, 'streamed chat content', deltas);
+  check(deltas.at(-1).choices[0].finish_reason === (ch.texts.length === ch.max_tokens ? 'length' : 'stop'),
+    'streamed chat finish', deltas.at(-1));
+  check(chunks.at(-1).usage?.prompt_tokens === ch.prompt_tokens, 'streamed chat usage', chunks.at(-1));
+  await expectError({ model, messages: [] }, 400, 'chat: empty messages', 'messages', chatCreate);
+  await expectError({ ...p, top_logprobs: 2, logprobs: true }, 400, 'chat: top_logprobs', 'top_logprobs', chatCreate);
+  ok(`chat: ${ch.texts.length} tokens equal kvrail run on the rendered template, streamed too`);
+}
 console.log('sdk_check: all passed');

@@ -5,6 +5,8 @@ cluster on a generated tiny model, driven by the official OpenAI Node SDK
   1. the SDK: models, greedy completions equal to `kvrail run` token for
      token (text, per-token texts and logprobs), streaming, stop strings,
      max_tokens -> length, usage, prompt lists, n with a seed, error shapes;
+     chat with a template written into the model (equal to `kvrail run` on
+     the rendered prompt), or 501 in a build without chat templates;
   2. HTTP abuse through raw sockets: garbage bytes, a bad HTTP version,
      truncated and invalid JSON, wrong content type, an oversized body, a
      huge Content-Length: each a clear error, and the frontend still serves;
@@ -33,6 +35,10 @@ import cluster_lib as cl  # noqa: E402
 from cluster_lib import check  # noqa: E402
 
 MAX_CONN = 8
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}"
+                 "<|end_header_id|>\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
+                 "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>"
+                 "\n\n{% endif %}")
 
 
 def ensure_sdk():
@@ -109,6 +115,8 @@ def main():
     ap = argparse.ArgumentParser()
     cl.add_bin_args(ap)
     ap.add_argument("--frontend", required=True)
+    ap.add_argument("--chat", choices=["yes", "no"], default="yes",
+                    help="whether this build has chat templates (tokenizer/kvr_chat.h)")
     args = ap.parse_args()
     bins = cl.Bins(args)
     ensure_sdk()
@@ -118,6 +126,13 @@ def main():
         model = cl.make_model(bins, work)
         with open(os.path.join(model, "config.json")) as f:
             ctx = json.load(f).get("max_position_embeddings", 0)
+        # a Llama-3-like chat template for the tiny model
+        tcf = os.path.join(model, "tokenizer_config.json")
+        with open(tcf) as f:
+            tc = json.load(f)
+        tc["chat_template"] = CHAT_TEMPLATE
+        with open(tcf, "w") as f:
+            json.dump(tc, f)
         c = cl.Cluster(bins, work, model, n_prefill=1, n_decode=1, local_prefill_tokens=4)
         c.start()
         port = cl.free_port()
@@ -164,7 +179,21 @@ def main():
                 "ref": {"texts": texts, "logprobs": [t["logprob"] for t in ref],
                         "finish": "length" if len(ref) == max_tokens else "stop"},
                 "ref2_text": "".join(t["text"] for t in ref2),
-                "stop": stop, "stop_expect": full[:full.index(stop)], "have_chat": False}
+                "stop": stop, "stop_expect": full[:full.index(stop)]}
+        messages = [{"role": "system", "content": "You are terse. "},
+                    {"role": "user", "content": "Name a colour."}]
+        rendered = tc["bos_token"] + "".join(
+            "<|start_header_id|>%s<|end_header_id|>\n\n%s<|eot_id|>" % (m["role"], m["content"].strip())
+            for m in messages) + "<|start_header_id|>assistant<|end_header_id|>\n\n"
+        # kvrail run adds the bos token itself (add_bos_token), the template has it as text
+        r = cl.run([bins.kvrail, "run", "--model", model, "--prompt", rendered[len(tc["bos_token"]):],
+                    "--max-tokens", "10", "--json"], timeout=60)
+        check(r.returncode == 0, "kvrail run (chat reference) failed: %s" % r.stderr)
+        lines = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
+        spec["have_chat"] = args.chat == "yes"
+        spec["chat"] = {"messages": messages, "max_tokens": 10,
+                        "prompt_tokens": len(lines[0]["prompt_tokens"]),
+                        "texts": [x["text"] for x in lines if "token_id" in x]}
         sf = os.path.join(work, "spec.json")
         with open(sf, "w") as f:
             json.dump(spec, f)
