@@ -54,6 +54,7 @@ struct cpu_backend {
     size_t conv_per_thread;
     float *scores; /* [n_threads][ATTN_RQ][max_seq_len] attention scores */
     int32_t *grp;  /* [max_rows + 1] attention row groups */
+    float *qpad;   /* [n_threads][ATTN_RQ][head_dim rounded up to 16] */
 };
 
 static struct cpu_backend *cpu(struct kvr_compute_backend *be)
@@ -476,12 +477,13 @@ static void cpu_kv_store(struct kvr_compute_backend *be, const struct kvr_attn_a
 /* Attention.  Rows go in groups of up to ATTN_RQ consecutive positions of
  * one sequence (a prefill chunk; a decode step's rows are groups of one);
  * a task is one (group, head).  Each row is computed exactly as alone: its
- * scores q.k over every key of its range in key order (a 16-lane dot and
- * hsum()'s tree, the scalar tail after), times scale; the max; exp by
- * vexp() lane by lane; their sum in key order; O = sum over keys in key
- * order of p_t v_t.  The group only shares each key's loads among its rows.
- * No split of the key range, so a row's output is the same whatever the
- * chunking, the batch or the cached prefix. */
+ * score with key t is q.k (16 lanes over head_dim in order, the tail
+ * zero-padded, then hsum()'s tree, done for 16 keys at once by hsum16())
+ * times scale; then the max, exp lane by lane (vexp()), their sum in key
+ * order, and O = sum over keys in key order of (p_t / sum) v_t, each lane
+ * one FMA chain from 0.  The group only shares each key's loads among its
+ * rows.  No split of the key range, so a row's output is the same whatever
+ * the chunking, the batch or the cached prefix. */
 #define ATTN_RQ 4
 
 struct attn_job {
@@ -493,20 +495,39 @@ struct attn_job {
     int32_t n_groups;
 };
 
-static inline __attribute__((always_inline)) float attn_dot(const float *q, const float *k,
-                                                            int32_t hd)
+/* hsum() of each of a[0..15], as lanes 0..15, with the same adds in the same
+ * order: lane i + lane i+8, then + 4, then (c0 + c2) + (c1 + c3). */
+static inline __attribute__((always_inline)) v16f hsum16(const v16f *a)
 {
-    float s = 0;
-    int32_t i = 0;
-    if (hd % 16 == 0) {
-        v16f acc = {0};
-        for (; i < hd; i += 16)
-            acc += ldx(q + i) * ldx(k + i);
-        s = hsum(acc);
-    }
-    for (; i < hd; i++)
-        s += q[i] * k[i];
-    return s;
+    const v16i l1a = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+    const v16i l1b = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+    const v16i l2a = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+    const v16i l2b = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+    const v16i l3a = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+    const v16i l3b = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
+    const v16i l4a = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+    const v16i l4b = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+    v16f p[8], q[4], r[2];
+    for (int i = 0; i < 8; i++)
+        p[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], l1a) +
+               __builtin_shuffle(a[2 * i], a[2 * i + 1], l1b);
+    for (int i = 0; i < 4; i++)
+        q[i] = __builtin_shuffle(p[2 * i], p[2 * i + 1], l2a) +
+               __builtin_shuffle(p[2 * i], p[2 * i + 1], l2b);
+    for (int i = 0; i < 2; i++)
+        r[i] = __builtin_shuffle(q[2 * i], q[2 * i + 1], l3a) +
+               __builtin_shuffle(q[2 * i], q[2 * i + 1], l3b);
+    return __builtin_shuffle(r[0], r[1], l4a) + __builtin_shuffle(r[0], r[1], l4b);
+}
+
+/* 16 floats from p, of which n valid (zeros after) */
+static inline __attribute__((always_inline)) v16f ldpad(const float *p, int32_t n)
+{
+    if (n >= 16)
+        return ldx(p);
+    float f[16] = {0};
+    memcpy(f, p, (size_t)n * 4);
+    return ldx(f);
 }
 
 KVR_CLONES static void attn_task(void *arg, int ith, int nth, int tid)
@@ -515,31 +536,58 @@ KVR_CLONES static void attn_task(void *arg, int ith, int nth, int tid)
     const struct kvr_attn_args *a = j->a;
     const struct kvr_kv_layout *l = a->layout;
     const int32_t H = a->n_heads, hd = l->head_dim, bs = l->block_size;
-    const int32_t group = H / l->n_kv_heads;
+    const int32_t group = H / l->n_kv_heads, hdv = (hd + 15) / 16;
     const size_t msl = (size_t)j->c->p.max_seq_len;
+    float *qpad = j->c->qpad + (size_t)tid * ATTN_RQ * (size_t)hdv * 16;
     int32_t n_pairs = j->n_groups * H;
     for (int32_t pi = ith; pi < n_pairs; pi += nth) {
         int32_t h = pi / j->n_groups, gi = pi % j->n_groups, kvh = h / group;
         int32_t r0 = j->grp[gi], g = j->grp[gi + 1] - r0;
         const int32_t *bt = a->block_table[r0];
-        int32_t lo[ATTN_RQ], hi[ATTN_RQ];
-        float *sc[ATTN_RQ], inv[ATTN_RQ];
-        const float *qv[ATTN_RQ];
+        int32_t lo[ATTN_RQ] = {0}, hi[ATTN_RQ] = {0};
+        float *sc[ATTN_RQ];
         float *o[ATTN_RQ];
         for (int32_t r = 0; r < g; r++) {
             int32_t p = a->pos[r0 + r];
             lo[r] = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
             hi[r] = p;
             sc[r] = j->c->scores + ((size_t)tid * ATTN_RQ + (size_t)r) * msl;
-            qv[r] = j->q + ((size_t)(r0 + r) * (size_t)H + (size_t)h) * (size_t)hd;
+            const float *qr = j->q + ((size_t)(r0 + r) * (size_t)H + (size_t)h) * (size_t)hd;
+            float *qp = qpad + (size_t)r * (size_t)hdv * 16;
+            memset(qp, 0, (size_t)hdv * 64);
+            memcpy(qp, qr, (size_t)hd * 4);
             o[r] = j->out + ((size_t)(r0 + r) * (size_t)H + (size_t)h) * (size_t)hd;
         }
-        for (int32_t t = lo[0]; t <= hi[g - 1]; t++) {
-            const float *kv = a->layer_base + kvr_kv_offset(l, bt[t / bs], 0, kvh, t % bs);
-            for (int32_t r = 0; r < g; r++)
-                if (t >= lo[r] && t <= hi[r])
-                    sc[r][t - lo[r]] = attn_dot(qv[r], kv, hd) * a->scale;
+        const int32_t t_lo = lo[0], t_hi = hi[g - 1];
+        /* scores, 16 keys at a time */
+        for (int32_t t0 = t_lo; t0 <= t_hi; t0 += 16) {
+            int32_t nk = t_hi - t0 + 1 < 16 ? t_hi - t0 + 1 : 16;
+            const float *kp[16];
+            for (int32_t k = 0; k < 16; k++) {
+                int32_t t = k < nk ? t0 + k : t0;
+                kp[k] = a->layer_base + kvr_kv_offset(l, bt[t / bs], 0, kvh, t % bs);
+            }
+            for (int32_t r = 0; r < g; r++) {
+                if (t0 + nk - 1 < lo[r] || t0 > hi[r])
+                    continue;
+                const float *qp = qpad + (size_t)r * (size_t)hdv * 16;
+                v16f acc[16];
+                for (int k = 0; k < 16; k++)
+                    acc[k] = (v16f){0};
+                for (int32_t c = 0; c < hdv; c++) {
+                    v16f qc = ldx(qp + c * 16);
+                    for (int k = 0; k < 16; k++)
+                        acc[k] += qc * ldpad(kp[k] + c * 16, hd - c * 16);
+                }
+                v16f sv = hsum16(acc) * a->scale;
+                float sf[16];
+                memcpy(sf, &sv, 64);
+                for (int32_t k = 0; k < nk; k++)
+                    if (t0 + k >= lo[r] && t0 + k <= hi[r])
+                        sc[r][t0 + k - lo[r]] = sf[k];
+            }
         }
+        /* softmax per row; sc becomes p_t / sum */
         for (int32_t r = 0; r < g; r++) {
             size_t n = (size_t)(hi[r] - lo[r] + 1);
             float mx = -INFINITY;
@@ -549,26 +597,35 @@ KVR_CLONES static void attn_task(void *arg, int ith, int nth, int tid)
             float sum = 0;
             for (size_t t = 0; t < n; t++)
                 sum += sc[r][t];
-            inv[r] = 1.0f / sum;
-            memset(o[r], 0, (size_t)hd * 4);
+            float inv = 1.0f / sum;
+            for (size_t t = 0; t < n; t++)
+                sc[r][t] *= inv;
         }
-        for (int32_t t = lo[0]; t <= hi[g - 1]; t++) {
-            const float *vv = a->layer_base + kvr_kv_offset(l, bt[t / bs], 1, kvh, t % bs);
-            for (int32_t r = 0; r < g; r++) {
-                if (t < lo[r] || t > hi[r])
-                    continue;
-                float pr = sc[r][t - lo[r]] * inv[r];
-                int32_t i = 0;
-                if (hd % 16 == 0) {
-                    v16f pv = (v16f){0} + pr;
-                    for (; i < hd; i += 16) {
-                        v16f acc = ldx(o[r] + i) + pv * ldx(vv + i);
-                        memcpy(o[r] + i, &acc, 64);
-                    }
+        /* O = P V, 4 vectors of head_dim at a time held in registers */
+        for (int32_t c0 = 0; c0 < hdv; c0 += 4) {
+            int32_t nv = hdv - c0 < 4 ? hdv - c0 : 4;
+            v16f acc[ATTN_RQ][4];
+            for (int32_t r = 0; r < ATTN_RQ; r++)
+                for (int c = 0; c < 4; c++)
+                    acc[r][c] = (v16f){0};
+            for (int32_t t = t_lo; t <= t_hi; t++) {
+                const float *vv = a->layer_base + kvr_kv_offset(l, bt[t / bs], 1, kvh, t % bs);
+                v16f vc[4];
+                for (int32_t c = 0; c < nv; c++)
+                    vc[c] = ldpad(vv + (c0 + c) * 16, hd - (c0 + c) * 16);
+                for (int32_t r = 0; r < g; r++) {
+                    if (t < lo[r] || t > hi[r])
+                        continue;
+                    v16f pv = (v16f){0} + sc[r][t - lo[r]];
+                    for (int32_t c = 0; c < nv; c++)
+                        acc[r][c] += pv * vc[c];
                 }
-                for (; i < hd; i++)
-                    o[r][i] += pr * vv[i];
             }
+            for (int32_t r = 0; r < g; r++)
+                for (int32_t c = 0; c < nv; c++) {
+                    int32_t i = (c0 + c) * 16, n = hd - i < 16 ? hd - i : 16;
+                    memcpy(o[r] + i, &acc[r][c], (size_t)n * 4);
+                }
         }
     }
 }
@@ -658,6 +715,7 @@ static void cpu_destroy(struct kvr_compute_backend *be)
     free(c->conv);
     free(c->scores);
     free(c->grp);
+    free(c->qpad);
     free(c);
 }
 
@@ -675,8 +733,10 @@ static kvr_status_t cpu_create(const struct kvr_backend_params *p,
     c->conv = aligned_alloc(64, nt * c->conv_per_thread * sizeof(float));
     c->scores = aligned_alloc(64, nt * ATTN_RQ * (size_t)p->max_seq_len * sizeof(float));
     c->grp = calloc((size_t)p->max_rows + 1, sizeof(int32_t));
+    c->qpad = aligned_alloc(64, nt * ATTN_RQ * (((size_t)p->max_head_dim + 15) & ~(size_t)15) * 4);
     kvr_status_t st = KVR_ERR_NO_MEMORY;
-    if (!c->conv || !c->scores || !c->grp || (st = kvr_tp_create(p->n_threads, &c->tp)) != KVR_OK) {
+    if (!c->conv || !c->scores || !c->grp || !c->qpad ||
+        (st = kvr_tp_create(p->n_threads, &c->tp)) != KVR_OK) {
         cpu_destroy(&c->base);
         return st;
     }
