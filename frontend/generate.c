@@ -239,17 +239,18 @@ static bool step(struct fe_run *run, struct choice *c, int timeout_ms)
  * KVR_ERR_TIMEOUT (the request's deadline passed). */
 static kvr_status_t pump(struct fe_run *run)
 {
-    bool any = false;
-    struct choice *wait_on = NULL;
+    bool any = false, open = false;
     for (size_t i = 0; i < run->n_ch; i++) {
         struct choice *c = &run->ch[i];
         while (!c->ended && step(run, c, 0))
             any = true;
-        if (!c->ended && !wait_on)
-            wait_on = c;
+        open |= !c->ended;
     }
-    if (!any && wait_on)
-        step(run, wait_on, SLICE_MS);
+    if (!any && open && kvr_client_wait(run->client, SLICE_MS) == KVR_OK) {
+        for (size_t i = 0; i < run->n_ch; i++) /* what came, for whichever choice */
+            while (!run->ch[i].ended && step(run, &run->ch[i], 0))
+                ;
+    }
     if (fe_peer_gone(run->fd))
         return KVR_ERR_CANCELED;
     if (kvr_now_ns() > run->deadline)

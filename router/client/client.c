@@ -396,6 +396,13 @@ kvr_status_t kvr_gen_stream_next(kvr_gen_stream_t *s, int timeout_ms, struct kvr
     }
 }
 
+kvr_status_t kvr_client_wait(kvr_client_t *c, int timeout_ms)
+{
+    if (!c)
+        return KVR_ERR_INVALID;
+    return pump(c, kvr_deadline_ns(timeout_ms));
+}
+
 const struct kvr_gen_result *kvr_gen_stream_result(const kvr_gen_stream_t *s)
 {
     return &s->res;

@@ -129,6 +129,11 @@ kvr_status_t kvr_client_generate_start(kvr_client_t *c, const struct kvr_gen_par
 kvr_status_t kvr_gen_stream_next(kvr_gen_stream_t *s, int timeout_ms, struct kvr_gen_token *tok_p);
 /** The final status and usage, once next returned KVR_ERR_CLOSED. */
 const struct kvr_gen_result *kvr_gen_stream_result(const kvr_gen_stream_t *s);
+/** Waits up to timeout_ms until a frame for any open stream (or call) of
+ *  this client arrives, and files it with its stream; for a caller that
+ *  serves several streams at once (then kvr_gen_stream_next(s, 0) on each).
+ *  @return KVR_OK (something arrived); KVR_ERR_TIMEOUT. */
+kvr_status_t kvr_client_wait(kvr_client_t *c, int timeout_ms);
 /** Asks the router to cancel; the stream then ends with KVR_ERR_CANCELED. */
 kvr_status_t kvr_gen_stream_cancel(kvr_gen_stream_t *s);
 /** Frees a stream (canceling it first if it has not ended). */

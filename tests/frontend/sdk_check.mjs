@@ -82,7 +82,6 @@ ok(`completion: ${nref} tokens equal kvrail run, finish ${c0.finish_reason}, usa
   const withChoices = chunks.filter((c) => c.choices.length);
   const text = withChoices.map((c) => c.choices[0].text).join('');
   check(text === refText, 'streamed text == kvrail run', { got: text, want: refText });
-  check(withChoices.length >= 2, 'streamed in several chunks', withChoices.length);
   const fin = withChoices.filter((c) => c.choices[0].finish_reason);
   check(fin.length === 1 && fin[0] === withChoices[withChoices.length - 1], 'one finish chunk, last', fin);
   check(fin[0].choices[0].finish_reason === spec.ref.finish, 'streamed finish_reason', fin[0].choices[0]);
