@@ -46,7 +46,11 @@ struct fe_config {
     int request_timeout_ms;
     int idle_timeout_s;        /* HTTP connection idle timeout */
     uint32_t max_tokens_limit; /* the router's largest max_tokens (cluster file) */
-    bool have_chat;            /* the model's chat template is loaded (chat.c) */
+    /* sampling defaults for fields a request leaves out: OpenAI's, or the
+     * model's generation_config.json (as vLLM does) */
+    float def_temperature, def_top_p, def_repetition_penalty;
+    uint32_t def_top_k;
+    bool have_chat; /* the model's chat template is loaded (chat.c) */
 };
 
 extern struct fe_config fe_cfg;

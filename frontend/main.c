@@ -35,6 +35,9 @@ struct fe_config fe_cfg = {
     .max_prompts = 64,
     .request_timeout_ms = 300000,
     .idle_timeout_s = 60,
+    .def_temperature = 1.0f,
+    .def_top_p = 1.0f,
+    .def_repetition_penalty = 1.0f,
 };
 
 static volatile sig_atomic_t stop_flag;
@@ -108,6 +111,45 @@ static void read_context(const char *model_dir)
     int64_t ctx = kvr_json_get_int(kvr_json_root(doc), "max_position_embeddings", 0, NULL);
     if (ctx > 0 && ctx < (1ll << 31))
         fe_cfg.context_len = (uint32_t)ctx;
+    kvr_json_free(doc);
+}
+
+/* The model's generation_config.json: its temperature, top_p, top_k and
+ * repetition_penalty become the defaults of requests that leave them out. */
+static void read_gen_defaults(const char *model_dir)
+{
+    char path[PATH_MAX + 32], err[512];
+    snprintf(path, sizeof(path), "%s/generation_config.json", model_dir);
+    kvr_json_doc_t *doc = NULL;
+    if (kvr_json_parse_file(path, &doc, err, sizeof(err)) != KVR_OK) {
+        KVR_LOG_INFO(FE_COMP, "no generation_config.json (%s): OpenAI's sampling defaults", err);
+        return;
+    }
+    const kvr_json_t *g = kvr_json_root(doc);
+    bool ok = true;
+    double t = kvr_json_get_num(g, "temperature", fe_cfg.def_temperature, &ok);
+    double p = kvr_json_get_num(g, "top_p", fe_cfg.def_top_p, &ok);
+    int64_t k = kvr_json_get_int(g, "top_k", fe_cfg.def_top_k, &ok);
+    double rp = kvr_json_get_num(g, "repetition_penalty", fe_cfg.def_repetition_penalty, &ok);
+    double mp = kvr_json_get_num(g, "min_p", 0, &ok);
+    if (!ok || t < 0 || t > 2 || p <= 0 || p > 1 || k < 0 || k > (1 << 20) || rp <= 0 || rp > 10) {
+        KVR_LOG_WARN(FE_COMP,
+                     "%s: a sampling default of the wrong type or out of range; using "
+                     "OpenAI's defaults",
+                     path);
+    } else {
+        fe_cfg.def_temperature = (float)t;
+        fe_cfg.def_top_p = (float)p;
+        fe_cfg.def_top_k = (uint32_t)k;
+        fe_cfg.def_repetition_penalty = (float)rp;
+        KVR_LOG_INFO(FE_COMP,
+                     "sampling defaults from %s: temperature %g, top_p %g, top_k %u, "
+                     "repetition_penalty %g",
+                     path, t, p, (unsigned)k, rp);
+    }
+    if (mp != 0)
+        KVR_LOG_WARN(FE_COMP, "%s: min_p %g is not applied (the router has no min_p yet)", path,
+                     mp);
     kvr_json_free(doc);
 }
 
@@ -228,6 +270,7 @@ int main(int argc, char **argv)
         if (!fe_cfg.context_len)
             read_context(cl->model_dir);
         fe_cfg.max_tokens_limit = cl->max_tokens_limit;
+        read_gen_defaults(cl->model_dir);
         fe_chat_init(cl->model_dir);
         kvr_cluster_free(cl);
     } else {

@@ -207,9 +207,10 @@ kvr_status_t fe_req_parse(const kvr_json_t *root, bool chat, struct fe_req *r, u
     memset(r, 0, sizeof(*r));
     r->chat = chat;
     r->max_tokens = 16; /* OpenAI's default for completions */
-    r->temperature = 1.0f;
-    r->top_p = 1.0f;
-    r->repetition_penalty = 1.0f;
+    r->temperature = fe_cfg.def_temperature;
+    r->top_p = fe_cfg.def_top_p;
+    r->top_k = fe_cfg.def_top_k;
+    r->repetition_penalty = fe_cfg.def_repetition_penalty;
     r->n = 1;
     r->logprobs = -1;
     if (!root || root->type != KVR_JSON_OBJECT)

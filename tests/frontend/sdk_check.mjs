@@ -76,6 +76,14 @@ check(r.usage.total_tokens === spec.prompt.length + nref, 'usage.total_tokens', 
 check(typeof r.usage.prompt_tokens_details?.cached_tokens === 'number', 'usage cached_tokens', r.usage);
 ok(`completion: ${nref} tokens equal kvrail run, finish ${c0.finish_reason}, usage ${JSON.stringify(r.usage)}`);
 
+// ---- no temperature given: generation_config.json's (0, greedy) ----
+{
+  const d = await client.completions.create({ model, prompt: spec.prompt, max_tokens: spec.max_tokens });
+  check(d.choices[0].text === refText, 'default temperature from generation_config.json (greedy)',
+    { got: d.choices[0].text, want: refText });
+  ok('sampling defaults from generation_config.json');
+}
+
 // ---- streaming: the same text, then a usage chunk ----
 {
   const chunks = await streamed({ ...base, stream_options: { include_usage: true } });

@@ -133,6 +133,13 @@ def main():
         tc["chat_template"] = CHAT_TEMPLATE
         with open(tcf, "w") as f:
             json.dump(tc, f)
+        # greedy by default: generation_config.json's temperature is the frontend's default
+        gcf = os.path.join(model, "generation_config.json")
+        with open(gcf) as f:
+            gc = json.load(f)
+        gc["temperature"] = 0.0
+        with open(gcf, "w") as f:
+            json.dump(gc, f)
         c = cl.Cluster(bins, work, model, n_prefill=1, n_decode=1, local_prefill_tokens=4)
         c.start()
         port = cl.free_port()
