@@ -15,6 +15,7 @@ of TTFT / e2e percentiles and output tokens/s, and HTTP / protobuf ratios
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -116,6 +117,7 @@ def main():
         print("raw rounds: " + json.dumps(rows))
     finally:
         cl.reap_all()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
