@@ -242,9 +242,16 @@ struct kvr_xfer_stats {
     uint32_t ndesc;           /* descriptors as given */
     uint32_t ndesc_coalesced; /* descriptors posted */
     uint64_t bytes;
-    uint64_t post_ns;     /* time spent inside kvr_xfer_post */
+    uint64_t post_ns;     /* time spent inside kvr_xfer_post (see post_timed) */
     uint64_t complete_ns; /* post start -> completion observed */
+    uint32_t post_timed;  /* 1: post_ns was measured on this post; 0: it is an earlier
+                             post's (a post left in flight is timed on every
+                             KVR_XFER_POST_SAMPLE-th post of its list and its first:
+                             one clock read per post on the hot path) */
 };
+
+/** Posts of a list between two timed ones (see kvr_xfer_stats.post_timed). */
+#define KVR_XFER_POST_SAMPLE 8
 
 /** Telemetry of the list's last post (complete_ns 0 while in flight). */
 void kvr_xfer_dlist_stats(const kvr_xfer_dlist_t *dlist, struct kvr_xfer_stats *stats_p);

@@ -11,11 +11,13 @@
  * struct and calls the backend's op (xfer_backend.h).
  *
  * Nothing on the post path allocates: kvr_xfer_post() checks two flags,
- * reads the clock twice (post start and end: the post-time telemetry; the
- * end read is also the completion stamp of a post the backend completed
- * inline) and calls the backend's post op on the segments prepared once by
- * kvr_xfer_dlist_prepare().  Completions seen inside progress share one
- * clock read per progress call (stamp_ns below), so a progress call that
+ * reads the clock once at the start of the post and calls the backend's post
+ * op on the segments prepared once by kvr_xfer_dlist_prepare().  A second
+ * read at the end is the completion stamp of a post the backend completed
+ * inline (same-host copies: a completion-time read, needed for complete_ns);
+ * a post left in flight reads it only on every KVR_XFER_POST_SAMPLE-th post
+ * of its list (and its first): post_ns is sampled, post_timed says when.  Completions seen inside
+ * progress share one clock read per progress call (stamp_ns below), so a progress call that
  * completes nothing reads no clock.
  */
 #include "xfer_backend.h"
@@ -372,6 +374,8 @@ void kvr_xfer_engine_destroy(kvr_xfer_engine_t *e)
         return;
     while (!link_empty(&e->peers))
         kvr_xfer_disconnect(container_of(e->peers.next, kvr_xfer_peer_t, link));
+    if (e->ops->engine_quiesce) /* nobody writes into the regions any more */
+        e->ops->engine_quiesce(e);
     while (!link_empty(&e->mems))
         kvr_xfer_mem_dereg(container_of(e->mems.next, kvr_xfer_mem_t, link));
     e->ops->engine_fini(e);
@@ -837,8 +841,14 @@ kvr_status_t kvr_xfer_post(kvr_xfer_dlist_t *dl)
     dl->stats.complete_ns = 0;
     stamp_ns = 0; /* a completion inside the post reads its own clock */
     kvr_status_t s = e->ops->post(dl);
-    uint64_t t1 = kvr_now_ns();
-    dl->stats.post_ns = t1 - t0;
+    bool timed = s != KVR_INPROGRESS || !dl->inflight || dl->nposts % KVR_XFER_POST_SAMPLE == 0;
+    dl->nposts++;
+    uint64_t t1 = 0;
+    if (timed) {
+        t1 = kvr_now_ns();
+        dl->stats.post_ns = t1 - t0;
+    }
+    dl->stats.post_timed = timed;
     e->stats.posts++;
     if (dl->op == KVR_XFER_WRITE)
         e->stats.bytes_written += dl->bytes;

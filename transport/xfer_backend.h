@@ -90,6 +90,7 @@ struct kvr_xfer_dlist {
     kvr_status_t status; /* KVR_OK initially (nothing in flight) */
     bool inflight;
     uint64_t t_post_ns;
+    uint64_t nposts; /* posts so far: every KVR_XFER_POST_SAMPLE-th is timed */
     struct kvr_xfer_stats stats;
     struct kvr_xfer_link link; /* core-private */
 };
@@ -130,6 +131,10 @@ struct kvr_xfer_ops {
      * frees it.  optional: default the core allocates page-aligned host
      * memory, calls mem_reg, and frees it after mem_dereg */
     kvr_status_t (*mem_alloc)(kvr_xfer_mem_t *m);
+    /* stops remote access to the engine's memory before kvr_xfer_engine_destroy
+     * deregisters it (peers then see the engine go away, not a bad key), and
+     * lets what is in flight finish, bounded.  optional: default none */
+    void (*engine_quiesce)(kvr_xfer_engine_t *e);
 };
 
 /* --- services of the core, for backends --- */

@@ -233,6 +233,7 @@ struct row_ctx {
     uint32_t mc_next;           /* memcpy_rotation's next slot */
     uint64_t *post_ns, *lat_ns; /* samples */
     size_t nsamples, ncompleted;
+    size_t npost; /* post_ns samples: posts whose post_ns was measured (post_timed) */
     uint64_t verified;
     uint64_t last_seq, nchecked; /* check, WRITE: last post notified, posts notified */
     struct bench_row *row;
@@ -372,7 +373,8 @@ static kvr_status_t complete_one(struct row_ctx *c, bool record)
         /* the engine's telemetry: time inside kvr_xfer_post, post -> completion */
         struct kvr_xfer_stats s;
         kvr_xfer_dlist_stats(c->dls[k], &s);
-        c->post_ns[c->ncompleted] = s.post_ns;
+        if (s.post_timed) /* the engine times one post in KVR_XFER_POST_SAMPLE */
+            c->post_ns[c->npost++] = s.post_ns;
         c->lat_ns[c->ncompleted] = s.complete_ns;
         c->ncompleted++;
     }
@@ -605,9 +607,9 @@ kvr_status_t bench_row_run(kvr_xfer_engine_t *eng, kvr_xfer_peer_t *peer, kvr_xf
     row_p->verified_bytes = c.verified;
     row_p->check_ok = cfg->check && c.verified == row_p->bytes;
 
-    qsort(c.post_ns, c.ncompleted, sizeof(uint64_t), cmp_u64);
-    row_p->post_ns_p50 = percentile(c.post_ns, c.ncompleted, 0.50);
-    row_p->post_ns_p99 = percentile(c.post_ns, c.ncompleted, 0.99);
+    qsort(c.post_ns, c.npost, sizeof(uint64_t), cmp_u64);
+    row_p->post_ns_p50 = percentile(c.post_ns, c.npost, 0.50);
+    row_p->post_ns_p99 = percentile(c.post_ns, c.npost, 0.99);
     row_p->post_ns_per_desc_p50 = row_p->post_ns_p50 / (double)c.l.batch;
     qsort(c.lat_ns, c.ncompleted, sizeof(uint64_t), cmp_u64);
     row_p->lat_us_p50 = percentile(c.lat_ns, c.ncompleted, 0.50) / 1e3;

@@ -103,15 +103,25 @@ static kvr_status_t vb_engine_init(kvr_xfer_engine_t *e)
 
 static void vb_inbound_destroy(struct vb_inbound *in);
 
-static void vb_engine_fini(kvr_xfer_engine_t *e)
+/* before the regions are deregistered: the inbound QPs go (no remote access
+ * lands any more) and their side channels close, which is how an initiator
+ * learns that this engine shut down - it never sees a region vanish under a
+ * live QP (no "bad remote key" for a clean shutdown) */
+static void vb_engine_quiesce(kvr_xfer_engine_t *e)
 {
     struct vb_engine *ve = ENG(e);
     while (ve->inbound) {
         struct vb_inbound *in = ve->inbound;
         ve->inbound = in->next;
-        in->bye = 'S';
+        in->bye = 0;
         vb_inbound_destroy(in);
     }
+}
+
+static void vb_engine_fini(kvr_xfer_engine_t *e)
+{
+    struct vb_engine *ve = ENG(e);
+    vb_engine_quiesce(e); /* (done already when the core destroys the engine) */
     if (ve->lfd >= 0)
         close(ve->lfd);
     if (ve->efd >= 0)
@@ -317,16 +327,15 @@ static int vb_post_chunk(struct vb_rail *r, struct vb_part *pt, uint32_t n, uint
         return rc;
     r->posted += n;
     r->sig = sig;
-    r->last_raddr = pt->wr[b - 1].wr.rdma.remote_addr;
-    r->last_rkey = pt->wr[b - 1].wr.rdma.rkey;
     pt->posted = b;
     return 0;
 }
 
 /* WRs posted after the last signaled one, with no signaled WR in flight to
- * report them: post a signaled zero-length RDMA WRITE (to the place the last
- * data WR named, so the rkey is one the target knows) whose completion
- * retires them all.  0, or an errno. */
+ * report them: post a signaled zero-length RDMA WRITE whose completion
+ * retires them all.  It names no region (address and rkey 0: a zero-length
+ * RDMA operation's R_Key is not checked, IBTA C9-88), so it cannot fail on a
+ * region the target deregistered meanwhile.  0, or an errno. */
 static int vb_rail_flush(struct vb_rail *r, uint32_t depth)
 {
     if (r->posted == r->sig || r->sig > r->done || vb_rail_free(r, depth) == 0)
@@ -336,8 +345,8 @@ static int vb_rail_flush(struct vb_rail *r, uint32_t depth)
                              .opcode = IBV_WR_RDMA_WRITE,
                              .send_flags = IBV_SEND_SIGNALED},
                        *bad = NULL;
-    wr.wr.rdma.remote_addr = r->last_raddr;
-    wr.wr.rdma.rkey = r->last_rkey;
+    wr.wr.rdma.remote_addr = 0; /* zero length: no region named, none checked (IBTA C9-88) */
+    wr.wr.rdma.rkey = 0;
     struct vb_slot *sl = &r->slots[r->posted % depth];
     sl->dl = NULL;
     sl->kind = VB_ITEM_FLUSH;
@@ -1299,10 +1308,9 @@ static int vb_poll_sockets(struct vb_engine *ve)
                 for (int i = 0; i < vp->nrails && vp->state == VB_READY; i++)
                     n += vb_rail_poll(&vp->rail[i], ve->sq_depth); /* retire what completed */
                 vb_peer_failed(vp, KVR_ERR_PEER_FAILURE, NULL,
-                               r == 1 && c == 'S'   ? "the target engine shut down"
-                               : r == 1 && c == 'E' ? "the target's QP failed (see its log)"
-                                                    : "side channel closed: the target process "
-                                                      "is gone");
+                               r == 1 && c == 'E' ? "the target's QP failed (see its log)"
+                                                  : "side channel closed: the target engine "
+                                                    "shut down or its process is gone");
             }
         }
     }
@@ -1320,9 +1328,10 @@ static bool vb_handshaking(const struct vb_engine *ve)
     return false;
 }
 
-/* true when the target says, within timeout_ms, that it is shutting down
- * ('S' on the side channel) or the side channel closes without a word; false
- * when it says its QP failed ('E': our request was bad) or says nothing */
+/* true when the side channel closed (the target engine shut down - it closes
+ * its inbound QPs and side channels before deregistering anything - or its
+ * process died) within timeout_ms; false when the target says its QP failed
+ * ('E': our request was bad) or says nothing */
 static bool vb_side_closed(struct vb_peer *vp, int timeout_ms)
 {
     if (vp->fd < 0)
@@ -1333,7 +1342,7 @@ static bool vb_side_closed(struct vb_peer *vp, int timeout_ms)
     char c = 0;
     ssize_t n = recv(vp->fd, &c, 1, MSG_DONTWAIT);
     if (n == 1)
-        return c == 'S';
+        return false;
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR);
 }
 
@@ -1374,9 +1383,9 @@ static int vb_rail_poll(struct vb_rail *r, uint32_t depth)
         struct vb_slot *sl = &r->slots[seq % depth];
         struct vb_dlist *dl = sl->dl;
         kvr_status_t s = kvr_verbs_status((int)wc[i].status, 0);
-        /* a target shutting down deregisters its regions before its QPs go:
-         * an access error then means "gone", not "bad key" */
-        bool gone = wc[i].status == IBV_WC_REM_ACCESS_ERR && vb_side_closed(vp, 200);
+        /* an access error with the side channel closed: the target went
+         * away (a clean shutdown quiesces first and gives no access error) */
+        bool gone = wc[i].status == IBV_WC_REM_ACCESS_ERR && vb_side_closed(vp, 0);
         if (gone)
             s = KVR_ERR_PEER_FAILURE;
         char why[256]; /* logged once, by the core's kvr_xfer_peer_fail() */
@@ -1464,4 +1473,5 @@ const struct kvr_xfer_ops kvr_xfer_verbs_ops = {
     .peer_idle = vb_peer_idle,
     .progress = vb_progress,
     .event_fd = vb_event_fd,
+    .engine_quiesce = vb_engine_quiesce,
 };

@@ -189,12 +189,10 @@ struct vb_rail {
     uint64_t posted, done, enq; /* WR counters: posted to the SQ, retired, enqueued */
     uint64_t sig;               /* 1 + seq of the last signaled WR posted (0: none) */
     uint64_t flushes;           /* zero-length signaled WRITEs posted to cover a tail */
-    uint64_t last_raddr;        /* target of the last data WR: what a flush WRITE names */
-    uint32_t last_rkey;
-    bool down;             /* failed over: carries nothing until the peer reconnects */
-    uint64_t bytes;        /* data bytes posted on this rail */
-    uint64_t failovers;    /* times this rail failed and its transfers moved */
-    struct vb_slot *slots; /* sq_depth, indexed by seq % sq_depth */
+    bool down;                  /* failed over: carries nothing until the peer reconnects */
+    uint64_t bytes;             /* data bytes posted on this rail */
+    uint64_t failovers;         /* times this rail failed and its transfers moved */
+    struct vb_slot *slots;      /* sq_depth, indexed by seq % sq_depth */
     struct vb_item *head, *tail;
 };
 
