@@ -63,6 +63,20 @@ struct dpeer {
     int users; /* requests holding it */
 };
 
+/* What the router sent once about a decode node incarnation: its address
+ * and one rkey per layer (PrefillTarget carries them only the first time). */
+struct dinfo {
+    struct dinfo *next;
+    char name[KVR_CLUSTER_NAME_MAX];
+    uint64_t incarnation;
+    uint8_t *addr;
+    size_t addr_len;
+    uint8_t **rkeys; /* [n_rkeys] */
+    size_t *rkey_lens;
+    size_t n_rkeys;
+    uint64_t block_bytes;
+};
+
 struct preq {
     struct preq *next; /* queue or active list */
     uint64_t id;
@@ -118,6 +132,8 @@ struct prefill {
     float *batch_logits;  /* [KVR_PREFILL_BATCH_MAX][vocab] */
     int32_t batch_tokens; /* prompts up to this long are batched; 0: none */
     struct dpeer *peers;
+    struct dinfo *dinfos;
+    size_t n_dinfos;
     void *addr;
     size_t addr_len;
     uint64_t *hash_scratch;
@@ -126,7 +142,8 @@ struct prefill {
     /* counters */
     uint64_t n_ok, n_failed, n_canceled, bytes_pushed, transfer_ns, ndesc_raw, ndesc_posted;
     uint64_t computed_tokens, local_cached_tokens, queued_tokens;
-    uint64_t n_batched, batched_reqs; /* batched engine calls, requests in them */
+    uint64_t n_batched, batched_reqs;     /* batched engine calls, requests in them */
+    uint64_t targets_addr, targets_short; /* PrefillTargets with / without D's address */
 };
 
 static void job_recheck(struct prefill *p);
@@ -176,6 +193,85 @@ static void peer_put(struct prefill *p, struct dpeer *d)
         peer_drop(p, d);
 }
 
+static void dinfo_free(struct dinfo *di)
+{
+    for (size_t i = 0; i < di->n_rkeys; i++)
+        free(di->rkeys[i]);
+    free(di->rkeys);
+    free(di->rkey_lens);
+    free(di->addr);
+    free(di);
+}
+
+static struct dinfo **dinfo_slot(struct prefill *p, const char *name)
+{
+    struct dinfo **pp = &p->dinfos;
+    for (; *pp; pp = &(*pp)->next)
+        if (strcmp((*pp)->name, name) == 0)
+            break;
+    return pp;
+}
+
+/* The address and rkeys of the target's decode node: taken from the target
+ * when it carries them (the first target for that incarnation; they replace
+ * what an earlier incarnation had), else from what this node kept. */
+static kvr_status_t dinfo_get(struct prefill *p, const Kvrail__PrefillTarget *t,
+                              struct dinfo **di_p, char *err, size_t err_len)
+{
+    struct dinfo **slot = dinfo_slot(p, t->decode_node), *di = *slot;
+    if (t->decode_address.len == 0) {
+        if (di && di->incarnation == t->decode_incarnation) {
+            *di_p = di;
+            return KVR_OK;
+        }
+        snprintf(err, err_len,
+                 "decode node '%s' (incarnation %016" PRIx64 "): the target has no address and "
+                 "this node has none kept for that incarnation (the router sends it once; it "
+                 "sends it again with the retry)",
+                 t->decode_node, t->decode_incarnation);
+        return KVR_ERR_NOT_FOUND;
+    }
+    if (p->n_dinfos >= 4096 && !di) {
+        snprintf(err, err_len, "more than 4096 decode nodes known: refusing '%s'", t->decode_node);
+        return KVR_ERR_NO_RESOURCE;
+    }
+    struct dinfo *n = calloc(1, sizeof *n);
+    if (!n)
+        return KVR_ERR_NO_MEMORY;
+    snprintf(n->name, sizeof n->name, "%s", t->decode_node);
+    n->incarnation = t->decode_incarnation;
+    n->block_bytes = t->block_bytes;
+    n->addr = malloc(t->decode_address.len);
+    n->rkeys = calloc(t->n_layer_rkeys + 1, sizeof *n->rkeys);
+    n->rkey_lens = calloc(t->n_layer_rkeys + 1, sizeof *n->rkey_lens);
+    if (!n->addr || !n->rkeys || !n->rkey_lens) {
+        dinfo_free(n);
+        return KVR_ERR_NO_MEMORY;
+    }
+    memcpy(n->addr, t->decode_address.data, t->decode_address.len);
+    n->addr_len = t->decode_address.len;
+    for (size_t i = 0; i < t->n_layer_rkeys; i++) {
+        n->rkeys[i] = malloc(t->layer_rkeys[i].len + 1);
+        if (!n->rkeys[i]) {
+            dinfo_free(n);
+            return KVR_ERR_NO_MEMORY;
+        }
+        memcpy(n->rkeys[i], t->layer_rkeys[i].data, t->layer_rkeys[i].len);
+        n->rkey_lens[i] = t->layer_rkeys[i].len;
+        n->n_rkeys = i + 1;
+    }
+    if (di) { /* replaced: a new incarnation, or the router resent it */
+        n->next = di->next;
+        dinfo_free(di);
+    } else {
+        n->next = NULL;
+        p->n_dinfos++;
+    }
+    *slot = n;
+    *di_p = n;
+    return KVR_OK;
+}
+
 static kvr_status_t peer_get(struct prefill *p, const Kvrail__PrefillTarget *t, struct dpeer **d_p,
                              char *err, size_t err_len)
 {
@@ -194,22 +290,22 @@ static kvr_status_t peer_get(struct prefill *p, const Kvrail__PrefillTarget *t, 
             peer_drop(p, d);
         break;
     }
-    if (t->block_bytes && t->block_bytes != kvr_kv_block_bytes(L)) {
+    struct dinfo *di;
+    kvr_status_t s = dinfo_get(p, t, &di, err, err_len);
+    if (s != KVR_OK)
+        return s;
+    if (di->block_bytes && di->block_bytes != kvr_kv_block_bytes(L)) {
         snprintf(err, err_len,
                  "KV layout mismatch with decode node '%s': its blocks are %" PRIu64
                  " bytes, ours %zu (layers/kv heads/head dim/block size differ)",
-                 t->decode_node, t->block_bytes, kvr_kv_block_bytes(L));
+                 t->decode_node, di->block_bytes, kvr_kv_block_bytes(L));
         return KVR_ERR_MISMATCH;
     }
-    if (t->n_layer_rkeys != (size_t)L->n_layers) {
+    if (di->n_rkeys != (size_t)L->n_layers) {
         snprintf(err, err_len,
                  "KV layout mismatch with decode node '%s': %zu layer rkeys, model has %d layers",
-                 t->decode_node, t->n_layer_rkeys, L->n_layers);
+                 t->decode_node, di->n_rkeys, L->n_layers);
         return KVR_ERR_MISMATCH;
-    }
-    if (t->decode_address.len == 0) {
-        snprintf(err, err_len, "no transport address for decode node '%s'", t->decode_node);
-        return KVR_ERR_INVALID;
     }
     struct dpeer *d = calloc(1, sizeof *d);
     if (!d)
@@ -223,8 +319,7 @@ static kvr_status_t peer_get(struct prefill *p, const Kvrail__PrefillTarget *t, 
     d->incarnation = t->decode_incarnation;
     d->n_rmem = L->n_layers;
     uint64_t t0 = kvr_now_ns();
-    kvr_status_t s =
-        kvr_xfer_connect(p->node.xfer, t->decode_address.data, t->decode_address.len, &d->peer);
+    s = kvr_xfer_connect(p->node.xfer, di->addr, di->addr_len, &d->peer);
     if (s != KVR_OK) {
         snprintf(err, err_len, "cannot connect to decode node '%s': %s", t->decode_node,
                  kvr_status_str(s));
@@ -233,8 +328,7 @@ static kvr_status_t peer_get(struct prefill *p, const Kvrail__PrefillTarget *t, 
         return s;
     }
     for (int32_t l = 0; l < L->n_layers; l++) {
-        s = kvr_xfer_rmem_unpack(d->peer, t->layer_rkeys[l].data, t->layer_rkeys[l].len,
-                                 &d->rmem[l]);
+        s = kvr_xfer_rmem_unpack(d->peer, di->rkeys[l], di->rkey_lens[l], &d->rmem[l]);
         if (s != KVR_OK) {
             snprintf(err, err_len, "decode node '%s': rkey of layer %d: %s", t->decode_node, l,
                      kvr_status_str(s));
@@ -600,6 +694,10 @@ static void on_target(struct prefill *p, const Kvrail__PrefillTarget *t)
                       t->request_id);
         return;
     }
+    if (t->decode_address.len)
+        p->targets_addr++;
+    else
+        p->targets_short++;
     kvr_status_t s = apply_target(p, r, t);
     if (s == KVR_OK && r->state == PQ_COMPUTING) {
         s = post_ready_layers(p, r); /* the layers the worker finished already */
@@ -1035,21 +1133,23 @@ static void role_stats(void *arg, struct kvr_sbuf *b)
         nq++;
     for (struct preq *r = p->active; r; r = r->next)
         na++;
-    kvr_sbuf_printf(b,
-                    ", \"prefills_ok\": %" PRIu64 ", \"prefills_failed\": %" PRIu64
-                    ", \"prefills_canceled\": %" PRIu64 ", \"bytes_pushed\": %" PRIu64
-                    ", \"transfer_ns\": %" PRIu64 ", \"descriptors_raw\": %" PRIu64
-                    ", \"descriptors_posted\": %" PRIu64 ", \"computed_tokens\": %" PRIu64
-                    ", \"local_cached_tokens\": %" PRIu64 ", \"batched_prefills\": %" PRIu64
-                    ", \"batched_requests\": %" PRIu64 ", \"queued\": %d, \"active\": %d, "
-                    "\"computing\": %s, \"staging_total\": %u, \"staging_free\": %u, "
-                    "\"staging_cached\": %u, \"staging_referenced\": %u, \"block_bytes\": %zu, "
-                    "\"layers\": %d, \"pool_setup_ns\": %" PRIu64,
-                    p->n_ok, p->n_failed, p->n_canceled, p->bytes_pushed, p->transfer_ns,
-                    p->ndesc_raw, p->ndesc_posted, p->computed_tokens, p->local_cached_tokens,
-                    p->n_batched, p->batched_reqs, nq, na, p->busy ? "true" : "false", c.total,
-                    c.free, c.cached, c.referenced, kvr_kv_block_bytes(&p->node.layout),
-                    p->node.layout.n_layers, p->npool.setup_ns);
+    kvr_sbuf_printf(
+        b,
+        ", \"prefills_ok\": %" PRIu64 ", \"prefills_failed\": %" PRIu64
+        ", \"prefills_canceled\": %" PRIu64 ", \"bytes_pushed\": %" PRIu64
+        ", \"transfer_ns\": %" PRIu64 ", \"descriptors_raw\": %" PRIu64
+        ", \"descriptors_posted\": %" PRIu64 ", \"computed_tokens\": %" PRIu64
+        ", \"local_cached_tokens\": %" PRIu64 ", \"batched_prefills\": %" PRIu64
+        ", \"batched_requests\": %" PRIu64 ", \"queued\": %d, \"active\": %d, "
+        "\"computing\": %s, \"staging_total\": %u, \"staging_free\": %u, "
+        "\"staging_cached\": %u, \"staging_referenced\": %u, \"block_bytes\": %zu, "
+        "\"layers\": %d, \"pool_setup_ns\": %" PRIu64 ", \"targets_with_address\": %" PRIu64
+        ", \"targets_without_address\": %" PRIu64 ", \"decode_nodes_known\": %zu",
+        p->n_ok, p->n_failed, p->n_canceled, p->bytes_pushed, p->transfer_ns, p->ndesc_raw,
+        p->ndesc_posted, p->computed_tokens, p->local_cached_tokens, p->n_batched, p->batched_reqs,
+        nq, na, p->busy ? "true" : "false", c.total, c.free, c.cached, c.referenced,
+        kvr_kv_block_bytes(&p->node.layout), p->node.layout.n_layers, p->npool.setup_ns,
+        p->targets_addr, p->targets_short, p->n_dinfos);
 }
 
 static int turn(void *arg)
@@ -1171,6 +1271,11 @@ out:
     }
     while (p->peers)
         peer_drop(p, p->peers);
+    while (p->dinfos) {
+        struct dinfo *di = p->dinfos;
+        p->dinfos = di->next;
+        dinfo_free(di);
+    }
     free(p->addr);
     kvr_blocktab_destroy(p->bt);
     kvr_node_pool_destroy(&p->npool);

@@ -193,29 +193,37 @@ void rt_on_reserved(rt_t *r, struct rt_node *n, const Kvrail__Reserved *m, uint6
     }
     rt_req_set_state(r, q, RQ_PREFILLING);
     if (!q->local && q->p >= 0) {
+        /* D's address and rkeys go to P once per D incarnation (P caches
+         * them); afterwards a target is ids, block ids and cached count */
+        struct rt_node *pn = &r->nodes[q->p];
+        bool known = pn->sent_d_inc[n->idx] == n->incarnation;
         Kvrail__PrefillTarget t = KVRAIL__PREFILL_TARGET__INIT;
         t.request_id = q->did;
         t.decode_node = n->name;
-        t.decode_address.data = n->addr;
-        t.decode_address.len = n->addr_len;
-        ProtobufCBinaryData rk[256];
-        size_t nrk = n->n_rkeys < 256 ? n->n_rkeys : 256;
-        for (size_t i = 0; i < nrk; i++) {
-            rk[i].data = n->rkeys[i];
-            rk[i].len = n->rkey_lens[i];
-        }
-        t.n_layer_rkeys = nrk;
-        t.layer_rkeys = rk;
-        t.n_layer_base = n->n_layer_base;
-        t.layer_base = n->layer_base;
+        t.decode_incarnation = n->incarnation;
         t.n_block_ids = m->n_block_ids;
         t.block_ids = m->block_ids;
         t.cached_tokens = m->cached_tokens;
-        t.transport = n->transport;
-        t.decode_incarnation = n->incarnation;
-        t.layer_stride = n->layer_stride;
-        t.block_bytes = n->block_bytes;
-        if (rt_send_node(r, &r->nodes[q->p], KVRAIL__METHOD__PREFILL_TARGET, &t.base) != KVR_OK) {
+        ProtobufCBinaryData rk[256];
+        if (!known) {
+            size_t nrk = n->n_rkeys < 256 ? n->n_rkeys : 256;
+            for (size_t i = 0; i < nrk; i++) {
+                rk[i].data = n->rkeys[i];
+                rk[i].len = n->rkey_lens[i];
+            }
+            t.decode_address.data = n->addr;
+            t.decode_address.len = n->addr_len;
+            t.n_layer_rkeys = nrk;
+            t.layer_rkeys = rk;
+            t.n_layer_base = n->n_layer_base;
+            t.layer_base = n->layer_base;
+            t.transport = n->transport;
+            t.layer_stride = n->layer_stride;
+            t.block_bytes = n->block_bytes;
+        }
+        if (rt_send_node(r, pn, KVRAIL__METHOD__PREFILL_TARGET, &t.base) == KVR_OK)
+            pn->sent_d_inc[n->idx] = n->incarnation;
+        else {
             q->overhead_ns += kvr_now_ns() - t0;
             q->overhead_cpu_ns += rt_cpu_ns() - c0;
             rt_send_node_cancel(r, q->d, q->did, KVR_ERR_PEER_FAILURE, "prefill node unreachable");

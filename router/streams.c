@@ -111,6 +111,8 @@ void rt_on_prefill_done(rt_t *r, struct rt_node *n, const Kvrail__PrefillDone *m
     if (!q || (q->p != n->idx && q->d != n->idx))
         return;
     if (m->status && m->status->code) {
+        if (q->p == n->idx && q->d >= 0)
+            n->sent_d_inc[q->d] = 0; /* the retry carries D's address and rkeys again */
         rt_failover_prefill_failed(r, q, now, m->status->code,
                                    m->status->message ? m->status->message : "no message");
         return;

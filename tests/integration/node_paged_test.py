@@ -10,7 +10,8 @@ while decoding) the node runs >= 2N = 8 at once (its batch_max), the pool
 runs out as they grow, the youngest are preempted and recomputed (prompt
 prefilled again, generated tokens replayed), and every output is still
 token for token that of `kvrail run`; afterwards both pools are back at
-their baseline.  The whole-request run is checked the same way and must
+their baseline.  The prefill node got the decode node's address and rkeys in
+one PrefillTarget of the ten (it keeps them per decode incarnation).  The whole-request run is checked the same way and must
 never run more than N at once.
 """
 import argparse
@@ -58,6 +59,12 @@ def run(bins, wd, model, prompts, ref, policy):
         for n in c.prefills:
             ps = c.stats(n)
             check(ps["staging_referenced"] == 0, "%s: %s staging held: %s" % (policy, n, ps))
+            # D's address and rkeys reach P once per D incarnation
+            check(ps["targets_with_address"] == 1 and
+                  ps["targets_without_address"] == N_REQ - 1 and ps["decode_nodes_known"] == 1,
+                  "%s: %s got D's address %d times in %d targets" % (
+                      policy, n, ps["targets_with_address"],
+                      ps["targets_with_address"] + ps["targets_without_address"]))
         c.check_alive()
         s = ds[c.decodes[0]]
         print("%s: batch max %d, preemptions %d, blocks grown %d" % (
