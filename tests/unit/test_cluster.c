@@ -125,6 +125,24 @@ int main(int argc, char **argv)
         "heartbeat_timeout_ms", "larger");
     BAD("nodes:\n  - {name: d, role: decode}\ntimeouts: {lease: 1}\n", "key 'lease'", "unknown");
     BAD("nodes:\n  - {name: d, role: decode}\nblock_size: 0\n", "block_size", "out of range");
+    BAD("nodes:\n  - {name: d, role: decode}\nlimits: {reservation: lazy}\n", "limits.reservation",
+        "'lazy' is not a reservation policy");
+    BAD("nodes:\n  - {name: d, role: decode}\nlimits: {prefill_chunk_tokens: -1}\n",
+        "limits.prefill_chunk_tokens", "negative");
+    /* the decode node's KV keys: defaults and values */
+    snprintf(buf, sizeof(buf), "%snodes:\n  - {name: d, role: decode}\n", hdr);
+    KVR_CHECK_STATUS(kvr_cluster_parse(buf, strlen(buf), "k.yaml", &cl, err, sizeof(err)), KVR_OK);
+    KVR_CHECK(cl->reservation == KVR_RESERVE_PAGED && cl->prefill_chunk_tokens == 0 &&
+              cl->reservation_headroom_blocks == 2);
+    kvr_cluster_free(cl);
+    snprintf(buf, sizeof(buf),
+             "%snodes:\n  - {name: d, role: decode}\nlimits: {reservation: whole, "
+             "prefill_chunk_tokens: 256, reservation_headroom_blocks: 0}\n",
+             hdr);
+    KVR_CHECK_STATUS(kvr_cluster_parse(buf, strlen(buf), "k.yaml", &cl, err, sizeof(err)), KVR_OK);
+    KVR_CHECK(cl->reservation == KVR_RESERVE_WHOLE && cl->prefill_chunk_tokens == 256 &&
+              cl->reservation_headroom_blocks == 0);
+    kvr_cluster_free(cl);
     BAD("nodes:\n  - {name: d, role: decode}\nnodes: [\n", "YAML syntax error", NULL);
     BAD("", "key 'nodes'", "missing");
     check_bad("router: {client: 'http://x', node: 'tcp://h:2'}\nmodel: m\nnodes: []\n",
