@@ -270,7 +270,7 @@ static void sse_free(void *cls)
     free(s);
 }
 
-static enum MHD_Result serve_completions(struct MHD_Connection *conn, struct hreq *h)
+static enum MHD_Result run_completions(struct MHD_Connection *conn, struct hreq *h)
 {
     char err[512], param[64] = "", msg[700];
     kvr_json_doc_t *doc = NULL;
@@ -280,9 +280,6 @@ static enum MHD_Result serve_completions(struct MHD_Connection *conn, struct hre
         snprintf(msg, sizeof(msg), "the request body is not valid JSON: %s", err);
         return send_error(conn, h, 400, "", msg);
     }
-    /* the request has its own deadline (--request-timeout-ms); the idle timeout
-     * of the connection is back once it is answered (on_completed) */
-    MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     struct sse *s = calloc(1, sizeof(*s));
     if (!s) {
         kvr_json_free(doc);
@@ -325,6 +322,18 @@ static enum MHD_Result serve_completions(struct MHD_Connection *conn, struct hre
     return ret; /* s belongs to the response now */
 out:
     sse_free(s);
+    return ret;
+}
+
+/* A request has its own deadline (--request-timeout-ms): the idle timeout is
+ * off while it is computed in this thread, and back once the answer is
+ * queued, so a client that stops reading its stream is dropped after
+ * --idle-timeout-s without progress (its streams canceled by sse_free). */
+static enum MHD_Result serve_completions(struct MHD_Connection *conn, struct hreq *h)
+{
+    MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    enum MHD_Result ret = run_completions(conn, h);
+    MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)fe_cfg.idle_timeout_s);
     return ret;
 }
 
@@ -471,9 +480,6 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
     if (h->responded && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && status == 200)
         status = 499; /* the client left mid-answer */
     fe_metrics_request_done(h->ep, status, kvr_now_ns() - h->t0);
-    if (h->ep == FE_EP_COMPLETIONS || h->ep == FE_EP_CHAT)
-        MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT,
-                                  (unsigned)fe_cfg.idle_timeout_s);
     fe_metrics_inflight(-1);
     fe_buf_free(&h->body);
     free(h);
