@@ -17,11 +17,13 @@
  */
 #include <inttypes.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <zmq.h>
 
@@ -299,7 +301,9 @@ kvr_status_t fe_run_start(struct fe_req *req, int peer_fd, struct fe_run **run_p
     run->t0 = kvr_now_ns();
     run->deadline = run->t0 + (uint64_t)fe_cfg.request_timeout_ms * 1000000u;
     run->created = (long long)time(NULL);
-    snprintf(run->id, sizeof(run->id), "cmpl-%016" PRIx64, run->t0 ^ ((uint64_t)rand() << 20));
+    static atomic_uint_fast64_t seq;
+    uint64_t n_id = atomic_fetch_add_explicit(&seq, 1, memory_order_relaxed);
+    snprintf(run->id, sizeof(run->id), "cmpl-%08x%08" PRIx64, (unsigned)getpid(), n_id);
     for (size_t i = 0; i < req->n_stop; i++)
         if (strlen(req->stop[i]) > run->max_stop)
             run->max_stop = strlen(req->stop[i]);

@@ -281,7 +281,6 @@ int main(int argc, char **argv)
                         "--model-name NAME (see --help)\n");
         return 2;
     }
-    srand((unsigned)getpid() ^ (unsigned)time(NULL));
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);

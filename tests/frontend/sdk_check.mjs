@@ -114,6 +114,18 @@ for (const stop of [spec.stop, ['\u0001never-generated', spec.stop]]) {
   check(chunks.at(-1).choices[0].finish_reason === 'stop', 'stop streamed: finish stop', chunks.at(-1));
 }
 ok(`stop ${JSON.stringify(spec.stop)}: ${JSON.stringify(spec.stop_expect)} (streamed and not)`);
+{
+  const stop = spec.split_stop, want = spec.split_stop_expect;
+  const s = await client.completions.create({ ...base, stop, logprobs: 0 });
+  check(s.choices[0].text === want && s.choices[0].finish_reason === 'stop',
+    `stop across two tokens ${JSON.stringify(stop)}`, { got: s.choices[0], want });
+  check(s.choices[0].logprobs.tokens.join('') === want, 'stop across tokens: logprobs tokens cut too',
+    s.choices[0].logprobs.tokens);
+  const chunks = await streamed({ ...base, stop });
+  const text = chunks.map((c) => c.choices[0]?.text ?? '').join('');
+  check(text === want, `stop across two tokens streamed (held back)`, { got: text, want });
+  ok(`stop across two tokens ${JSON.stringify(stop)}: ${JSON.stringify(want)} (streamed and not)`);
+}
 
 // ---- max_tokens -> finish_reason length ----
 {

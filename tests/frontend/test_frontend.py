@@ -181,12 +181,18 @@ def main():
         k = next((i for i in range(len(texts) // 2, len(texts)) if texts[i].strip()), None)
         check(k is not None, "reference has no non-empty token text: %r" % texts)
         stop = texts[k]
+        # a stop string across two tokens: the last character of one and the first of the
+        # next (streaming must hold back the first part until it knows)
+        j = next((i for i in range(1, len(texts) - 1) if texts[i] and texts[i + 1]), None)
+        check(j is not None, "reference has no two adjacent non-empty tokens: %r" % texts)
+        split_stop = texts[j][-1] + texts[j + 1][0]
         spec = {"base_url": base + "/v1", "model": os.path.basename(model), "context_len": ctx,
                 "prompt": prompt, "prompt2": prompt2, "max_tokens": max_tokens,
                 "ref": {"texts": texts, "logprobs": [t["logprob"] for t in ref],
                         "finish": "length" if len(ref) == max_tokens else "stop"},
                 "ref2_text": "".join(t["text"] for t in ref2),
-                "stop": stop, "stop_expect": full[:full.index(stop)]}
+                "stop": stop, "stop_expect": full[:full.index(stop)],
+                "split_stop": split_stop, "split_stop_expect": full[:full.index(split_stop)]}
         messages = [{"role": "system", "content": "You are terse. "},
                     {"role": "user", "content": "Name a colour."}]
         rendered = tc["bos_token"] + "".join(
