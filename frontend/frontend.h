@@ -86,6 +86,10 @@ enum fe_endpoint {
 const char *fe_endpoint_name(enum fe_endpoint ep);
 void fe_metrics_request_done(enum fe_endpoint ep, unsigned status, uint64_t latency_ns);
 void fe_metrics_ttft(uint64_t ns);
+/** The frontend's own share of a TTFT: its TTFT minus the router's
+ *  (router receive -> first token sent), i.e. HTTP and JSON parsing, the
+ *  hops to and from the router, and the first event's formatting. */
+void fe_metrics_added_ttft(uint64_t ns);
 void fe_metrics_tokens(uint64_t prompt, uint64_t completion);
 void fe_metrics_inflight(int delta);
 void fe_metrics_connection(int delta, bool rejected);
@@ -155,11 +159,13 @@ bool fe_peer_gone(int fd);
 
 struct fe_run; /* a request running on the router */
 
-/** Starts every stream of req and waits for the first event of each.
+/** Starts every stream of req and waits for the first event of each
+ *  (t_arrival: when the HTTP request arrived, kvr_now_ns()).
  *  Errors before the first token come back as an HTTP status + message
  *  (run_p NULL).  @return KVR_OK (run_p set) or the error status. */
-kvr_status_t fe_run_start(struct fe_req *req, int peer_fd, struct fe_run **run_p,
-                          unsigned *http_status_p, char *msg, size_t msg_len);
+kvr_status_t fe_run_start(struct fe_req *req, int peer_fd, uint64_t t_arrival,
+                          struct fe_run **run_p, unsigned *http_status_p, char *msg,
+                          size_t msg_len);
 /** Non-streaming: runs to the end and writes the whole JSON answer.
  *  @return KVR_OK; an error (http status + message set; nothing written). */
 kvr_status_t fe_run_finish_json(struct fe_run *run, struct fe_buf *out, unsigned *http_status_p,

@@ -135,6 +135,8 @@ struct fe_run {
     size_t n_ch;
     uint64_t t0, deadline;
     bool ttft_done, done_sent, usage_counted;
+    uint64_t ttft_ns;   /* arrival -> first token here */
+    size_t ttft_choice; /* the choice it came from */
     char id[40];
     long long created;
     size_t max_stop;
@@ -181,7 +183,9 @@ static void absorb(struct fe_run *run, struct choice *c, const struct kvr_gen_to
     c->first = true;
     if (!run->ttft_done) {
         run->ttft_done = true;
-        fe_metrics_ttft(kvr_now_ns() - run->t0);
+        run->ttft_ns = kvr_now_ns() - run->t0;
+        run->ttft_choice = (size_t)(c - run->ch);
+        fe_metrics_ttft(run->ttft_ns);
     }
     if (c->stopped)
         return; /* text after the stop: the stream is being canceled */
@@ -284,8 +288,8 @@ static void error_of(const struct choice *c, unsigned *http_status_p, char *msg,
              kvr_status_name(c->res.status));
 }
 
-kvr_status_t fe_run_start(struct fe_req *req, int peer_fd, struct fe_run **run_p,
-                          unsigned *http_status_p, char *msg, size_t msg_len)
+kvr_status_t fe_run_start(struct fe_req *req, int peer_fd, uint64_t t_arrival,
+                          struct fe_run **run_p, unsigned *http_status_p, char *msg, size_t msg_len)
 {
     struct fe_run *run = calloc(1, sizeof(*run));
     size_t n = req->n_prompts * req->n;
@@ -298,7 +302,7 @@ kvr_status_t fe_run_start(struct fe_req *req, int peer_fd, struct fe_run **run_p
     run->req = req;
     run->fd = peer_fd;
     run->n_ch = n;
-    run->t0 = kvr_now_ns();
+    run->t0 = t_arrival;
     run->deadline = run->t0 + (uint64_t)fe_cfg.request_timeout_ms * 1000000u;
     run->created = (long long)time(NULL);
     static atomic_uint_fast64_t seq;
@@ -437,6 +441,9 @@ static void put_usage(struct fe_buf *b, struct fe_run *run)
     if (!run->usage_counted) {
         run->usage_counted = true;
         fe_metrics_tokens(prompt, completion);
+        uint64_t router_ns = run->ch[run->ttft_choice].res.ttft_us * 1000u;
+        if (run->ttft_done && router_ns && router_ns < run->ttft_ns)
+            fe_metrics_added_ttft(run->ttft_ns - router_ns);
     }
     fe_buf_printf(b,
                   "\"usage\":{\"prompt_tokens\":%" PRIu64 ",\"completion_tokens\":%" PRIu64

@@ -294,7 +294,7 @@ static enum MHD_Result run_completions(struct MHD_Connection *conn, struct hreq 
         ret = send_error(conn, h, status, param, msg);
         goto out;
     }
-    st = fe_run_start(&s->req, conn_fd(conn), &s->run, &status, msg, sizeof(msg));
+    st = fe_run_start(&s->req, conn_fd(conn), h->t0, &s->run, &status, msg, sizeof(msg));
     if (st != KVR_OK) {
         ret = send_error(conn, h, status, "", msg);
         goto out;

@@ -38,6 +38,12 @@ struct hist {
     atomic_uint_fast64_t sum_ns;
 };
 
+/* the frontend's own share of TTFT: microseconds, so its own buckets */
+static const double fine[] = {0.00005, 0.0001, 0.0002, 0.0005, 0.001,
+                              0.002,   0.005,  0.01,   0.02,   0.05};
+#define N_FINE (sizeof(fine) / sizeof(fine[0]))
+static atomic_uint_fast64_t added_count[N_FINE + 1], added_sum_ns;
+
 static atomic_uint_fast64_t requests[FE_EP_COUNT][N_CODES];
 static struct hist duration[FE_EP_COUNT];
 static struct hist ttft, e2e;
@@ -76,6 +82,16 @@ void fe_metrics_request_done(enum fe_endpoint ep, unsigned status, uint64_t late
 void fe_metrics_ttft(uint64_t ns)
 {
     observe(&ttft, ns);
+}
+
+void fe_metrics_added_ttft(uint64_t ns)
+{
+    double s = (double)ns / 1e9;
+    size_t i = 0;
+    while (i < N_FINE && s > fine[i])
+        i++;
+    atomic_fetch_add_explicit(&added_count[i], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&added_sum_ns, ns, memory_order_relaxed);
 }
 
 void fe_metrics_tokens(uint64_t prompt, uint64_t completion)
@@ -181,6 +197,24 @@ void fe_metrics_render(struct fe_buf *b)
                    "received -> last byte queued.\n"
                    "# TYPE kvrail:e2e_request_latency_seconds histogram\n");
     render_hist(b, "kvrail:e2e_request_latency_seconds", base, &e2e);
+    fe_buf_puts(b, "# HELP kvrail_frontend_added_ttft_seconds The frontend's share of TTFT: its "
+                   "TTFT minus the router's (HTTP and JSON parsing, the hops to and from the "
+                   "router, the first event).\n"
+                   "# TYPE kvrail_frontend_added_ttft_seconds histogram\n");
+    uint64_t cum = 0;
+    for (size_t i = 0; i <= N_FINE; i++) {
+        cum += ld(&added_count[i]);
+        if (i < N_FINE)
+            fe_buf_printf(b, "kvrail_frontend_added_ttft_seconds_bucket{%s,le=\"%g\"} %llu\n", base,
+                          fine[i], (unsigned long long)cum);
+        else
+            fe_buf_printf(b, "kvrail_frontend_added_ttft_seconds_bucket{%s,le=\"+Inf\"} %llu\n",
+                          base, (unsigned long long)cum);
+    }
+    fe_buf_printf(b, "kvrail_frontend_added_ttft_seconds_sum{%s} %.9f\n", base,
+                  (double)ld(&added_sum_ns) / 1e9);
+    fe_buf_printf(b, "kvrail_frontend_added_ttft_seconds_count{%s} %llu\n", base,
+                  (unsigned long long)cum);
     fe_buf_puts(b, "# HELP kvrail_frontend_request_duration_seconds Every HTTP request, by "
                    "endpoint.\n"
                    "# TYPE kvrail_frontend_request_duration_seconds histogram\n");

@@ -35,6 +35,31 @@ def cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def added_ttft(base):
+    """(count, sum_s, {le: cumulative}) of kvrail_frontend_added_ttft_seconds"""
+    text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    count, total, buckets = 0, 0.0, {}
+    for line in text.splitlines():
+        if line.startswith("kvrail_frontend_added_ttft_seconds_bucket"):
+            le = line.split(',le="')[1].split('"')[0]
+            buckets[le] = int(line.rsplit(" ", 1)[1])
+        elif line.startswith("kvrail_frontend_added_ttft_seconds_sum"):
+            total = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("kvrail_frontend_added_ttft_seconds_count"):
+            count = int(line.rsplit(" ", 1)[1])
+    return count, total, buckets
+
+
+def quantile_bound(b0, b1, q):
+    """the upper bound of the bucket holding quantile q of the difference b1 - b0"""
+    les = sorted((k for k in b1 if k != "+Inf"), key=float) + ["+Inf"]
+    n = b1["+Inf"] - b0.get("+Inf", 0)
+    for le in les:
+        if b1[le] - b0.get(le, 0) >= q * n:
+            return le
+    return "+Inf"
+
+
 def main():
     ap = argparse.ArgumentParser()
     cl.add_bin_args(ap)
@@ -78,6 +103,7 @@ def main():
             with open(sj) as f:
                 rows["protobuf"].append(json.load(f))
             c0 = cpu_s(fe.pid)
+            a0 = added_ttft(base)
             r = cl.run(["node", os.path.join(HERE, "bench_http.mjs"), base, os.path.basename(model),
                         str(a.concurrency), str(a.requests), str(a.prompt_len), str(a.output_len),
                         str(vocab), str(seed + 1), "8"], timeout=600)
@@ -85,6 +111,11 @@ def main():
                 raise cl.Fail("bench_http: %s %s" % (r.stdout, r.stderr))
             rows["http"].append(json.loads(r.stdout))
             rows["http"][-1]["frontend_cpu_s"] = cpu_s(fe.pid) - c0
+            a1 = added_ttft(base)
+            rows["http"][-1]["added_ttft_us"] = {
+                "mean": (a1[1] - a0[1]) / max(1, a1[0] - a0[0]) * 1e6,
+                "p50_le": quantile_bound(a0[2], a1[2], 0.5),
+                "p99_le": quantile_bound(a0[2], a1[2], 0.99)}
         med = {}
         for k, rs in rows.items():
             med[k] = {
@@ -114,6 +145,11 @@ def main():
         fcpu = statistics.median(x["frontend_cpu_s"] / (x["requests"] + 8) for x in rows["http"])
         print("kvrail-frontend CPU time: %.0f us per request (%d output tokens), warm-up included"
               % (fcpu * 1e6, a.output_len))
+        print("kvrail-frontend's own share of TTFT (its TTFT minus the router's, from /metrics): "
+              "mean %s us; p50 <= %s s, p99 <= %s s per round" % (
+                  ", ".join("%.0f" % x["added_ttft_us"]["mean"] for x in rows["http"]),
+                  ", ".join(x["added_ttft_us"]["p50_le"] for x in rows["http"]),
+                  ", ".join(x["added_ttft_us"]["p99_le"] for x in rows["http"])))
         print("raw rounds: " + json.dumps(rows))
     finally:
         cl.reap_all()
