@@ -163,6 +163,7 @@ kvr_status_t ucx_local_mem_alloc(kvr_xfer_mem_t *base)
     if ((size_t)(raw + maplen - (a + len)) > 0)
         munmap(a + len, (size_t)(raw + maplen - (a + len)));
     madvise(a, len, MADV_HUGEPAGE); /* before any fault; the core populates */
+    madvise(a, len, MADV_DONTFORK); /* a child must not turn the pool copy-on-write */
     base->addr = a;
     m->anon = a;
     m->anon_len = len;

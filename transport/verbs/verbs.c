@@ -828,6 +828,19 @@ static void vb_disconnect(kvr_xfer_peer_t *p)
     if (vp->fd >= 0)
         close(vp->fd);
     vp->fd = -1;
+    if (vp->nrails > 1) { /* per-rail telemetry, once per connection */
+        char line[256];
+        size_t used = 0;
+        for (int i = 0; i < vp->nrails; i++) {
+            const struct vb_rail *r = &vp->rail[i];
+            int w = snprintf(line + used, sizeof(line) - used, "%s%s: %.1f MiB%s%s", i ? ", " : "",
+                             ve->dev[r->ldev].name, (double)r->bytes / 1048576.0,
+                             r->failovers ? ", failed over" : "", r->down ? " (down)" : "");
+            if (w > 0 && (size_t)w < sizeof(line) - used)
+                used += (size_t)w;
+        }
+        KVR_LOG_INFO(COMP, "%s: rails to %.64s: %s", ve->base.name, vp->remote.host, line);
+    }
     for (int i = 0; i < vp->nrails; i++)
         vb_rail_fini(&vp->rail[i]);
     if (vp->nmr)
