@@ -9,6 +9,7 @@ PKGS="build-essential meson ninja-build pkg-config
       libucx-dev ucx-utils libibverbs-dev rdma-core ibverbs-providers
       libzmq3-dev protobuf-c-compiler libprotobuf-c-dev
       libopenblas-dev libxxhash-dev libyaml-dev python3 python3-yaml
+      libmicrohttpd-dev
       libutf8proc-dev libonig-dev"
 TEST_PKGS="python3-numpy python3-jinja2 iproute2 procps psmisc clang-format
       qemu-system-x86 linux-image-amd64 busybox-static kmod cpio ibverbs-utils perftest gnuplot-nox
