@@ -15,7 +15,7 @@ if (mi < 0 || mi + 1 >= args.length) {
   console.error("usage: node validate.mjs --modules NODE_MODULES FILE...");
   process.exit(2);
 }
-const modules = args[mi + 1];
+const modules = path.resolve(args[mi + 1]);
 const files = args.filter((_, i) => i !== mi && i !== mi + 1);
 const require = createRequire(path.join(modules, "x.js"));
 const yaml = require("js-yaml");
