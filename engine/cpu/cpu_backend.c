@@ -44,7 +44,6 @@ typedef float v16f __attribute__((vector_size(64)));
 typedef uint16_t v16u16 __attribute__((vector_size(32)));
 typedef uint32_t v16u32 __attribute__((vector_size(64)));
 __extension__ typedef _Float16 f16_t;
-typedef f16_t v16f16 __attribute__((vector_size(32)));
 
 struct cpu_backend {
     struct kvr_compute_backend base; /* first */
@@ -52,9 +51,10 @@ struct cpu_backend {
     struct kvr_backend_params p;
     float *conv; /* [n_threads][conv_per_thread] a widened weight panel */
     size_t conv_per_thread;
-    float *scores; /* [n_threads][ATTN_RQ][max_seq_len] attention scores */
-    int32_t *grp;  /* [max_rows + 1] attention row groups */
-    float *qpad;   /* [n_threads][ATTN_RQ][head_dim rounded up to 16] */
+    float *scores;     /* [n_threads][ATTN_RQ][max_seq_len] attention scores */
+    int32_t *grp;      /* [max_rows + 1] attention row groups */
+    float *qpad;       /* [n_threads][ATTN_RQ][head_dim rounded up to 16] */
+    kvr_tp_fn mm_task; /* the matmul kernel version for this CPU */
 };
 
 static struct cpu_backend *cpu(struct kvr_compute_backend *be)
@@ -77,6 +77,17 @@ static int chunks_for(const struct cpu_backend *c, double work, int max_chunks)
 
 /* ------------------------------------------------------------ loads */
 
+/* f16 loads by F16C's vcvtph2ps, for the matmul's own x86-64-v4 / v3
+ * versions (mm_task_v4/_v3; GCC's own lowering of a _Float16 vector
+ * conversion is element by element): pseudo-dtypes that only those
+ * functions pass, so the instruction is only ever reached on a CPU that has
+ * it.  Only with optimization, where the dead branches of the other
+ * versions are folded away before the asm's operands must fit a register. */
+#define DT_F16_V4 16
+#define DT_F16_V3 17
+typedef uint16_t v16u16u __attribute__((vector_size(32), aligned(2)));
+typedef uint16_t v8u16u __attribute__((vector_size(16), aligned(2)));
+
 static inline __attribute__((always_inline)) v16f ld16(const void *w, int32_t dtype, size_t k)
 {
     v16f f;
@@ -88,11 +99,51 @@ static inline __attribute__((always_inline)) v16f ld16(const void *w, int32_t dt
         v16u32 u = __builtin_convertvector(h, v16u32) << 16;
         memcpy(&f, &u, 64);
     } else {
-        v16f16 hv;
-        memcpy(&hv, (const uint16_t *)w + k, 32);
-        f = __builtin_convertvector(hv, v16f);
+        /* f16 -> f32 in integer lanes (GCC widens _Float16 vectors one
+         * element at a time through libgcc without AVX512-FP16): the
+         * exponent and mantissa moved into place and scaled by 2^112,
+         * which also normalizes subnormals; inf/NaN get the all-ones
+         * exponent; then the sign.  Exact, like any f16 -> f32. */
+        v16u16 h;
+        memcpy(&h, (const uint16_t *)w + k, 32);
+        v16u32 x = __builtin_convertvector(h, v16u32);
+        v16u32 em = (x & 0x7fffu) << 13;
+        v16f m;
+        memcpy(&m, &em, 64);
+        m *= 0x1p112f;
+        v16u32 u;
+        memcpy(&u, &m, 64);
+        v16u32 infnan = (v16u32)((x & 0x7c00u) == 0x7c00u);
+        u = (u & ~infnan) | ((em | 0x7f800000u) & infnan);
+        u |= (x & 0x8000u) << 16;
+        memcpy(&f, &u, 64);
     }
     return f;
+}
+
+/* ld16(), plus the pseudo-dtypes: for the matmul kernel only, where dtype
+ * is a constant */
+static inline __attribute__((always_inline)) v16f ld16x(const void *w, int32_t dtype, size_t k)
+{
+    v16f f;
+#if defined(__OPTIMIZE__) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    if (dtype == DT_F16_V4) {
+        __asm__("vcvtph2ps %1, %0" : "=v"(f) : "m"(*(const v16u16u *)((const uint16_t *)w + k)));
+        return f;
+    }
+    if (dtype == DT_F16_V3) {
+        typedef float v8f_ __attribute__((vector_size(32)));
+        v8f_ lo, hi;
+        __asm__("vcvtph2ps %1, %0" : "=x"(lo) : "m"(*(const v8u16u *)((const uint16_t *)w + k)));
+        __asm__("vcvtph2ps %1, %0"
+                : "=x"(hi)
+                : "m"(*(const v8u16u *)((const uint16_t *)w + k + 8)));
+        memcpy(&f, &lo, 32);
+        memcpy((char *)&f + 32, &hi, 32);
+        return f;
+    }
+#endif
+    return ld16(w, dtype, k);
 }
 
 static inline __attribute__((always_inline)) float ld1(const void *w, int32_t dtype, size_t k)
@@ -196,7 +247,7 @@ static inline __attribute__((always_inline)) void micro(const int R, const int C
     for (; k + 16 <= K; k += 16) {
         v16f wv[4], xv[4];
         for (int r = 0; r < R; r++)
-            wv[r] = ld16((const char *)w + (size_t)r * ldw * esz, dtype, k);
+            wv[r] = ld16x((const char *)w + (size_t)r * ldw * esz, dtype, k);
         for (int c = 0; c < C; c++)
             xv[c] = ldx(x + (size_t)c * ldx_ + k);
         for (int r = 0; r < R; r++)
@@ -210,7 +261,7 @@ static inline __attribute__((always_inline)) void micro(const int R, const int C
             float f[16] = {0};
             const char *wr = (const char *)w + (size_t)r * ldw * esz + k * esz;
             memcpy(dtype == KVR_DT_F32 ? (void *)f : (void *)h, wr, (K - k) * esz);
-            wv[r] = dtype == KVR_DT_F32 ? ld16(f, dtype, 0) : ld16(h, dtype, 0);
+            wv[r] = dtype == KVR_DT_F32 ? ld16x(f, dtype, 0) : ld16x(h, dtype, 0);
         }
         for (int c = 0; c < C; c++) {
             float f[16] = {0};
@@ -323,7 +374,7 @@ static inline __attribute__((always_inline)) void mm_rows(const struct mm_job *j
             if (widen) {
                 size_t i = 0, cnt = (size_t)R * K;
                 for (; i + 16 <= cnt; i += 16) {
-                    v16f v = ld16(wr, dtype, i);
+                    v16f v = ld16x(wr, dtype, i);
                     memcpy(conv + i, &v, 64);
                 }
                 for (; i < cnt; i++)
@@ -337,7 +388,11 @@ static inline __attribute__((always_inline)) void mm_rows(const struct mm_job *j
     }
 }
 
-KVR_CLONES static void mm_task(void *arg, int ith, int nth, int tid)
+/* mm_task in three versions, picked once by the CPU (cpu_create), the same
+ * choice target_clones makes for the other kernels: x86-64-v4 and v3 load
+ * f16 with vcvtph2ps; every version computes the same bits. */
+static inline __attribute__((always_inline)) void mm_task_body(void *arg, int ith, int tid,
+                                                               int32_t f16)
 {
     const struct mm_job *j = arg;
     int32_t N = j->w->rows;
@@ -352,9 +407,45 @@ KVR_CLONES static void mm_task(void *arg, int ith, int nth, int tid)
         mm_rows(j, KVR_DT_BF16, n0, n1, tid);
         break;
     default:
-        mm_rows(j, KVR_DT_F16, n0, n1, tid);
+        mm_rows(j, f16, n0, n1, tid);
         break;
     }
+}
+
+#if defined(__OPTIMIZE__) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target("arch=x86-64-v4"))) static void mm_task_v4(void *arg, int ith, int nth,
+                                                                 int tid)
+{
+    mm_task_body(arg, ith, tid, DT_F16_V4);
+}
+
+__attribute__((target("arch=x86-64-v3"))) static void mm_task_v3(void *arg, int ith, int nth,
+                                                                 int tid)
+{
+    mm_task_body(arg, ith, tid, DT_F16_V3);
+}
+#endif
+
+static void mm_task_base(void *arg, int ith, int nth, int tid)
+{
+    mm_task_body(arg, ith, tid, KVR_DT_F16);
+}
+
+/* KVR_CPU_MATMUL=v3|base (a test knob: the versions must agree bit for
+ * bit) takes a lower version than the CPU's best. */
+static kvr_tp_fn mm_task_pick(void)
+{
+    const char *want = getenv("KVR_CPU_MATMUL");
+    if (want && strcmp(want, "base") == 0)
+        return mm_task_base;
+#if defined(__OPTIMIZE__) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("x86-64-v4") && !(want && strcmp(want, "v3") == 0))
+        return mm_task_v4;
+    if (__builtin_cpu_supports("x86-64-v3"))
+        return mm_task_v3;
+#endif
+    return mm_task_base;
 }
 
 /* Threads split W's rows (multiples of 4), never K: batch-invariant at
@@ -367,7 +458,7 @@ static void cpu_matmul(struct kvr_compute_backend *be, float *y, const float *x,
     struct mm_job j = {c, y, x, M, w, bias, (flags & KVR_MM_ACCUMULATE) != 0, 0};
     int n_chunks = chunks_for(c, (double)M * N * w->cols, N / 16);
     j.per = ((N + n_chunks - 1) / n_chunks + 3) & ~3;
-    kvr_tp_run(c->tp, mm_task, &j, (N + j.per - 1) / j.per);
+    kvr_tp_run(c->tp, c->mm_task, &j, (N + j.per - 1) / j.per);
 }
 
 /* Widens n elements of src (dtype) into out. */
@@ -728,6 +819,7 @@ static kvr_status_t cpu_create(const struct kvr_backend_params *p,
     c->base.ops = &kvr_cpu_ops;
     c->base.n_threads = p->n_threads;
     c->p = *p;
+    c->mm_task = mm_task_pick();
     size_t nt = (size_t)p->n_threads;
     c->conv_per_thread = ((size_t)p->max_cols * 4 + 15) & ~(size_t)15;
     c->conv = aligned_alloc(64, nt * c->conv_per_thread * sizeof(float));

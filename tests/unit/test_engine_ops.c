@@ -139,6 +139,38 @@ static void test_matmul(struct kvr_compute_backend *be)
     }
 }
 
+/* embed widens every one of the 65536 f16 bit patterns (subnormals, inf,
+ * NaN, -0) exactly as the compiler's scalar f16 -> f32 conversion does,
+ * bit for bit, in the vector body and the scalar tail (cols 36) */
+static void test_f16_widen(struct kvr_compute_backend *be)
+{
+    const int cols = 36, rows = (65536 + cols - 1) / cols;
+    uint16_t *h = calloc((size_t)rows * cols, 2);
+    float *x = malloc((size_t)rows * cols * 4);
+    int32_t *tok = malloc((size_t)rows * 4);
+    KVR_CHECK(h && x && tok);
+    for (int i = 0; i < 65536; i++)
+        h[i] = (uint16_t)i;
+    for (int r = 0; r < rows; r++)
+        tok[r] = r;
+    struct kvr_weight w = {.data = h, .dtype = KVR_DT_F16, .rows = rows, .cols = cols};
+    be->ops->embed(be, x, tok, rows, &w);
+    for (int i = 0; i < 65536; i++) {
+        __extension__ _Float16 hf;
+        memcpy(&hf, &h[i], 2);
+        float want = (float)hf;
+        uint32_t a, b;
+        memcpy(&a, &x[i], 4);
+        memcpy(&b, &want, 4);
+        if (a != b && !(isnan(want) && isnan(x[i])))
+            fprintf(stderr, "f16 0x%04x: got 0x%08x, want 0x%08x\n", i, a, b);
+        KVR_CHECK(a == b || (isnan(want) && isnan(x[i])));
+    }
+    free(h);
+    free(x);
+    free(tok);
+}
+
 static void test_small_ops(struct kvr_compute_backend *be)
 {
     enum { M = 20, D = 72, H = 3, HD = 24 };
@@ -314,6 +346,7 @@ int main(void)
         KVR_CHECK_STATUS(kvr_cpu_ops.create(&p, &be), KVR_OK);
         test_matmul(be);
         test_small_ops(be);
+        test_f16_widen(be);
         test_attention(be);
         be->ops->destroy(be);
         printf("cpu backend ops, %d thread(s): ok\n", threads[t]);
