@@ -11,8 +11,9 @@
  * Normalization: utf8proc_map does the work.  Most text needs none, so each
  * form has a quick-check bitmap over all code points, built once from
  * utf8proc: a code point "may change" when it has a non-zero combining
- * class, when the form maps it to something else, or when it ends another
- * code point's decomposition (so it may compose with what precedes it).
+ * class, when the form maps it to something else, or (composing forms) when
+ * it ends another code point's canonical decomposition (so it may compose
+ * with what precedes it).  Valid text then takes one utf8proc_map call.
  * Text with none of those is copied as it is; ASCII is never looked up.
  * Invalid UTF-8 bytes are kept and split the text into runs that utf8proc
  * normalizes one by one (it refuses invalid input).
@@ -245,13 +246,19 @@ static void build(struct form *f)
         utf8proc_int32_t d[32];
         int bound = 0;
         utf8proc_ssize_t n = utf8proc_decompose_char((utf8proc_int32_t)cp, d, 32, dec, &bound);
+        if (composes) {
+            /* the last piece of a canonical decomposition may compose with
+             * what precedes it in other text (compatibility ones never
+             * recompose, and singletons form no pair) */
+            int cb = 0;
+            utf8proc_ssize_t cn =
+                utf8proc_decompose_char((utf8proc_int32_t)cp, d, 32, UTF8PROC_DECOMPOSE, &cb);
+            if (cn >= 2 && cn <= 32)
+                mark(f, (uint32_t)d[cn - 1]);
+            n = utf8proc_decompose_char((utf8proc_int32_t)cp, d, 32, dec, &bound);
+        }
         if (n == 1 && (uint32_t)d[0] == cp)
             continue;
-        /* decomposes: under a decomposing form cp changes; under a composing
-         * one it may compose back to itself, but its last piece may compose
-         * with what precedes it in other text */
-        if (n > 0 && n <= 32 && composes)
-            mark(f, (uint32_t)d[n - 1]);
         if (!composes) {
             mark(f, cp);
             continue;
@@ -355,6 +362,15 @@ bool kvr_uni_normalize(enum kvr_uni_form form, const char *s, size_t n, char **o
     }
     const struct form *f = &forms[form];
     const unsigned char *u = (const unsigned char *)s;
+    utf8proc_uint8_t *whole = NULL;
+    utf8proc_ssize_t wl = utf8proc_map(u, (utf8proc_ssize_t)n, &whole, f->opts);
+    if (wl >= 0) { /* valid UTF-8: one call */
+        *out_p = (char *)whole;
+        *out_len_p = (size_t)wl;
+        return true;
+    }
+    if (wl == UTF8PROC_ERROR_NOMEM)
+        return false;
     size_t cap = n + 16, ol = 0, run = 0;
     char *o = malloc(cap);
     if (!o)

@@ -12,7 +12,8 @@
  * contractions in every case and Unicode case-folding look-alikes, CR/LF
  * runs, invalid UTF-8).  The quick check must never call text stable that a
  * form changes: every code point it passes, alone and after a sample of
- * others it passes, is left unchanged by utf8proc.
+ * others it passes, and every canonical decomposition written out, is left
+ * unchanged by utf8proc.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -200,6 +201,28 @@ static void test_quick_check(void)
                 continue;
             if (!stable((enum kvr_uni_form)form, (const utf8proc_uint8_t *)b, l)) {
                 fprintf(stderr, "form %d: a pair ending in U+%04X passes but changes\n", form,
+                        (unsigned)cp);
+                exit(1);
+            }
+        }
+        /* every canonical decomposition, as text: the composing forms turn it
+         * back into the composite, so the quick check must not pass it */
+        for (uint32_t cp = 0x80; cp < 0x110000; cp++) {
+            if (cp >= 0xD800 && cp <= 0xDFFF)
+                continue;
+            utf8proc_int32_t d[32];
+            int bound = 0;
+            utf8proc_ssize_t n =
+                utf8proc_decompose_char((utf8proc_int32_t)cp, d, 32, UTF8PROC_DECOMPOSE, &bound);
+            if (n < 2 || n > 32)
+                continue;
+            char b[32 * 4];
+            size_t l = 0;
+            for (utf8proc_ssize_t k = 0; k < n; k++)
+                l += kvr_utf8_put((uint32_t)d[k], b + l);
+            if (!kvr_uni_may_change((enum kvr_uni_form)form, b, l) &&
+                !stable((enum kvr_uni_form)form, (const utf8proc_uint8_t *)b, l)) {
+                fprintf(stderr, "form %d: the decomposition of U+%04X passes but changes\n", form,
                         (unsigned)cp);
                 exit(1);
             }

@@ -9,7 +9,9 @@
  * --max-tokens tokens or at an end-of-sequence id (the tokenizer's and the
  * model's eos ids) unless --ignore-eos.  A --prompt is encoded with the
  * tokenizer's special-token rule (bos when its config says so);
- * --prompt-tokens are used as given.
+ * --prompt-tokens are used as given; --chat FILE / --message role:content
+ * render the model's chat template (chat_prompt.c), whose text is encoded
+ * without special tokens (the template writes bos).
  *
  * --json prints one JSON object per line: {"prompt_tokens": [...]}, then one
  * per generated token {"token_id": N, "text": "...", "logprob": X} where
@@ -23,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chat_prompt.h"
 #include "kvr_clock.h"
 #include "kvr_cmd.h"
 #include "kvr_engine.h"
@@ -38,15 +41,19 @@ struct run_opts {
     int max_tokens, threads;
     bool json, ignore_eos, stats;
     struct kvr_sample_params sp;
+    struct kvr_chat_prompt_opts chat;
 };
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvrail run --model DIR (--prompt TEXT | --prompt-tokens 1,2,3)\n"
+    fprintf(f, "usage: kvrail run --model DIR (--prompt TEXT | --prompt-tokens 1,2,3 |\n"
+               "                  --chat MESSAGES.json | --message role:content ...)\n"
                "                  --max-tokens N [--temperature T] [--top-p P] [--top-k K]\n"
                "                  [--min-p P] [--repetition-penalty R] [--seed S] [--json]\n"
-               "                  [--ignore-eos] [--threads N] [--stats]\n"
-               "Generates in one process (no cluster); temperature 0 (default) is greedy.\n");
+               "                  [--ignore-eos] [--threads N] [--stats] [--chat-template NAME]\n"
+               "Generates in one process (no cluster); temperature 0 (default) is greedy.\n"
+               "--chat / --message render the model's chat template (tokenizer_config.json)\n"
+               "with add_generation_prompt; --json then prints it as {\"chat_prompt\": ...}.\n");
 }
 
 static int parse_tokens(const char *s, int32_t **ids_p, size_t *n_p)
@@ -171,6 +178,9 @@ int kvr_cmd_run(int argc, char **argv)
                                        {"ignore-eos", 0, 0, 'E'},
                                        {"threads", 1, 0, 'T'},
                                        {"stats", 0, 0, 'S'},
+                                       {"chat", 1, 0, 'C'},
+                                       {"message", 1, 0, 'M'},
+                                       {"chat-template", 1, 0, 'N'},
                                        {"help", 0, 0, 'h'},
                                        {0, 0, 0, 0}};
     int c;
@@ -186,6 +196,20 @@ int kvr_cmd_run(int argc, char **argv)
             break;
         case 'P':
             o.prompt_tokens = optarg;
+            break;
+        case 'C':
+            o.chat.file = optarg;
+            break;
+        case 'N':
+            o.chat.template_name = optarg;
+            break;
+        case 'M':
+            if (o.chat.n_messages == KVR_CHAT_MAX_MESSAGES) {
+                fprintf(stderr, "kvrail run: more than %d --message options\n",
+                        KVR_CHAT_MAX_MESSAGES);
+                return 2;
+            }
+            o.chat.messages[o.chat.n_messages++] = optarg;
             break;
         case 'j':
             o.json = true;
@@ -246,9 +270,10 @@ int kvr_cmd_run(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (!o.model || (!o.prompt == !o.prompt_tokens) || o.max_tokens < 0) {
-        fprintf(stderr, "kvrail run: need --model, exactly one of --prompt / --prompt-tokens, "
-                        "and --max-tokens\n");
+    bool chat = kvr_chat_prompt_wanted(&o.chat);
+    if (!o.model || (!!o.prompt + !!o.prompt_tokens + chat) != 1 || o.max_tokens < 0) {
+        fprintf(stderr, "kvrail run: need --model, exactly one of --prompt / --prompt-tokens / "
+                        "--chat / --message, and --max-tokens\n");
         usage(stderr);
         return 2;
     }
@@ -265,6 +290,7 @@ int kvr_cmd_run(int argc, char **argv)
     kvr_sampler_t *smp = NULL;
     kvr_detok_t *dt = NULL;
     int32_t *prompt = NULL, *bt = NULL;
+    char *chat_text = NULL;
     float *logits = NULL;
     struct kvr_kv_pool pool = {0};
     struct pending pend = {0};
@@ -278,16 +304,30 @@ int kvr_cmd_run(int argc, char **argv)
     }
     st = kvr_tokenizer_load(o.model, &tok, err, sizeof(err));
     if (st != KVR_OK) {
-        if (o.prompt) {
+        if (o.prompt || chat) {
             fprintf(stderr, "kvrail run: tokenizer: %s\n", err);
             goto out;
         }
         KVR_LOG_WARN("run", "no tokenizer (%s): token text will be empty", err);
         tok = NULL;
     }
-    if (o.prompt) {
-        if ((st = kvr_tokenizer_encode(tok, o.prompt, strlen(o.prompt), true, &prompt,
-                                       &n_prompt)) != KVR_OK) {
+    if (chat) {
+        /* the template writes bos itself: encoded without special tokens, as
+         * transformers' apply_chat_template(tokenize=True) does */
+        if (kvr_chat_prompt_render("kvrail run", o.model, &o.chat, &chat_text) != 0)
+            goto out;
+        if (o.json) {
+            printf("{\"chat_prompt\": ");
+            kvr_json_fput_str(stdout, chat_text, strlen(chat_text));
+            printf("}\n");
+        } else {
+            fputs(chat_text, stdout);
+        }
+    }
+    if (o.prompt || chat) {
+        const char *text = chat ? chat_text : o.prompt;
+        if ((st = kvr_tokenizer_encode(tok, text, strlen(text), !chat, &prompt, &n_prompt)) !=
+            KVR_OK) {
             fprintf(stderr, "kvrail run: encoding the prompt: %s\n", kvr_status_str(st));
             goto out;
         }
@@ -436,6 +476,7 @@ out:
     free(bt);
     free(logits);
     free(prompt);
+    free(chat_text);
     kvr_detok_destroy(dt);
     kvr_sampler_destroy(smp);
     kvr_ctx_destroy(ctx);
