@@ -16,7 +16,17 @@
  * directory lookup + pick + frames, from `Status`), the per-token forwarding
  * cost, and the client-observed time to first token through the router and
  * the scripted nodes.
+ *
+ *   kvrail-router-bench --router PATH --idle SECONDS [--decode D] [--prefill P]
+ *
+ * measures an idle router instead: the scripted nodes only heartbeat (every
+ * 200 ms, as the cluster file says) for SECONDS; reports the router's CPU
+ * seconds per minute (/proc/PID/stat) and the wake-ups of its loop thread
+ * (context switches, /proc/PID/task/PID/status), and those of all its
+ * threads (ZeroMQ's I/O thread included).  D and P may be 0 (with D 0 the
+ * cluster file still names a decode node, which never connects).
  */
+#include <dirent.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -26,6 +36,7 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <zmq.h>
@@ -206,6 +217,85 @@ static void drain_nodes(void)
         }
 }
 
+/* CPU seconds of process pid, and context switches of its thread tid (or of
+ * all its threads when tid is 0). */
+static bool proc_sample(pid_t pid, pid_t tid, double *cpu_p, uint64_t *switches_p)
+{
+    char path[160], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *e = strrchr(buf, ')');
+    unsigned long ut = 0, st = 0;
+    if (!e || sscanf(e + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+        return false;
+    *cpu_p = (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+    uint64_t sw = 0;
+    char tasks[64];
+    snprintf(tasks, sizeof(tasks), "/proc/%d/task", (int)pid);
+    DIR *d = opendir(tasks);
+    if (!d)
+        return false;
+    for (struct dirent *de; (de = readdir(d));) {
+        if (de->d_name[0] == '.' || (tid && atoi(de->d_name) != (int)tid))
+            continue;
+        snprintf(path, sizeof(path), "%s/%.32s/status", tasks, de->d_name);
+        if (!(f = fopen(path, "r")))
+            continue;
+        char line[256];
+        unsigned long v;
+        while (fgets(line, sizeof(line), f))
+            if (sscanf(line, "voluntary_ctxt_switches: %lu", &v) == 1 ||
+                sscanf(line, "nonvoluntary_ctxt_switches: %lu", &v) == 1)
+                sw += v;
+        fclose(f);
+    }
+    closedir(d);
+    *switches_p = sw;
+    return true;
+}
+
+/* The scripted nodes heartbeat every 200 ms for secs; the router's CPU and
+ * wake-ups over that window. */
+static int idle_run(pid_t router, int secs, int np, int nd)
+{
+    double c0, c1, a0, a1;
+    uint64_t w0, w1, s0, s1;
+    if (!proc_sample(router, router, &c0, &w0) || !proc_sample(router, 0, &a0, &s0))
+        return 1;
+    uint64_t t0 = kvr_now_ns(), end = t0 + (uint64_t)secs * 1000000000ull, next_hb = t0;
+    for (uint64_t now = t0; now < end; now = kvr_now_ns()) {
+        if (now >= next_hb) {
+            for (int i = 0; i < n_nodes; i++)
+                heartbeat(&nodes[i]);
+            next_hb += 200000000ull;
+        }
+        drain_nodes();
+        uint64_t until = next_hb < end ? next_hb : end;
+        if (until > now) {
+            struct timespec ts = {0, (long)(until - now)};
+            nanosleep(&ts, NULL);
+        }
+    }
+    double secs_d = (double)(kvr_now_ns() - t0) / 1e9;
+    if (!proc_sample(router, router, &c1, &w1) || !proc_sample(router, 0, &a1, &s1))
+        return 1;
+    (void)a0;
+    (void)a1;
+    printf("kvrail-router-bench: idle router, %dP+%dD scripted nodes heartbeating every 200 ms, "
+           "%.0f s\n",
+           np, nd, secs_d);
+    printf("| router CPU s / min | loop-thread wake-ups / s | context switches / s, all threads |\n"
+           "|---:|---:|---:|\n");
+    printf("| %.3f | %.1f | %.1f |\n", (c1 - c0) * 60.0 / secs_d, (double)(w1 - w0) / secs_d,
+           (double)(s1 - s0) / secs_d);
+    return 0;
+}
+
 static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -224,13 +314,14 @@ int main(int argc, char **argv)
         {"prefill", required_argument, NULL, 'p'},
         {"groups", required_argument, NULL, 'g'},
         {"json", no_argument, NULL, 'j'},
+        {"idle", required_argument, NULL, 'i'},
         {NULL, 0, NULL, 0},
     };
     const char *router = NULL;
-    int requests = 2000, conc = 8, ptok = 512, maxtok = 8, nd = 2, np = 2, groups = 8;
+    int requests = 2000, conc = 8, ptok = 512, maxtok = 8, nd = 2, np = 2, groups = 8, idle = 0;
     bool json = false;
     int c;
-    while ((c = getopt_long(argc, argv, "r:n:c:t:m:d:p:g:j", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "r:n:c:t:m:d:p:g:ji:", opts, NULL)) != -1) {
         switch (c) {
         case 'r':
             router = optarg;
@@ -259,15 +350,19 @@ int main(int argc, char **argv)
         case 'j':
             json = true;
             break;
+        case 'i':
+            idle = atoi(optarg);
+            break;
         default:
             fprintf(stderr, "usage: kvrail-router-bench --router PATH [--requests N] "
                             "[--concurrency C] [--prompt-tokens T] [--max-tokens M] [--decode D] "
-                            "[--prefill P] [--groups G] [--json]\n");
+                            "[--prefill P] [--groups G] [--json] [--idle SECONDS]\n");
             return 2;
         }
     }
     if (!router || requests < 1 || conc < 1 || conc > 256 || ptok < 1 || ptok > 4000 ||
-        maxtok < 1 || nd < 1 || np < 0 || nd + np > MAXN || groups < 1) {
+        maxtok < 1 || nd < (idle ? 0 : 1) || np < 0 || nd + np > MAXN || groups < 1 || idle < 0 ||
+        idle > 3600) {
         fprintf(stderr, "kvrail-router-bench: --router is required; values out of range\n");
         return 2;
     }
@@ -289,7 +384,8 @@ int main(int argc, char **argv)
             ep_c, ep_n);
     for (int i = 0; i < np; i++)
         fprintf(f, "  - {name: p%d, role: prefill}\n", i);
-    for (int i = 0; i < nd; i++)
+    /* a cluster has a decode node: with --decode 0 (idle) it never connects */
+    for (int i = 0; i < (nd ? nd : 1); i++)
         fprintf(f, "  - {name: d%d, role: decode}\n", i);
     fclose(f);
     pid_t pid = fork();
@@ -334,6 +430,18 @@ int main(int argc, char **argv)
             fprintf(stderr, "kvrail-router-bench: nodes did not register\n");
             return 1;
         }
+    }
+    if (idle) {
+        int rc = idle_run(pid, idle, np, nd);
+        kvr_client_close(cl);
+        for (int i = 0; i < n_nodes; i++)
+            zmq_close(nodes[i].s);
+        zmq_ctx_term(zctx);
+        kill(pid, SIGTERM);
+        waitpid(pid, NULL, 0);
+        char rm[128];
+        snprintf(rm, sizeof(rm), "rm -rf %s", dir);
+        return system(rm) != 0 ? 1 : rc;
     }
 
     uint32_t *prompts = malloc((size_t)conc * (size_t)ptok * sizeof(uint32_t));
