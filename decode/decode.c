@@ -83,6 +83,7 @@ struct dreq {
     bool ignore_eos, aborted;
     char prefill_node[KVR_CLUSTER_NAME_MAX];
     uint64_t t_reserve, t_ready, deadline;
+    uint64_t lease_ns; /* KV_PROGRESS from the prefill node renews this much */
     /* local prefill: prompt tokens whose K/V is in the blocks */
     uint32_t n_computed;
     uint64_t prefill_ns; /* the worker's time on its chunks */
@@ -150,7 +151,7 @@ struct decode {
     /* paged reservations */
     bool paged;
     uint32_t headroom;
-    uint64_t preemptions, grown_blocks;
+    uint64_t preemptions, grown_blocks, lease_renewals;
     int batch_max;
 };
 
@@ -428,7 +429,8 @@ static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
     struct dreq *r = find_req(d, m->request_id);
     if (r) { /* a renewal (e.g. the router retries the prefill elsewhere) */
         if (r->state == DR_RESERVED) {
-            r->deadline = kvr_now_ns() + (uint64_t)lease * 1000000ull;
+            r->lease_ns = (uint64_t)lease * 1000000ull;
+            r->deadline = kvr_now_ns() + r->lease_ns;
             snprintf(r->prefill_node, sizeof r->prefill_node, "%s",
                      m->prefill_node ? m->prefill_node : "");
             r->aborted = false;
@@ -530,7 +532,8 @@ static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
     r->n_blocks = nblocks;
     r->n_prompt_blocks = nprompt_blocks;
     r->t_reserve = kvr_now_ns();
-    r->deadline = r->t_reserve + (uint64_t)lease * 1000000ull;
+    r->lease_ns = (uint64_t)lease * 1000000ull;
+    r->deadline = r->t_reserve + r->lease_ns;
     snprintf(r->prefill_node, sizeof r->prefill_node, "%s", m->prefill_node ? m->prefill_node : "");
     r->state = m->local_prefill ? DR_LOCAL_PREFILL : DR_RESERVED;
     r->n_computed = r->n_cached_blocks * bs;
@@ -653,6 +656,16 @@ static void on_notif(void *arg, const void *msg, size_t len)
     struct dreq *r = find_req_notif(d, n.request_id, n.first_block);
     if (!r) {
         KVR_LOG_DEBUG(COMP, "notification for unknown request %" PRIu64, n.request_id);
+        return;
+    }
+    if (n.kind == KVR_NOTIF_KV_PROGRESS) {
+        /* the prefill node still holds it (queued or computing): renew the
+         * lease, so a prefill longer than the lease is not given up on */
+        if (r->state == DR_RESERVED &&
+            (!r->prefill_node[0] || strcmp(r->prefill_node, n.node) == 0)) {
+            r->deadline = kvr_now_ns() + r->lease_ns;
+            d->lease_renewals++;
+        }
         return;
     }
     if (n.kind == KVR_NOTIF_KV_READY)
@@ -1106,14 +1119,16 @@ static void role_stats(void *arg, struct kvr_sbuf *b)
         ", \"step_ns_last\": %" PRIu64 ", \"itl_ns_max\": %" PRIu64 ", \"pool_setup_ns\": %" PRIu64
         ", \"pool_huge_pages\": %s"
         ", \"reservation\": \"%s\", \"preemptions\": %" PRIu64 ", \"preempted\": %d"
-        ", \"grown_blocks\": %" PRIu64 ", \"batch_max\": %d, \"cached_hashes\": [",
+        ", \"grown_blocks\": %" PRIu64 ", \"batch_max\": %d, \"lease_renewals\": %" PRIu64
+        ", \"cached_hashes\": [",
         c.total, c.free, c.evictable, c.cached, c.referenced, nres, nq, nready, nlocal, d->n_batch,
         d->n_done, d->n_failed, d->n_canceled, d->n_expired, d->n_rejected, d->n_local, d->n_remote,
         d->kv_bytes, d->tokens_out, d->steps, d->cached_tokens, d->ev_seq,
         kvr_kv_block_bytes(&d->node.layout), d->node.layout.n_layers, d->bad_notifs, d->chunk,
         d->chunks, d->mixed_steps, d->chunk_ns_max, d->decode_ns_max, d->step_ns_last,
         d->itl_ns_max, d->npool.setup_ns, d->npool.huge ? "true" : "false",
-        d->paged ? "paged" : "whole", d->preemptions, npre, d->grown_blocks, d->batch_max);
+        d->paged ? "paged" : "whole", d->preemptions, npre, d->grown_blocks, d->batch_max,
+        d->lease_renewals);
     if (b->p)
         kvr_blocktab_foreach_cached(d->bt, stats_hash, b);
     kvr_sbuf_printf(b, "]");

@@ -137,7 +137,7 @@ kvr_status_t kvr_notif_decode(const void *buf, size_t len, struct kvr_notif *n_p
                    "notification version %u, this node speaks %u (run the same kvrail release "
                    "on prefill and decode nodes)",
                    version, KVR_NOTIF_VERSION);
-    if (kind < KVR_NOTIF_HELLO || kind > KVR_NOTIF_KV_ABORT)
+    if (kind < KVR_NOTIF_HELLO || kind > KVR_NOTIF_KV_PROGRESS)
         return bad(KVR_ERR_INVALID, err, err_len, "notification kind %u is unknown", kind);
     if (body != len - KVR_NOTIF_HDR_LEN)
         return bad(KVR_ERR_INVALID, err, err_len,

@@ -1,5 +1,6 @@
 /*
- * notif.h - the P -> D notification (HELLO, KV_READY, KV_ABORT) and its
+ * notif.h - the P -> D notification (HELLO, KV_READY, KV_ABORT,
+ * KV_PROGRESS) and its
  * wire encoding.
  *
  * A prefill node sends these on the transfer peer after its KV writes
@@ -43,9 +44,10 @@
 #define KVR_NOTIF_WIRE_MAX (KVR_NOTIF_HDR_LEN + KVR_NOTIF_BODY_MIN + KVR_CLUSTER_NAME_MAX)
 
 enum kvr_notif_kind {
-    KVR_NOTIF_HELLO = 1,    /* first message on a new peer: layout + fingerprint */
-    KVR_NOTIF_KV_READY = 2, /* every layer of a request written; first token */
-    KVR_NOTIF_KV_ABORT = 3, /* the request stopped; no more writes will follow */
+    KVR_NOTIF_HELLO = 1,       /* first message on a new peer: layout + fingerprint */
+    KVR_NOTIF_KV_READY = 2,    /* every layer of a request written; first token */
+    KVR_NOTIF_KV_ABORT = 3,    /* the request stopped; no more writes will follow */
+    KVR_NOTIF_KV_PROGRESS = 4, /* still queued or computing on P: renew the lease */
 };
 
 /* The decoded notification (host representation). */

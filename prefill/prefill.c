@@ -86,6 +86,7 @@ struct preq {
     struct kvr_sample_params sp;
     uint32_t lease_ms;
     uint64_t t_recv, t_start, t_computed, t_first_post, t_done, deadline;
+    uint64_t t_progress; /* last KV_PROGRESS to the decode node */
     /* target */
     bool have_target;
     uint32_t *dblocks;
@@ -144,6 +145,7 @@ struct prefill {
     uint64_t computed_tokens, local_cached_tokens, queued_tokens;
     uint64_t n_batched, batched_reqs;     /* batched engine calls, requests in them */
     uint64_t targets_addr, targets_short; /* PrefillTargets with / without D's address */
+    uint64_t progress_sent;               /* KV_PROGRESS notifications */
 };
 
 static void job_recheck(struct prefill *p);
@@ -586,6 +588,7 @@ static kvr_status_t apply_target(struct prefill *p, struct preq *r, const Kvrail
     r->n_dblocks = nb;
     r->cached_d = t->cached_tokens / (uint32_t)L->block_size;
     r->have_target = true;
+    r->t_progress = kvr_now_ns();
     if (r->state != PQ_QUEUED) {
         s = prepare_lists(p, r);
         if (s != KVR_OK) {
@@ -1133,28 +1136,56 @@ static void role_stats(void *arg, struct kvr_sbuf *b)
         nq++;
     for (struct preq *r = p->active; r; r = r->next)
         na++;
-    kvr_sbuf_printf(
-        b,
-        ", \"prefills_ok\": %" PRIu64 ", \"prefills_failed\": %" PRIu64
-        ", \"prefills_canceled\": %" PRIu64 ", \"bytes_pushed\": %" PRIu64
-        ", \"transfer_ns\": %" PRIu64 ", \"descriptors_raw\": %" PRIu64
-        ", \"descriptors_posted\": %" PRIu64 ", \"computed_tokens\": %" PRIu64
-        ", \"local_cached_tokens\": %" PRIu64 ", \"batched_prefills\": %" PRIu64
-        ", \"batched_requests\": %" PRIu64 ", \"queued\": %d, \"active\": %d, "
-        "\"computing\": %s, \"staging_total\": %u, \"staging_free\": %u, "
-        "\"staging_cached\": %u, \"staging_referenced\": %u, \"block_bytes\": %zu, "
-        "\"layers\": %d, \"pool_setup_ns\": %" PRIu64 ", \"targets_with_address\": %" PRIu64
-        ", \"targets_without_address\": %" PRIu64 ", \"decode_nodes_known\": %zu",
-        p->n_ok, p->n_failed, p->n_canceled, p->bytes_pushed, p->transfer_ns, p->ndesc_raw,
-        p->ndesc_posted, p->computed_tokens, p->local_cached_tokens, p->n_batched, p->batched_reqs,
-        nq, na, p->busy ? "true" : "false", c.total, c.free, c.cached, c.referenced,
-        kvr_kv_block_bytes(&p->node.layout), p->node.layout.n_layers, p->npool.setup_ns,
-        p->targets_addr, p->targets_short, p->n_dinfos);
+    kvr_sbuf_printf(b,
+                    ", \"prefills_ok\": %" PRIu64 ", \"prefills_failed\": %" PRIu64
+                    ", \"prefills_canceled\": %" PRIu64 ", \"bytes_pushed\": %" PRIu64
+                    ", \"transfer_ns\": %" PRIu64 ", \"descriptors_raw\": %" PRIu64
+                    ", \"descriptors_posted\": %" PRIu64 ", \"computed_tokens\": %" PRIu64
+                    ", \"local_cached_tokens\": %" PRIu64 ", \"batched_prefills\": %" PRIu64
+                    ", \"batched_requests\": %" PRIu64 ", \"queued\": %d, \"active\": %d, "
+                    "\"computing\": %s, \"staging_total\": %u, \"staging_free\": %u, "
+                    "\"staging_cached\": %u, \"staging_referenced\": %u, \"block_bytes\": %zu, "
+                    "\"layers\": %d, \"pool_setup_ns\": %" PRIu64
+                    ", \"targets_with_address\": %" PRIu64 ", \"targets_without_address\": %" PRIu64
+                    ", \"decode_nodes_known\": %zu, \"progress_sent\": %" PRIu64,
+                    p->n_ok, p->n_failed, p->n_canceled, p->bytes_pushed, p->transfer_ns,
+                    p->ndesc_raw, p->ndesc_posted, p->computed_tokens, p->local_cached_tokens,
+                    p->n_batched, p->batched_reqs, nq, na, p->busy ? "true" : "false", c.total,
+                    c.free, c.cached, c.referenced, kvr_kv_block_bytes(&p->node.layout),
+                    p->node.layout.n_layers, p->npool.setup_ns, p->targets_addr, p->targets_short,
+                    p->n_dinfos, p->progress_sent);
+}
+
+/* Tells the decode node that r is still queued or computing here, so that
+ * its reservation's lease is renewed (every third of the lease). */
+static void send_progress(struct prefill *p, struct preq *r, uint64_t now)
+{
+    if (!r->have_target || !r->peer || r->peer->failed || r->notified || r->canceled ||
+        now - r->t_progress < (uint64_t)r->lease_ms * 1000000ull / 3)
+        return;
+    struct kvr_notif n = {0};
+    n.kind = KVR_NOTIF_KV_PROGRESS;
+    n.request_id = r->id;
+    n.incarnation = p->node.incarnation;
+    snprintf(n.node, sizeof n.node, "%s", p->node.name);
+    n.n_tokens = (uint32_t)r->n_tokens;
+    n.first_block = r->dblocks[r->cached_d];
+    uint8_t wire[KVR_NOTIF_WIRE_MAX];
+    size_t wl = kvr_notif_encode(&n, wire, sizeof wire);
+    if (wl && kvr_xfer_notify(r->peer->peer, wire, wl) == KVR_OK)
+        p->progress_sent++;
+    r->t_progress = now;
 }
 
 static int turn(void *arg)
 {
     struct prefill *p = arg;
+    uint64_t now = kvr_now_ns();
+    for (struct preq *r = p->queue; r; r = r->next)
+        send_progress(p, r, now);
+    for (struct preq *r = p->active; r; r = r->next)
+        if (r->state == PQ_COMPUTING)
+            send_progress(p, r, now);
     if (p->queue && !p->busy)
         start_next(p);
     check_active(p);

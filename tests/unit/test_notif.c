@@ -71,7 +71,7 @@ int main(void)
     struct kvr_notif out;
 
     /* round trip of each kind */
-    for (uint16_t k = KVR_NOTIF_HELLO; k <= KVR_NOTIF_KV_ABORT; k++) {
+    for (uint16_t k = KVR_NOTIF_HELLO; k <= KVR_NOTIF_KV_PROGRESS; k++) {
         struct kvr_notif n = sample(k);
         size_t len = kvr_notif_encode(&n, buf, sizeof buf);
         KVR_CHECK_EQ(len, KVR_NOTIF_HDR_LEN + KVR_NOTIF_BODY_MIN + strlen("prefill-7"));
@@ -143,7 +143,7 @@ int main(void)
     memcpy(bad, buf, len);
     bad[6] = 0;
     KVR_CHECK_STATUS(kvr_notif_decode(bad, len, &out, err, sizeof err), KVR_ERR_INVALID);
-    bad[6] = 4;
+    bad[6] = 5;
     KVR_CHECK_STATUS(kvr_notif_decode(bad, len, &out, err, sizeof err), KVR_ERR_INVALID);
 
     /* body length field that disagrees with the buffer */
