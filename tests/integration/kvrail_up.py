@@ -14,7 +14,9 @@ exits 1 with the router's message; SIGTERM stops every node and exits 0.
 --case restart: decode0 has `restart: always`, prefill0 `restart: never`.
 kill -9 of decode0 is reported and decode0 is started again (a new pid) and
 registers again while the router and prefill0 keep their pids, and a
-disaggregated request then matches `kvrail run`; kill -9 of prefill0 is
+disaggregated request then matches `kvrail run`; kill -9 of the router
+(default policy, on-failure) restarts it, both nodes (same pids) register
+with the new router and a disaggregated request matches; kill -9 of prefill0 is
 reported, prefill0 is left down, `up` keeps running and the cluster still
 serves a short (decode-local) prompt; SIGTERM then exits 0 with nothing left.
 
@@ -256,6 +258,19 @@ def case_restart(a, model, cfg, ep, work):
     n = check_generate(a, model, ep, LONG)
     print("kill -9 decode0: reported, restarted (pid %d -> %d), router and prefill0 kept; "
           "a %d-token disaggregated request matches run" % (p0["decode0"], p1["decode0"], n))
+
+    # the router (default policy on-failure): restarted; the nodes register again
+    os.kill(p1["router"], signal.SIGKILL)
+    pr = wait_for("the router restarted with a new pid",
+                  lambda: (lambda p: p if p["router"] != p1["router"] else None)(up.pids()))
+    wait_for("prefill0 and decode0 registered with the new router",
+             lambda: node_alive(a, ep, "prefill0") and node_alive(a, ep, "decode0"), timeout=30)
+    if pr["prefill0"] != p1["prefill0"] or pr["decode0"] != p1["decode0"]:
+        raise Fail("nodes were restarted with the router: %s -> %s" % (p1, pr))
+    check_generate(a, model, ep, LONG)
+    print("kill -9 router (restart: on-failure by default): restarted (pid %d -> %d), the nodes "
+          "registered again and serve" % (p1["router"], pr["router"]))
+    p1 = pr
 
     os.kill(p1["prefill0"], signal.SIGKILL)
     wait_for("prefill0 reported as left down", lambda: "leaving prefill0 down" in up.err())
