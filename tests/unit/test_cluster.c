@@ -143,6 +143,22 @@ int main(int argc, char **argv)
     KVR_CHECK(cl->reservation == KVR_RESERVE_WHOLE && cl->prefill_chunk_tokens == 256 &&
               cl->reservation_headroom_blocks == 0);
     kvr_cluster_free(cl);
+    /* kvrail up's restart policy per node (owner: harness) */
+    snprintf(buf, sizeof(buf),
+             "%snodes:\n  - {name: d, role: decode}\n  - {name: p, role: prefill, restart: "
+             "always, restart_max: 0}\n  - {name: q, role: prefill, restart: never}\n",
+             hdr);
+    KVR_CHECK_STATUS(kvr_cluster_parse(buf, strlen(buf), "r.yaml", &cl, err, sizeof(err)), KVR_OK);
+    KVR_CHECK(kvr_cluster_find(cl, "d")->restart == KVR_RESTART_ON_FAILURE &&
+              kvr_cluster_find(cl, "d")->restart_max == 5);
+    KVR_CHECK(kvr_cluster_find(cl, "p")->restart == KVR_RESTART_ALWAYS &&
+              kvr_cluster_find(cl, "p")->restart_max == 0);
+    KVR_CHECK(kvr_cluster_find(cl, "q")->restart == KVR_RESTART_NEVER);
+    kvr_cluster_free(cl);
+    BAD("nodes:\n  - {name: d, role: decode, restart: sometimes}\n", "nodes[0].restart",
+        "'sometimes' is not a restart policy");
+    BAD("nodes:\n  - {name: d, role: decode, restart_max: 1001}\n", "nodes[0].restart_max",
+        "out of range");
     BAD("nodes:\n  - {name: d, role: decode}\nnodes: [\n", "YAML syntax error", NULL);
     BAD("", "key 'nodes'", "missing");
     check_bad("router: {client: 'http://x', node: 'tcp://h:2'}\nmodel: m\nnodes: []\n",
