@@ -24,8 +24,10 @@
  *                    (KVR_VERBS_FAIL_RAIL, a real QP error and real flushed
  *                    completions): the write completes, every byte verified at
  *                    the notification, the failover counted; the next writes
- *                    run on rail 0 alone, verified; a reconnection has both
- *                    rails again
+ *                    run on rail 0 alone, verified; after the cool-down a
+ *                    probe brings rail 1 back (a new QP, one-rail handshake,
+ *                    a zero-length WRITE) and a write over both is verified;
+ *                    a reconnection has both rails too
  *   --case bench     write bandwidth of one size and batch (by hand)
  *   --case nodev     (on the host) no RDMA device: engine create fails cleanly
  *                    with KVR_ERR_NO_RDMA
@@ -361,8 +363,10 @@ static int case_failover(void)
     target_start(&tp); /* before the variable: the target's rails stay whole */
     /* rail 1 fails once a third of the 4 KiB list's WRs were posted on it */
     setenv("KVR_VERBS_FAIL_RAIL", "1:300", 1);
+    setenv("KVR_VERBS_RAIL_COOLDOWN_MS", "4000", 1);
     init_setup(&in);
     unsetenv("KVR_VERBS_FAIL_RAIL");
+    unsetenv("KVR_VERBS_RAIL_COOLDOWN_MS");
     init_connect(&in, &tp);
     uint32_t *map4 = calloc(REGION / 4096, 4);
     KVR_CHECK(map4);
@@ -377,10 +381,22 @@ static int case_failover(void)
     KVR_CHECK_EQ(es.failovers, 1);
     KVR_CHECK_EQ(es.errors, 0); /* no post failed */
     KVR_CHECK_STATUS(kvr_xfer_peer_status(in.p), KVR_OK);
-    for (unsigned r = 2; r <= 3; r++) /* rail 0 alone */
+    printf("transports after the failover: %s\n", kvr_xfer_peer_transports(in.p));
+    KVR_CHECK(strstr(kvr_xfer_peer_transports(in.p), "(down)") != NULL);
+    for (unsigned r = 2; r <= 3; r++) /* rail 0 alone (until the probe brings rail 1 back) */
         write_round(&in, &tp, w4, r, 4096, map4);
+    /* after the cool-down (4 s here) a probe brings rail 1 back on its own */
+    uint64_t deadline = kvr_deadline_ns(30000);
+    while (strstr(kvr_xfer_peer_transports(in.p), "(down)") && kvr_now_ns() < deadline) {
+        kvr_xfer_progress(in.e);
+        usleep(1000);
+    }
+    printf("transports after the probe: %s\n", kvr_xfer_peer_transports(in.p));
+    KVR_CHECK(strstr(kvr_xfer_peer_transports(in.p), "(down)") == NULL);
+    write_round(&in, &tp, w4, 5, 4096, map4); /* both rails again, verified */
     kvr_xfer_engine_stats(in.e, &es);
     KVR_CHECK_EQ(es.failovers, 1);
+    KVR_CHECK_EQ(es.errors, 0);
     /* a new connection has both rails again */
     kvr_xfer_disconnect(in.p); /* (releases w4 and the remote regions) */
     init_connect(&in, &tp);

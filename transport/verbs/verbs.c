@@ -75,6 +75,10 @@ static kvr_status_t vb_engine_init(kvr_xfer_engine_t *e)
         ve->sq_depth = VB_SQ_DEPTH;
     ve->nonce = ((uint64_t)kvr_verbs_rand32() << 32) ^ kvr_verbs_rand32() ^ (uint64_t)getpid();
     ve->inject_rail = -1;
+    const char *cd = getenv("KVR_VERBS_RAIL_COOLDOWN_MS");
+    ve->cooldown_ms = cd ? (uint32_t)strtoul(cd, NULL, 10) : VB_COOLDOWN_MS;
+    if (ve->cooldown_ms == 0 || ve->cooldown_ms > 600000)
+        ve->cooldown_ms = VB_COOLDOWN_MS;
     const char *inj = getenv("KVR_VERBS_FAIL_RAIL");
     unsigned ir = 0;
     unsigned long long ia = 0;
@@ -278,6 +282,7 @@ static void vb_part_done(struct vb_part *pt, kvr_status_t s)
 static void vb_peer_failed(struct vb_peer *vp, kvr_status_t first, struct vb_dlist *first_dl,
                            const char *why);
 static void vb_rail_failover(struct vb_peer *vp, int ri, kvr_status_t s, const char *why);
+static void vb_peer_transports(struct vb_peer *vp, const char *state);
 
 /* signal every Nth WR of a rail: N <= depth / 4, so a full send queue always
  * holds a signaled WR and a tail to flush is always shorter than the room */
@@ -561,6 +566,8 @@ static void vb_rail_failover(struct vb_peer *vp, int ri, kvr_status_t s, const c
         return;
     }
     r->down = true;
+    r->probe = VB_PROBE_COOL;
+    r->next_ns = kvr_now_ns() + (uint64_t)ve->cooldown_ms * 1000000u;
     r->failovers++;
     ve->base.stats.failovers++;
     if (r->qp)
@@ -589,11 +596,20 @@ static void vb_rail_failover(struct vb_peer *vp, int ri, kvr_status_t s, const c
         sl->dl = NULL;
         sl->kind = 0;
     }
+    /* what it held moved away: its counters say it holds nothing, and no
+     * notification waits for it any more */
+    r->sig = r->posted;
+    r->enq = r->posted;
+    for (struct vb_item *it = vp->rail[0].head; it; it = it->next)
+        if (it->kind == VB_ITEM_NOTIF &&
+            container_of(it, struct vb_notif, item)->fence[ri] > r->posted)
+            container_of(it, struct vb_notif, item)->fence[ri] = r->posted;
+    vb_peer_transports(vp, vp->tstate);
     KVR_LOG_WARN(COMP,
                  "%s: rail %d (%s -> %s of %.64s) failed: %s; %u transfer part(s) resubmitted on "
-                 "the other rails; the rail stays down until the peer is reconnected",
+                 "the other rails; a probe in %u ms",
                  ve->base.name, ri, ve->dev[r->ldev].name, vp->remote.dev[r->rdev].name,
-                 vp->remote.host, why, nmoved);
+                 vp->remote.host, why, nmoved, ve->cooldown_ms);
     while (moved) {
         struct vb_part *pt = moved;
         moved = pt->item.next ? container_of(pt->item.next, struct vb_part, item) : NULL;
@@ -622,6 +638,11 @@ static void vb_rail_failover(struct vb_peer *vp, int ri, kvr_status_t s, const c
 
 static void vb_rail_fini(struct vb_rail *r)
 {
+    if (r->pfd >= 0)
+        close(r->pfd);
+    r->pfd = -1;
+    free(r->prep);
+    r->prep = NULL;
     if (r->qp)
         ibv_destroy_qp(r->qp);
     if (r->cq)
@@ -650,9 +671,11 @@ static void vb_peer_transports(struct vb_peer *vp, const char *state)
     for (int i = 0; i < vp->nrails && len < cap; i++) {
         const struct vb_dev *d = &ve->dev[vp->rail[i].ldev];
         const struct vb_wire_dev *rd = &vp->remote.dev[vp->rail[i].rdev];
-        len += (size_t)snprintf(t + len, cap - len, "%src/%s:%u->%.32s:%u", i ? "," : "", d->name,
-                                d->port, rd->name, rd->port);
+        len += (size_t)snprintf(t + len, cap - len, "%src/%s:%u->%.32s:%u%s", i ? "," : "", d->name,
+                                d->port, rd->name, rd->port, vp->rail[i].down ? "(down)" : "");
     }
+    if (state != vp->tstate)
+        snprintf(vp->tstate, sizeof(vp->tstate), "%s", state);
     if (len < cap)
         snprintf(t + len, cap - len, " %s %s", kvr_verbs_gid_type_str(ve->dev[0].gid_type), state);
 }
@@ -696,6 +719,7 @@ static kvr_status_t vb_connect(kvr_xfer_peer_t *p, const void *addr, size_t len)
         r->peer = vp;
         r->ldev = i;
         r->rdev = i;
+        r->pfd = -1;
         uint32_t sp = a->dev[i].speed_mbps;
         r->weight = ve->dev[i].speed_mbps < sp ? ve->dev[i].speed_mbps : sp;
         if (r->weight == 0)
@@ -1424,6 +1448,162 @@ static int vb_rail_poll(struct vb_rail *r, uint32_t depth)
     return n > 0 ? n : 0;
 }
 
+/* ------------------------------------------------------------------------ */
+/* the way back of a failed rail                                             */
+
+static void vb_probe_fail(struct vb_peer *vp, int ri, const char *why)
+{
+    struct vb_rail *r = &vp->rail[ri];
+    struct vb_engine *ve = ENG(vp->base.engine);
+    if (r->pfd >= 0)
+        close(r->pfd);
+    r->pfd = -1;
+    r->probe = VB_PROBE_COOL;
+    r->next_ns = kvr_now_ns() + (uint64_t)ve->cooldown_ms * 1000000u;
+    KVR_LOG_WARN(COMP, "%s: rail %d (%s) probe failed: %s; the next in %u ms", ve->base.name, ri,
+                 ve->dev[r->ldev].name, why, ve->cooldown_ms);
+}
+
+/* the cool-down is over: a fresh QP on the rail's device and a one-rail
+ * handshake with the target on a new side channel, which the target accepts
+ * like any connection (a new inbound QP on the rail's remote device; the
+ * side channel stays open until this peer goes) */
+static void vb_probe_start(struct vb_peer *vp, int ri)
+{
+    struct vb_engine *ve = ENG(vp->base.engine);
+    struct vb_rail *r = &vp->rail[ri];
+    struct ibv_wc wc[VB_CQ_BATCH];
+    while (r->cq && ibv_poll_cq(r->cq, VB_CQ_BATCH, wc) > 0) /* the old QP's flushed WRs */
+        ;
+    if (r->qp)
+        ibv_destroy_qp(r->qp);
+    if (r->cq)
+        ibv_destroy_cq(r->cq);
+    r->qp = NULL;
+    r->cq = NULL;
+    r->armed = false;
+    kvr_status_t s = kvr_verbs_qp_create(ve, r->ldev, ve->sq_depth, 1, &r->armed, &r->cq, &r->qp);
+    if (s != KVR_OK) {
+        vb_probe_fail(vp, ri, "creating a QP failed");
+        return;
+    }
+    if (ve->efd >= 0)
+        r->armed = ibv_req_notify_cq(r->cq, 0) == 0;
+    r->psn = kvr_verbs_rand32() & 0xffffff;
+    struct vb_hs *req = calloc(1, sizeof(*req));
+    if (!r->prep)
+        r->prep = calloc(1, sizeof(*r->prep));
+    if (!req || !r->prep) {
+        free(req);
+        vb_probe_fail(vp, ri, "out of memory");
+        return;
+    }
+    req->magic = VB_HS_MAGIC;
+    req->version = VB_HS_VERSION;
+    req->nonce = vp->remote.nonce;
+    req->nrails = 1;
+    snprintf(req->who, sizeof(req->who), "%s", ve->who);
+    const struct vb_dev *d = &ve->dev[r->ldev];
+    struct vb_wire_rail *w = &req->rail[0];
+    w->dev = (uint32_t)r->rdev;
+    w->qpn = r->qp->qp_num;
+    w->psn = r->psn;
+    w->mtu = (uint32_t)d->mtu;
+    w->rd_atom = d->rd_atom;
+    w->lid = d->lid;
+    memcpy(w->gid, d->gid.raw, 16);
+    const struct vb_wire_addr *a = &vp->remote;
+    for (int i = 0; i < a->nip && r->pfd < 0; i++)
+        r->pfd = kvr_verbs_tcp_connect(a->ip[i], a->tcp_port, VB_TCP_TIMEOUT);
+    int rc = r->pfd < 0 ? -1 : kvr_verbs_send_all(r->pfd, req, sizeof(*req), VB_TCP_TIMEOUT);
+    free(req);
+    if (rc != 0) {
+        vb_probe_fail(vp, ri, "the target's side channel refused or unreachable");
+        return;
+    }
+    r->plen = 0;
+    r->probe = VB_PROBE_HANDSHAKE;
+    r->next_ns = kvr_deadline_ns(VB_HS_TIMEOUT_MS);
+}
+
+/* the handshake's reply: the new QP to RTS, then a signaled zero-length
+ * WRITE on it - the probe of the path itself */
+static void vb_probe_reply(struct vb_peer *vp, int ri)
+{
+    struct vb_engine *ve = ENG(vp->base.engine);
+    struct vb_rail *r = &vp->rail[ri];
+    int rc = kvr_verbs_recv_some(r->pfd, r->prep, &r->plen, sizeof(*r->prep));
+    if (rc == 0) {
+        if (kvr_now_ns() > r->next_ns)
+            vb_probe_fail(vp, ri, "no handshake reply in 10 s");
+        return;
+    }
+    const struct vb_hs *rp = r->prep;
+    if (rc < 0 || rp->magic != VB_HS_MAGIC || rp->status != KVR_OK || rp->nrails != 1) {
+        vb_probe_fail(vp, ri, rc < 0 ? "side channel closed" : "the target refused the rail");
+        return;
+    }
+    const struct vb_wire_rail *w = &rp->rail[0];
+    if (kvr_verbs_qp_connect(ve, r->ldev, r->qp, w, w->mtu, r->psn, w->rd_atom) != KVR_OK) {
+        vb_probe_fail(vp, ri, "QP to RTS failed");
+        return;
+    }
+    struct ibv_send_wr wr = {.wr_id = r->posted,
+                             .num_sge = 0,
+                             .opcode = IBV_WR_RDMA_WRITE,
+                             .send_flags = IBV_SEND_SIGNALED},
+                       *bad = NULL;
+    struct vb_slot *sl = &r->slots[r->posted % ve->sq_depth];
+    sl->dl = NULL;
+    sl->kind = VB_ITEM_FLUSH;
+    sl->end = 1;
+    if (ibv_post_send(r->qp, &wr, &bad) != 0) {
+        vb_probe_fail(vp, ri, "posting the probe WRITE failed");
+        return;
+    }
+    r->probe_seq = r->posted;
+    r->posted++;
+    r->sig = r->posted;
+    r->probe = VB_PROBE_CHECK;
+    r->next_ns = kvr_deadline_ns(VB_HS_TIMEOUT_MS);
+}
+
+/* a down rail's completions: only the probe's counts */
+static int vb_probe_poll(struct vb_peer *vp, int ri)
+{
+    struct vb_engine *ve = ENG(vp->base.engine);
+    struct vb_rail *r = &vp->rail[ri];
+    if (r->probe == VB_PROBE_COOL) {
+        if (kvr_now_ns() >= r->next_ns)
+            vb_probe_start(vp, ri);
+        return 0;
+    }
+    if (r->probe == VB_PROBE_HANDSHAKE) {
+        vb_probe_reply(vp, ri);
+        return 0;
+    }
+    struct ibv_wc wc[VB_CQ_BATCH];
+    int n = vb_cq_poll(ve, r->cq, &r->armed, wc);
+    for (int i = 0; i < n; i++) {
+        if (wc[i].wr_id != r->probe_seq)
+            continue;
+        if (wc[i].status != IBV_WC_SUCCESS) {
+            vb_probe_fail(vp, ri, ibv_wc_status_str(wc[i].status));
+            return n;
+        }
+        r->done = r->posted;
+        r->down = false;
+        vb_peer_transports(vp, vp->tstate);
+        KVR_LOG_INFO(COMP, "%s: rail %d (%s -> %s of %.64s) is back (transports %s)", ve->base.name,
+                     ri, ve->dev[r->ldev].name, vp->remote.dev[r->rdev].name, vp->remote.host,
+                     vp->base.transports);
+        return n;
+    }
+    if (n == 0 && kvr_now_ns() > r->next_ns)
+        vb_probe_fail(vp, ri, "no completion of the probe WRITE in 10 s");
+    return n;
+}
+
 static int vb_progress(kvr_xfer_engine_t *e)
 {
     struct vb_engine *ve = ENG(e);
@@ -1438,8 +1618,8 @@ static int vb_progress(kvr_xfer_engine_t *e)
         if (vp->state != VB_READY)
             continue;
         for (int i = 0; i < vp->nrails && vp->state == VB_READY; i++) {
-            if (vp->rail[i].down) { /* drain its flushed completions */
-                n += vb_rail_poll(&vp->rail[i], ve->sq_depth);
+            if (vp->rail[i].down) { /* cooling down or probing */
+                n += vb_probe_poll(vp, i);
                 continue;
             }
             vb_rail_flush_or_fail(&vp->rail[i], ve->sq_depth);

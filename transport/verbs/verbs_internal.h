@@ -41,7 +41,8 @@
 #define VB_HS_TIMEOUT_MS 10000
 #define VB_TCP_TIMEOUT   1000 /* ms per side-channel address tried */
 #define VB_POLL_EVERY_NS 1000000ull
-#define VB_MAX_ATTEMPTS  3           /* submissions of a part before its list fails */
+#define VB_MAX_ATTEMPTS  3    /* submissions of a part before its list fails */
+#define VB_COOLDOWN_MS   1000 /* a failed rail's rest before a probe (KVR_VERBS_RAIL_COOLDOWN_MS) */
 #define VB_HS_MAGIC      0x5652564bu /* "KVRV" */
 #define VB_HS_VERSION    1
 
@@ -119,6 +120,7 @@ struct vb_engine {
     struct vb_inbound *inbound;
     struct vb_peer *peers;
     uint64_t last_poll_ns;
+    uint32_t cooldown_ms;  /* failed rails rest this long before a probe */
     int inject_rail;       /* KVR_VERBS_FAIL_RAIL=R:N: rail R's QP is put in error */
     uint64_t inject_after; /* once N WRs were posted on it (a test of failover) */
     char who[64];          /* "name pid N on host": names this end in the other's errors */
@@ -189,14 +191,24 @@ struct vb_rail {
     uint64_t posted, done, enq; /* WR counters: posted to the SQ, retired, enqueued */
     uint64_t sig;               /* 1 + seq of the last signaled WR posted (0: none) */
     uint64_t flushes;           /* zero-length signaled WRITEs posted to cover a tail */
-    bool down;                  /* failed over: carries nothing until the peer reconnects */
-    uint64_t bytes;             /* data bytes posted on this rail */
-    uint64_t failovers;         /* times this rail failed and its transfers moved */
-    struct vb_slot *slots;      /* sq_depth, indexed by seq % sq_depth */
+    bool down;                  /* failed over: carries nothing until a probe brings it back */
+    uint8_t probe;              /* VB_PROBE_*: where the way back of a down rail is */
+    int pfd;                    /* the probe's side channel (a one-rail handshake), or -1 */
+    uint64_t next_ns;           /* VB_PROBE_COOL: when to probe; HANDSHAKE: its deadline */
+    uint64_t probe_seq;         /* VB_PROBE_CHECK: wr_id of the probing zero-length WRITE */
+    size_t plen;
+    struct vb_hs *prep;    /* the probe's handshake reply being read */
+    uint64_t bytes;        /* data bytes posted on this rail */
+    uint64_t failovers;    /* times this rail failed and its transfers moved */
+    struct vb_slot *slots; /* sq_depth, indexed by seq % sq_depth */
     struct vb_item *head, *tail;
 };
 
 enum vb_state { VB_CONNECTING = 0, VB_READY = 1, VB_FAILED = 2 };
+
+/* a down rail: resting, then a one-rail handshake for a new QP, then a
+ * signaled zero-length WRITE on it; its success brings the rail back */
+enum { VB_PROBE_COOL = 0, VB_PROBE_HANDSHAKE = 1, VB_PROBE_CHECK = 2 };
 
 struct vb_peer {
     struct kvr_xfer_peer base;
@@ -214,6 +226,7 @@ struct vb_peer {
     uint64_t nb_head, nb_tail;
     struct vb_notif nodes[VB_NOTIF_SLOTS];
     uint32_t mtu;
+    char tstate[48]; /* the last state shown in the transports string */
 };
 
 struct vb_dlist {
