@@ -512,7 +512,7 @@ int kvr_cmd_up(int argc, char **argv)
     for (size_t i = 0; i < n && !up_stop; i++) {
         if (!start(&ch[i], config, log_dir))
             goto stop;
-        if (i == 0 && router_here && !wait_router(cl->client_endpoint, ch, timeout_ms))
+        if (i == 0 && router_here && !wait_router(cl->client_endpoint, ch, timeout_ms) && !up_stop)
             goto stop;
     }
     if (up_stop || wait_registered(cl->client_endpoint, ch, n, timeout_ms) != 0) {
