@@ -27,7 +27,8 @@
  *                    run on rail 0 alone, verified; after the cool-down a
  *                    probe brings rail 1 back (a new QP, one-rail handshake,
  *                    a zero-length WRITE) and a write over both is verified;
- *                    a reconnection has both rails too
+ *                    a reconnection has both rails too; then a new initiator
+ *                    whose two rails both fail: KVR_ERR_PEER_FAILURE within 5 s
  *   --case bench     write bandwidth of one size and batch (by hand)
  *   --case nodev     (on the host) no RDMA device: engine create fails cleanly
  *                    with KVR_ERR_NO_RDMA
@@ -406,8 +407,32 @@ static int case_failover(void)
     KVR_CHECK(strchr(kvr_xfer_peer_transports(in.p), ',') != NULL);
     kvr_xfer_engine_stats(in.e, &es);
     KVR_CHECK_EQ(es.failovers, 1);
-    quit_target(&in, &tp);
-    kvr_xfer_engine_destroy(in.e);
+    kvr_xfer_engine_destroy(in.e); /* (the target serves the next initiator) */
+
+    /* both rails fail: the post fails, typed, within 5 s */
+    struct init in2 = {0};
+    setenv("KVR_VERBS_FAIL_RAIL", "1:100,0:200", 1);
+    init_setup(&in2);
+    unsetenv("KVR_VERBS_FAIL_RAIL");
+    init_connect(&in2, &tp);
+    kvr_xfer_dlist_t *w = perm_list(&in2, KVR_XFER_WRITE, in2.lm, in2.rr, 4096, map4);
+    uint64_t t1 = kvr_now_ns();
+    kvr_status_t s = kvr_xfer_post(w);
+    KVR_CHECK(s == KVR_INPROGRESS || s == KVR_ERR_PEER_FAILURE);
+    if (s == KVR_INPROGRESS)
+        s = kvr_xfer_wait(w, 5000);
+    printf("both rails failed: %s after %.1f ms\n", kvr_status_name(s),
+           (double)(kvr_now_ns() - t1) / 1e6);
+    KVR_CHECK_STATUS(s, KVR_ERR_PEER_FAILURE);
+    KVR_CHECK(kvr_now_ns() - t1 < 5000000000ull);
+    KVR_CHECK_STATUS(kvr_xfer_peer_status(in2.p), KVR_ERR_PEER_FAILURE);
+    kvr_xfer_engine_destroy(in2.e);
+    /* the target lives on: a third initiator says goodbye to it */
+    struct init in3 = {0};
+    init_setup(&in3);
+    init_connect(&in3, &tp);
+    quit_target(&in3, &tp);
+    kvr_xfer_engine_destroy(in3.e);
     free(map4);
     printf("failover %s -> %s: OK\n", dev_a, dev_b);
     return 0;

@@ -74,7 +74,8 @@ static kvr_status_t vb_engine_init(kvr_xfer_engine_t *e)
     if (ve->sq_depth < 4 || ve->sq_depth > 16384)
         ve->sq_depth = VB_SQ_DEPTH;
     ve->nonce = ((uint64_t)kvr_verbs_rand32() << 32) ^ kvr_verbs_rand32() ^ (uint64_t)getpid();
-    ve->inject_rail = -1;
+    for (int i = 0; i < VB_MAX_DEV; i++)
+        ve->inject_after[i] = UINT64_MAX;
     const char *cd = getenv("KVR_VERBS_RAIL_COOLDOWN_MS");
     ve->cooldown_ms = cd ? (uint32_t)strtoul(cd, NULL, 10) : VB_COOLDOWN_MS;
     if (ve->cooldown_ms == 0 || ve->cooldown_ms > 600000)
@@ -82,13 +83,15 @@ static kvr_status_t vb_engine_init(kvr_xfer_engine_t *e)
     const char *inj = getenv("KVR_VERBS_FAIL_RAIL");
     unsigned ir = 0;
     unsigned long long ia = 0;
-    if (inj && sscanf(inj, "%u:%llu", &ir, &ia) == 2 && ir < VB_MAX_DEV) {
-        ve->inject_rail = (int)ir;
-        ve->inject_after = ia;
+    int used = 0;
+    while (inj && sscanf(inj, "%u:%llu%n", &ir, &ia, &used) == 2 && ir < VB_MAX_DEV) {
+        ve->inject_after[ir] = ia;
         KVR_LOG_WARN(COMP,
                      "%s: KVR_VERBS_FAIL_RAIL: rail %u's QP will be put in error after %llu "
                      "WRs (a failover test)",
                      e->name, ir, ia);
+        inj += used;
+        inj = *inj == ',' ? inj + 1 : NULL;
     }
     char host[32] = "?";
     gethostname(host, sizeof(host) - 1);
@@ -317,11 +320,12 @@ static int vb_post_chunk(struct vb_rail *r, struct vb_part *pt, uint32_t n, uint
         r->bytes += pt->sge[k].length;
     }
     struct vb_engine *ve = ENG(r->peer->base.engine);
-    if (ve->inject_rail == (int)(r - r->peer->rail) && r->posted + n > ve->inject_after) {
+    int ri = (int)(r - r->peer->rail);
+    if (r->posted + n > ve->inject_after[ri]) {
         /* these WRs will be flushed, never executed: a failover must redo them */
         KVR_LOG_WARN(COMP, "%s: KVR_VERBS_FAIL_RAIL: QP %u of rail %d put in error now",
-                     ve->base.name, r->qp->qp_num, ve->inject_rail);
-        ve->inject_rail = -1;
+                     ve->base.name, r->qp->qp_num, ri);
+        ve->inject_after[ri] = UINT64_MAX;
         kvr_verbs_qp_to_error(r->qp);
     }
     struct ibv_send_wr *save = pt->wr[b - 1].next, *bad = NULL;

@@ -120,10 +120,11 @@ struct vb_engine {
     struct vb_inbound *inbound;
     struct vb_peer *peers;
     uint64_t last_poll_ns;
-    uint32_t cooldown_ms;  /* failed rails rest this long before a probe */
-    int inject_rail;       /* KVR_VERBS_FAIL_RAIL=R:N: rail R's QP is put in error */
-    uint64_t inject_after; /* once N WRs were posted on it (a test of failover) */
-    char who[64];          /* "name pid N on host": names this end in the other's errors */
+    uint32_t cooldown_ms; /* failed rails rest this long before a probe */
+    /* KVR_VERBS_FAIL_RAIL=R:N[,R:N]: rail R's QP is put in error before the post
+     * that takes it past N WRs (a test of failover); UINT64_MAX: none */
+    uint64_t inject_after[VB_MAX_DEV];
+    char who[64]; /* "name pid N on host": names this end in the other's errors */
 };
 
 struct vb_mem {
