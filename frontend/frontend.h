@@ -148,9 +148,11 @@ kvr_status_t fe_chat_prompt(const kvr_json_t *messages, const kvr_json_t *kwargs
                             struct fe_prompt *p, char *msg, size_t msg_len);
 
 /* ---- generation (generate.c) ---- */
+#define FE_PING_MS 2000
 /** Borrows a router client from the pool (connecting a new one when none
- *  is idle); NULL when that fails. */
-kvr_client_t *fe_client_get(void);
+ *  is idle, and pinging the router on it, FE_PING_MS); NULL when that
+ *  fails, with the reason in err. */
+kvr_client_t *fe_client_get(char *err, size_t err_len);
 void fe_client_put(kvr_client_t *c, bool healthy);
 void fe_client_pool_close(void);
 

@@ -39,7 +39,7 @@ static kvr_client_t **pool;
 static size_t pool_n, pool_cap;
 static void *zctx; /* one ZeroMQ context (one I/O thread) for every client */
 
-kvr_client_t *fe_client_get(void)
+kvr_client_t *fe_client_get(char *err, size_t err_len)
 {
     pthread_mutex_lock(&pool_mu);
     kvr_client_t *c = pool_n ? pool[--pool_n] : NULL;
@@ -50,13 +50,24 @@ kvr_client_t *fe_client_get(void)
     if (c)
         return c;
     if (!ctx) {
-        KVR_LOG_ERROR(FE_COMP, "cannot create a ZeroMQ context: %s", zmq_strerror(zmq_errno()));
+        snprintf(err, err_len, "cannot create a ZeroMQ context: %s", zmq_strerror(zmq_errno()));
+        KVR_LOG_ERROR(FE_COMP, "%s", err);
         return NULL;
     }
     kvr_status_t st = kvr_client_connect_ctx(ctx, fe_cfg.router, &c);
     if (st != KVR_OK) {
-        KVR_LOG_ERROR(FE_COMP, "cannot create a client of the router at %s: %s", fe_cfg.router,
-                      kvr_status_str(st));
+        snprintf(err, err_len, "cannot create a client of the router at %s: %s", fe_cfg.router,
+                 kvr_status_str(st));
+        KVR_LOG_ERROR(FE_COMP, "%s", err);
+        return NULL;
+    }
+    /* a new connection: make sure the router is there before a request waits on it */
+    st = kvr_client_ping(c, FE_PING_MS);
+    if (st != KVR_OK) {
+        snprintf(err, err_len, "the router at %s does not answer (no PING reply within %d ms)",
+                 fe_cfg.router, FE_PING_MS);
+        KVR_LOG_WARN(FE_COMP, "%s", err);
+        kvr_client_close(c);
         return NULL;
     }
     return c;
@@ -312,10 +323,9 @@ kvr_status_t fe_run_start(struct fe_req *req, int peer_fd, uint64_t t_arrival,
         if (strlen(req->stop[i]) > run->max_stop)
             run->max_stop = strlen(req->stop[i]);
     kvr_status_t st = KVR_OK;
-    run->client = fe_client_get();
+    run->client = fe_client_get(msg, msg_len);
     if (!run->client) {
         *http_status_p = 503;
-        snprintf(msg, msg_len, "cannot create a client of the router at %s", fe_cfg.router);
         st = KVR_ERR_IO;
         goto err;
     }

@@ -204,15 +204,16 @@ static enum MHD_Result serve_models(struct MHD_Connection *conn, struct hreq *h)
 static enum MHD_Result serve_ready(struct MHD_Connection *conn, struct hreq *h)
 {
     struct fe_buf b = {0};
-    kvr_client_t *c = fe_client_get();
+    char m[600] = "out of memory";
+    kvr_client_t *c = fe_client_get(m, sizeof(m));
     struct kvr_cluster_status *st = calloc(1, sizeof(*st));
-    kvr_status_t s = c && st ? kvr_client_status(c, 2000, st) : KVR_ERR_NO_MEMORY;
+    kvr_status_t s = c && st ? kvr_client_status(c, 2000, st) : KVR_ERR_IO;
     unsigned status = 503;
     if (s != KVR_OK) {
         fe_buf_puts(&b, "{\"ready\":false,\"reason\":");
-        char m[600];
-        snprintf(m, sizeof(m), "the router at %s does not answer: %s", fe_cfg.router,
-                 c ? kvr_client_error(c) : "no client");
+        if (c)
+            snprintf(m, sizeof(m), "the router at %s does not answer STATUS: %s", fe_cfg.router,
+                     kvr_client_error(c));
         fe_buf_json_str(&b, m, strlen(m));
         fe_buf_puts(&b, "}");
     } else {

@@ -13,7 +13,8 @@ cluster on a generated tiny model, driven by the official OpenAI Node SDK
   3. a client that disconnects mid-stream: the router reports the request
      canceled and both nodes go back to idle;
   4. past --max-connections a connection gets 503 with Retry-After;
-  5. /health, /ready, /metrics (the counters the traffic above must have).
+  5. /health, /ready, /metrics (the counters the traffic above must have);
+  6. a frontend whose router does not answer: 503 with the reason.
 Every process is reaped on every exit path (cluster_lib's process groups).
 Exits 77 only when npm cannot fetch the SDK or node is missing.
 """
@@ -339,6 +340,29 @@ def main():
         check(metric('kvrail_frontend_connections_rejected_total{role="frontend",%s}' % m) >= 1,
               "rejected connections")
         print("ok /metrics: request counters, TTFT histogram, tokens, rejections")
+        # ---- a frontend whose router does not answer: 503 with the reason, not a hang ----
+        port2 = cl.free_port()
+        fe2 = cl.spawn([args.frontend, "--router", "tcp://127.0.0.1:%d" % cl.free_port(),
+                        "--model-name", "m", "--listen", "127.0.0.1:%d" % port2],
+                       stdout=flog, stderr=subprocess.STDOUT)
+        base2 = "http://127.0.0.1:%d" % port2
+        deadline = time.time() + 20
+        while True:
+            check(fe2.poll() is None, "the second frontend exited")
+            try:
+                if http(base2, "/health", timeout=5)[0] == 200:
+                    break
+            except OSError:
+                pass
+            check(time.time() < deadline, "second frontend not up within 20 s")
+            time.sleep(0.1)
+        st, hd, body = http(base2, "/ready")
+        check(st == 503 and "does not answer" in json.loads(body)["reason"], "/ready without router: %s %r" % (st, body))
+        st, hd, body = http(base2, "/v1/completions", json.dumps({"model": "m", "prompt": [1, 2]}).encode(),
+                            headers={"Content-Type": "application/json"})
+        check(st == 503 and hd.get("Retry-After") and "does not answer" in json.loads(body)["error"]["message"],
+              "completion without router: %s %r" % (st, body))
+        print("ok no router: /ready and completions 503 with the reason")
         fe_alive()
         c.check_alive()
         ok = True
