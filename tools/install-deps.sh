@@ -11,7 +11,7 @@ PKGS="build-essential meson ninja-build pkg-config
       libopenblas-dev libxxhash-dev libyaml-dev python3 python3-yaml
       libmicrohttpd-dev
       libutf8proc-dev libonig-dev"
-TEST_PKGS="python3-numpy python3-jinja2 iproute2 procps psmisc clang-format
+TEST_PKGS="python3-numpy python3-jinja2 iproute2 procps psmisc clang-format prometheus
       qemu-system-x86 linux-image-amd64 busybox-static kmod cpio ibverbs-utils perftest gnuplot-nox
       slurm-wlm munge systemd man-db mmdebstrap
 "

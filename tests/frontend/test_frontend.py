@@ -340,6 +340,18 @@ def main():
         check(metric('kvrail_frontend_connections_rejected_total{role="frontend",%s}' % m) >= 1,
               "rejected connections")
         print("ok /metrics: request counters, TTFT histogram, tokens, rejections")
+        if shutil.which("promtool"):
+            r = cl.run(["promtool", "check", "metrics"], timeout=30, input=text)
+            # the vLLM-compatible names (kvrail:...) are the only lint promtool may raise
+            problems = [x for x in (r.stdout + r.stderr).splitlines()
+                        if x.strip() and not (x.startswith("kvrail:") and
+                                              x.endswith("metric names should not contain ':'"))]
+            check(r.returncode in (0, 3) and not problems,
+                  "promtool check metrics (%d): %s" % (r.returncode, r.stdout + r.stderr))
+            print("ok promtool check metrics: parses; lint only on the kvrail: (vLLM-style) names")
+        else:
+            print("note: promtool not installed (tools/install-deps.sh --test installs prometheus); "
+                  "/metrics not checked with it")
         # ---- a frontend whose router does not answer: 503 with the reason, not a hang ----
         port2 = cl.free_port()
         fe2 = cl.spawn([args.frontend, "--router", "tcp://127.0.0.1:%d" % cl.free_port(),
