@@ -2,14 +2,15 @@
  * kvr_tokenizer.h - Hugging Face tokenizer.json tokenizers: encode, decode and
  * incremental (streaming) detokenization.
  *
- * Two model families are supported, as the Llama-family checkpoints use them:
+ * Three model families are supported:
  *  - byte-level BPE (GPT-2, Llama 3, Qwen2, ...): the pre-tokenizer's Split
  *    regex runs in Oniguruma (GPT-2's, Llama 3's and Qwen2's in hand-written
  *    matchers tested equal to it), bytes are mapped by the ByteLevel
  *    byte-to-unicode table, and each word is merged by merge rank;
  *  - sentencepiece-style BPE with byte fallback (Llama 2, Mistral): normalizer
  *    Prepend("▁") + Replace(" ", "▁") or a Metaspace pre-tokenizer, merges,
- *    <0xXX> byte-fallback tokens, and the matching decoder.
+ *    <0xXX> byte-fallback tokens, and the matching decoder;
+ *  - Unigram (sentencepiece unigram), Viterbi over the vocabulary scores.
  * Normalizers NFC / NFD / NFKC / NFKD come from libutf8proc.
  * Added tokens (special or not) are split out of the text before the model
  * runs, honouring lstrip/rstrip/single_word.  tokenizer_config.json and
@@ -94,7 +95,7 @@ size_t kvr_tokenizer_eos_ids(const kvr_tokenizer_t *tok, const int32_t **ids_p);
 bool kvr_tokenizer_is_eos(const kvr_tokenizer_t *tok, int32_t id);
 /** Whether encode(add_special=true) prepends bos. */
 bool kvr_tokenizer_adds_bos(const kvr_tokenizer_t *tok);
-/** "bpe-bytelevel" or "bpe-sentencepiece". */
+/** "bpe-bytelevel", "bpe-sentencepiece" or "unigram". */
 const char *kvr_tokenizer_kind(const kvr_tokenizer_t *tok);
 
 /* ---- incremental detokenization (one per output stream) ----

@@ -3,7 +3,7 @@
  * and generation_config.json for bos/eos), and the lookups.
  *
  * Loading parses the JSON once (common/json.c), checks every part it relies
- * on - model type BPE, vocab, merges, added tokens, normalizer,
+ * on - model type (BPE or Unigram), vocab, merges, added tokens, normalizer,
  * pre-tokenizer, post-processor, decoder - and turns them into flat tables:
  * id -> piece and id -> decoded bytes, piece -> id (and, for byte-level
  * models, raw bytes -> id) hash maps, and a (left id, right id) -> (rank,
@@ -13,6 +13,7 @@
  * tokenizer_detok.c; the object is read-only once loaded.
  */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -566,6 +567,26 @@ static kvr_status_t load_model(struct loader *L, const kvr_json_t *model)
 {
     kvr_tokenizer_t *t = L->t;
     const kvr_json_t *vocab = kvr_json_get(model, "vocab");
+    if (t->unigram) {
+        /* [[piece, score], ...]: the id is the index */
+        if (!vocab || vocab->type != KVR_JSON_ARRAY || vocab->n == 0 || vocab->n >= (1 << 24))
+            return fail(L->err, L->err_len, KVR_ERR_INVALID,
+                        "%s: Unigram model.vocab is missing, empty or not an array", L->file);
+        for (size_t i = 0; i < vocab->n; i++) {
+            const kvr_json_t *v = vocab->items[i];
+            if (v->type != KVR_JSON_ARRAY || v->n != 2 || v->items[0]->type != KVR_JSON_STRING ||
+                v->items[1]->type != KVR_JSON_NUMBER)
+                return fail(L->err, L->err_len, KVR_ERR_INVALID,
+                            "%s: Unigram model.vocab[%zu] is not [piece, score]", L->file, i);
+        }
+        int64_t unk = kvr_json_get_int(model, "unk_id", -1, NULL);
+        if (unk < 0 || unk >= (int64_t)vocab->n)
+            return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
+                        "%s: a Unigram model without an unk_id in the vocabulary is not supported",
+                        L->file);
+        t->n_ids = (int32_t)vocab->n;
+        return KVR_OK;
+    }
     if (!vocab || vocab->type != KVR_JSON_OBJECT)
         return fail(L->err, L->err_len, KVR_ERR_INVALID,
                     "%s: model.vocab is missing or not an object", L->file);
@@ -730,9 +751,10 @@ static kvr_status_t build(struct loader *L, const kvr_json_t *root)
     if (!model || model->type != KVR_JSON_OBJECT)
         return fail(L->err, L->err_len, KVR_ERR_INVALID, "%s: no \"model\" object", L->file);
     const char *mt = type_of(model);
-    if (mt && strcmp(mt, "BPE"))
+    t->unigram = mt && !strcmp(mt, "Unigram");
+    if (mt && strcmp(mt, "BPE") && !t->unigram)
         return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
-                    "%s: model type \"%s\" is not supported (only BPE is)", L->file, mt);
+                    "%s: model type \"%s\" is not supported (BPE and Unigram are)", L->file, mt);
     if (!mt && !kvr_json_get(model, "merges"))
         return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
                     "%s: model has neither a \"type\" nor BPE \"merges\"", L->file);
@@ -766,6 +788,11 @@ static kvr_status_t build(struct loader *L, const kvr_json_t *root)
     if (!bytelevel && t->has_regex)
         return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
                     "%s: a Split regex without ByteLevel is not supported", L->file);
+    if (t->unigram && bytelevel)
+        return fail(
+            L->err, L->err_len, KVR_ERR_UNSUPPORTED,
+            "%s: a Unigram model with a ByteLevel pre-tokenizer or decoder is not supported",
+            L->file);
 
     st = load_model(L, model);
     if (st != KVR_OK)
@@ -798,10 +825,26 @@ static kvr_status_t build(struct loader *L, const kvr_json_t *root)
     if (!tmp)
         return KVR_ERR_NO_MEMORY;
     size_t tmp_cap = 1024;
+    if (t->unigram) {
+        t->uni_n = (int32_t)vocab->n;
+        t->uni_score = malloc(vocab->n * sizeof(float));
+        if (!t->uni_score)
+            goto err_nomem;
+        double min = INFINITY;
+        for (size_t i = 0; i < vocab->n; i++) {
+            const kvr_json_t *v = vocab->items[i];
+            t->uni_score[i] = (float)v->items[1]->num;
+            if (v->items[1]->num < min)
+                min = v->items[1]->num;
+            if (v->items[0]->len > t->uni_max_len)
+                t->uni_max_len = v->items[0]->len;
+        }
+        t->uni_unk_score = min - 10.0; /* HF's kUnkPenalty */
+    }
     for (size_t i = 0; i < vocab->n; i++) {
-        int32_t id = (int32_t)vocab->items[i]->i64;
-        const char *k = vocab->keys[i];
-        size_t kl = vocab->key_lens[i];
+        int32_t id = t->unigram ? (int32_t)i : (int32_t)vocab->items[i]->i64;
+        const char *k = t->unigram ? vocab->items[i]->items[0]->str : vocab->keys[i];
+        size_t kl = t->unigram ? vocab->items[i]->items[0]->len : vocab->key_lens[i];
         if (!set_piece(t, id, k, kl) || !strmap_put(&t->pieces, k, kl, id))
             goto err_nomem;
         if (kl > tmp_cap) {
@@ -858,7 +901,9 @@ static kvr_status_t build(struct loader *L, const kvr_json_t *root)
         t->byte_id[b] = kvr_tok_strmap_get(&t->pieces, p, pl);
     }
     const char *unk = kvr_json_get_str(model, "unk_token", NULL, NULL);
-    t->unk_id = unk ? kvr_tok_strmap_get(&t->pieces, unk, strlen(unk)) : -1;
+    t->unk_id = t->unigram ? (int32_t)kvr_json_get_int(model, "unk_id", -1, NULL)
+                : unk      ? kvr_tok_strmap_get(&t->pieces, unk, strlen(unk))
+                           : -1;
 
     /* merges */
     size_t n_merges = merges ? merges->n : 0;
@@ -913,7 +958,7 @@ static kvr_status_t build(struct loader *L, const kvr_json_t *root)
             cross = true;
     }
     free(cat.p);
-    t->sp_word_split = t->kind == KIND_SP && !cross && !t->ignore_merges;
+    t->sp_word_split = t->kind == KIND_SP && !cross && !t->ignore_merges && !t->unigram;
     if (skipped)
         KVR_LOG_WARN("tokenizer", "%s: %zu merges name pieces outside the vocabulary; ignored",
                      L->file, skipped);
@@ -1066,6 +1111,7 @@ void kvr_tokenizer_destroy(kvr_tokenizer_t *t)
     }
     free(t->norms);
     free(t->eos_ids);
+    free(t->uni_score);
     kvr_pretok_regex_free(t->regex);
     free(t);
 }
@@ -1137,5 +1183,7 @@ bool kvr_tokenizer_adds_bos(const kvr_tokenizer_t *t)
 
 const char *kvr_tokenizer_kind(const kvr_tokenizer_t *t)
 {
+    if (t && t->unigram)
+        return "unigram";
     return t && t->kind == KIND_SP ? "bpe-sentencepiece" : "bpe-bytelevel";
 }

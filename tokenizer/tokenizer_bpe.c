@@ -224,6 +224,8 @@ static kvr_status_t bpe_word(void *ctx, const char *w, size_t len)
     struct bpe *b = ctx;
     if (len == 0)
         return KVR_OK;
+    if (b->t->unigram)
+        return kvr_tok_unigram_word(b->t, b->out, w, len);
     struct wc_ent *wc = len <= WC_MAXLEN ? wc_get() : NULL;
     if (!wc)
         return bpe_word_uncached(b, w, len);

@@ -74,6 +74,12 @@ struct kvr_tokenizer {
      * each word merged alone, with the same result (and word-sized scratch) */
     bool sp_word_split;
     int32_t unk_id;
+    /* Unigram model (tokenizer_unigram.c): scores of the ids [0, uni_n) */
+    bool unigram;
+    int32_t uni_n;
+    float *uni_score; /* -INFINITY: not a model piece */
+    double uni_unk_score;
+    size_t uni_max_len;
     int sp_strip; /* decoder: leading spaces stripped at the stream start */
 
     uint64_t uid; /* unique per loaded tokenizer: the word cache's key */
@@ -112,6 +118,9 @@ struct ids {
 int32_t kvr_tok_strmap_get(const struct strmap *m, const char *k, size_t n);
 bool kvr_tok_buf_put(struct buf *b, const void *s, size_t n);
 bool kvr_tok_ids_put(struct ids *v, int32_t id);
+/** Appends the Unigram (Viterbi) pieces of one word. */
+kvr_status_t kvr_tok_unigram_word(const kvr_tokenizer_t *t, struct ids *out, const char *w,
+                                  size_t n);
 
 static inline uint64_t pair_hash(uint64_t k)
 {

@@ -618,6 +618,56 @@ static void test_nfc(void)
     KVR_CHECK(kvr_uni_is_space(0x3000) && kvr_uni_is_space('\t') && !kvr_uni_is_space(0x200B));
 }
 
+/* a hand-made Unigram model: Viterbi picks the best total score, unknown
+ * characters fuse into one <unk> */
+static void test_unigram(void)
+{
+    const char *p = write_file(
+        "uni.json",
+        "{\"model\": {\"type\": \"Unigram\", \"unk_id\": 0, \"vocab\": [[\"<unk>\", 0], "
+        "[\"\\u2581\", -1], [\"a\", -2], [\"b\", -2], [\"ab\", -1], [\"\\u2581ab\", -1.5]]}, "
+        "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\\u2581\", "
+        "\"prepend_scheme\": \"always\", \"split\": true}, \"decoder\": {\"type\": "
+        "\"Metaspace\", \"replacement\": \"\\u2581\", \"prepend_scheme\": \"always\", "
+        "\"split\": true}}");
+    kvr_tokenizer_t *t = NULL;
+    char err[512];
+    KVR_CHECK_STATUS(kvr_tokenizer_load(p, &t, err, sizeof(err)), KVR_OK);
+    KVR_CHECK(!strcmp(kvr_tokenizer_kind(t), "unigram"));
+    static const struct {
+        const char *text;
+        int32_t ids[8];
+        size_t n;
+    } cases[] = {
+        {"ab", {5}, 1},         /* "\u2581ab" -1.5 beats "\u2581" + "ab" -2 */
+        {"abc", {5, 0}, 2},     /* c is unknown */
+        {"ccab", {1, 0, 4}, 3}, /* the two unknown c fuse into one <unk> */
+        {"ba", {1, 3, 2}, 3},   /* "\u2581" "b" "a" */
+        {"ab ab", {5, 5}, 2},   /* split at each "\u2581" */
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        int32_t *ids;
+        size_t n;
+        KVR_CHECK_STATUS(
+            kvr_tokenizer_encode(t, cases[k].text, strlen(cases[k].text), false, &ids, &n), KVR_OK);
+        if (n != cases[k].n || memcmp(ids, cases[k].ids, n * sizeof(int32_t))) {
+            fprintf(stderr, "unigram \"%s\": got", cases[k].text);
+            for (size_t i = 0; i < n; i++)
+                fprintf(stderr, " %d", ids[i]);
+            fprintf(stderr, "\n");
+            exit(1);
+        }
+        free(ids);
+    }
+    kvr_tokenizer_destroy(t);
+    expect_error("{\"model\": {\"type\": \"Unigram\", \"vocab\": [[\"a\", -1]]}}",
+                 KVR_ERR_UNSUPPORTED, "unk_id");
+    expect_error("{\"model\": {\"type\": \"Unigram\", \"unk_id\": 0, \"vocab\": [[\"a\"]]}}",
+                 KVR_ERR_INVALID, "[piece, score]");
+    expect_error("{\"model\": {\"type\": \"WordPiece\", \"vocab\": {\"a\": 0}}}",
+                 KVR_ERR_UNSUPPORTED, "WordPiece");
+}
+
 int main(void)
 {
     snprintf(dir, sizeof(dir), "/tmp/kvr_test_tokenizer_XXXXXX");
@@ -627,6 +677,7 @@ int main(void)
     test_broken();
     test_generated();
     test_sentencepiece();
+    test_unigram();
     test_fuzz();
     test_threads();
     char cmd[300];
