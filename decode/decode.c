@@ -1142,11 +1142,11 @@ static int turn(void *arg)
         start_step(d);
     flush_events(d);
     if (d->busy)
-        return 50; /* the step's DONE wakes the loop */
+        return 1000; /* the step's DONE wakes the loop */
     for (struct dreq *r = d->reqs; r; r = r->next)
         if (r->state == DR_RESERVED || r->state == DR_QUARANTINE)
             return 5; /* the event fd wakes it; leases are checked often */
-    return 20;
+    return 1000;      /* idle: the next timer (heartbeat, stats) or an event wakes it */
 }
 
 static const struct kvr_node_ops decode_ops = {

@@ -455,6 +455,12 @@ void kvr_node_run(kvr_node_t *node, const struct kvr_node_ops *ops, void *arg)
         int64_t until = next > now ? (int64_t)((next - now) / 1000000ull) + 1 : 0;
         if (until < timeout)
             timeout = (int)until;
+        if (node->stats_path) { /* the stats file is rewritten every 500 ms regardless */
+            uint64_t due = node->last_stats_ns + (node->stats_dirty ? 50000000ull : 500000000ull);
+            int64_t s_until = due > now ? (int64_t)((due - now) / 1000000ull) + 1 : 0;
+            if (s_until < timeout)
+                timeout = (int)s_until;
+        }
         poll_once(node, timeout);
         now = kvr_now_ns();
         if (node->stats_path && (node->stats_dirty || now - node->last_stats_ns > 500000000ull) &&

@@ -1194,7 +1194,9 @@ static int turn(void *arg)
         waiting |= r->state != PQ_COMPUTING;
     /* a computing job wakes the loop with its events; draining requests
      * are checked often */
-    return p->queue && !p->busy ? 0 : waiting ? 1 : 50;
+    /* idle or computing: the loop sleeps until the next timer (heartbeat,
+     * stats) or an event */
+    return p->queue && !p->busy ? 0 : waiting ? 1 : 1000;
 }
 
 static const struct kvr_node_ops prefill_ops = {
