@@ -431,8 +431,19 @@ static kvr_json_t *parse_number(struct parser *p)
                 v->is_int = true;
             }
         }
-        if (!v->is_int)
-            v->i64 = (int64_t)v->num;
+        /* a non-integer's i64 is its value truncated and saturated: a cast
+         * of a double outside int64 (1e300, a large integer literal) or of
+         * a NaN is undefined behaviour */
+        if (!v->is_int) {
+            if (!(v->num == v->num))
+                v->i64 = 0;
+            else if (v->num >= 9223372036854775808.0)
+                v->i64 = INT64_MAX;
+            else if (v->num < -9223372036854775808.0)
+                v->i64 = INT64_MIN;
+            else
+                v->i64 = (int64_t)v->num;
+        }
     }
     if (tmp != small)
         free(tmp);

@@ -60,6 +60,12 @@ const char *kvr_proto_method_name(unsigned method)
     return m ? m->name : NULL;
 }
 
+const char *kvr_proto_method_label(unsigned method)
+{
+    const char *n = kvr_proto_method_name(method);
+    return n ? n : "UNKNOWN";
+}
+
 const ProtobufCMessageDescriptor *kvr_proto_method_desc(unsigned method)
 {
     const struct method_info *m = method_lookup(method);
@@ -344,4 +350,24 @@ kvr_status_t kvr_proto_decode(const kvr_proto_frame_t *frame,
     }
     *msg_p = msg;
     return KVR_OK;
+}
+
+kvr_status_t kvr_proto_decode_request(const kvr_proto_frame_t *frame,
+                                      const ProtobufCMessageDescriptor *desc,
+                                      ProtobufCMessage **msg_p, char *err, size_t err_len)
+{
+    if (frame->hdr.flags & KVR_PROTO_F_ERROR) {
+        set_err(err, err_len,
+                "%s frame has the ERROR flag: only replies carry errors, a request or "
+                "notification never does",
+                kvr_proto_method_label(frame->hdr.method));
+        return KVR_ERR_INVALID;
+    }
+    if (!desc)
+        desc = kvr_proto_method_desc(frame->hdr.method);
+    if (!desc) {
+        set_err(err, err_len, "no payload type for method %u", frame->hdr.method);
+        return KVR_ERR_UNSUPPORTED;
+    }
+    return kvr_proto_decode(frame, desc, msg_p, err, err_len);
 }

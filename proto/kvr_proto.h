@@ -82,6 +82,9 @@ kvr_status_t kvr_proto_hdr_unpack(const void *buf, size_t len, kvr_proto_hdr_t *
 /** Name of a method ("GENERATE"), or NULL when the number is unknown. */
 const char *kvr_proto_method_name(unsigned method);
 
+/** Name of a method for messages: never NULL ("UNKNOWN" when unknown). */
+const char *kvr_proto_method_label(unsigned method);
+
 /** The payload message type of a request/notification of this method
  *  (replies of GENERATE/CANCEL/STATUS/REGISTER/HEARTBEAT/RESYNC have their own
  *  types: kvr_proto_method_reply_desc). NULL when unknown. */
@@ -115,13 +118,25 @@ kvr_status_t kvr_proto_recv(void *sock, bool routed, kvr_proto_frame_t *frame_p,
 void kvr_proto_frame_clear(kvr_proto_frame_t *frame);
 
 /** Unpacks the payload as `desc` (NULL: the method's request type, or
- *  kvrail.Status when the frame has the ERROR flag).  Free with
+ *  kvrail.Status when the frame has the ERROR flag: a caller that casts the
+ *  result to the method's type must first refuse ERROR-flagged frames, or
+ *  use kvr_proto_decode_request).  Free with
  *  protobuf_c_message_free_unpacked(msg, NULL).
  *  @return KVR_OK; KVR_ERR_INVALID (payload is not a valid message of that
  *          type: garbage or truncated; err says which type). */
 kvr_status_t kvr_proto_decode(const kvr_proto_frame_t *frame,
                               const ProtobufCMessageDescriptor *desc, ProtobufCMessage **msg_p,
                               char *err, size_t err_len);
+
+/** Unpacks a request or notification: the payload as the method's own
+ *  type (`desc`, or the method's request type when NULL), never as
+ *  kvrail.Status.  A frame with KVR_PROTO_F_ERROR is refused.
+ *  @return KVR_OK; KVR_ERR_INVALID (an ERROR-flagged frame, or a payload
+ *          that is not a valid message of that type); KVR_ERR_UNSUPPORTED
+ *          (a method without a request type). */
+kvr_status_t kvr_proto_decode_request(const kvr_proto_frame_t *frame,
+                                      const ProtobufCMessageDescriptor *desc,
+                                      ProtobufCMessage **msg_p, char *err, size_t err_len);
 
 /** Packs a message into a malloc'd buffer (for tests and raw senders). */
 kvr_status_t kvr_proto_pack(const ProtobufCMessage *msg, uint8_t **buf_p, size_t *len_p);

@@ -80,7 +80,7 @@ static void bad_request(rt_t *r, const kvr_proto_frame_t *f, kvr_status_t code, 
     r->st.bad_requests++;
     if (rt_bad_log_ok(r))
         KVR_LOG_INFO("router", "client call %" PRIu64 " (%s) refused: %s", f->hdr.call_id,
-                     kvr_proto_method_name(f->hdr.method), msg);
+                     kvr_proto_method_label(f->hdr.method), msg);
     kvr_proto_send_error(r->client_sock, f->route, f->route_len, f->hdr.method, f->hdr.call_id,
                          code, "%s", msg);
 }
@@ -145,6 +145,14 @@ static void on_generate(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__Gener
         bad_request(r, f, KVR_ERR_INVALID, "the prompt is empty (give prompt or token_ids)");
         return;
     }
+    size_t prompt_bytes = g->n_token_ids ? 0 : strlen(g->prompt);
+    if (prompt_bytes > rt_prompt_bytes_max(r)) {
+        bad_request(r, f, KVR_ERR_INVALID,
+                    "the prompt is %zu bytes; at most %zu are tokenized (%u bytes per token of "
+                    "the model's context): shorten it or send token_ids",
+                    prompt_bytes, rt_prompt_bytes_max(r), RT_PROMPT_BYTES_PER_TOKEN);
+        return;
+    }
     if (r->n_queued >= r->cl->max_queue) {
         r->st.overloaded++;
         bad_request(r, f, KVR_ERR_OVERLOAD,
@@ -181,8 +189,7 @@ static void on_generate(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__Gener
         uint64_t t1 = kvr_now_ns(), c1 = rt_cpu_ns();
         int32_t *ids = NULL;
         size_t n = 0;
-        kvr_status_t st =
-            kvr_tokenizer_encode(r->tok, g->prompt, strlen(g->prompt), true, &ids, &n);
+        kvr_status_t st = kvr_tokenizer_encode(r->tok, g->prompt, prompt_bytes, true, &ids, &n);
         tk = kvr_now_ns() - t1;
         tk_cpu = rt_cpu_ns() - c1;
         rt_samples_add(&r->st.tokenize, tk);
@@ -365,10 +372,12 @@ void rt_client_msg(rt_t *r, kvr_proto_frame_t *f, uint64_t now)
         bad_request(r, f, KVR_ERR_UNSUPPORTED,
                     "method %s belongs to the node service (router.node endpoint), not the "
                     "client endpoint",
-                    kvr_proto_method_name(method));
+                    kvr_proto_method_label(method));
         return;
     }
-    kvr_status_t st = kvr_proto_decode(f, NULL, &m, err, sizeof(err));
+    /* never kvrail.Status cast to the method's type: an ERROR-flagged
+     * request is refused (clients send no errors) */
+    kvr_status_t st = kvr_proto_decode_request(f, NULL, &m, err, sizeof(err));
     if (st != KVR_OK) {
         r->st.bad_frames++;
         bad_request(r, f, st, "%s", err);

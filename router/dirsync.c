@@ -27,6 +27,7 @@ static void drop_held(struct rt_node *n)
     n->ev_buf = NULL;
     n->ev_buf_len = NULL;
     n->n_ev_buf = 0;
+    n->ev_buf_bytes = 0;
 }
 
 void rt_dirsync_fini(struct rt_node *n)
@@ -100,10 +101,24 @@ static void apply_events(rt_t *r, struct rt_node *n, const Kvrail__BlockEvents *
     }
 }
 
-static void hold_events(struct rt_node *n, const kvr_proto_frame_t *f)
+/* Holds a BlockEvents payload until the dump is in.  Bounded in count and
+ * bytes: one past the bound is dropped, counted and logged (the replay
+ * after the dump then finds a seq gap and asks for another dump). */
+static void hold_events(rt_t *r, struct rt_node *n, const kvr_proto_frame_t *f)
 {
-    if (n->n_ev_buf >= RT_MAX_HELD_EVENTS)
-        return; /* the dump after the next resync covers it */
+    if (n->n_ev_buf >= RT_MAX_HELD_EVENTS ||
+        n->ev_buf_bytes + f->payload_len > RT_HELD_EVENT_BYTES) {
+        n->ev_drops++;
+        r->st.held_event_drops++;
+        if (rt_bad_log_ok(r))
+            KVR_LOG_WARN("router",
+                         "node %s: %zu BlockEvents (%zu bytes) held during its resync, the most "
+                         "kept (%d, %u bytes): dropped (%" PRIu64 " so far); the next dump covers "
+                         "them",
+                         n->name, n->n_ev_buf, n->ev_buf_bytes, RT_MAX_HELD_EVENTS,
+                         RT_HELD_EVENT_BYTES, n->ev_drops);
+        return;
+    }
     uint8_t **b = realloc(n->ev_buf, (n->n_ev_buf + 1) * sizeof(*b));
     if (!b)
         return;
@@ -120,13 +135,14 @@ static void hold_events(struct rt_node *n, const kvr_proto_frame_t *f)
     n->ev_buf[n->n_ev_buf] = copy;
     n->ev_buf_len[n->n_ev_buf] = f->payload_len;
     n->n_ev_buf++;
+    n->ev_buf_bytes += f->payload_len;
 }
 
 void rt_dirsync_on_events(rt_t *r, struct rt_node *n, const kvr_proto_frame_t *f,
                           const Kvrail__BlockEvents *be, uint64_t now)
 {
     if (n->resync_wait)
-        hold_events(n, f);
+        hold_events(r, n, f);
     else
         apply_events(r, n, be, now);
 }
@@ -146,6 +162,7 @@ void rt_dirsync_on_dump(rt_t *r, struct rt_node *n, const Kvrail__ResyncDump *d,
     n->ev_buf = NULL;
     n->ev_buf_len = NULL;
     n->n_ev_buf = 0;
+    n->ev_buf_bytes = 0;
     for (size_t i = 0; i < held; i++) {
         Kvrail__BlockEvents *be = kvrail__block_events__unpack(NULL, len[i], buf[i]);
         if (be && !n->resync_wait)

@@ -179,6 +179,31 @@ void rt_on_reserved(rt_t *r, struct rt_node *n, const Kvrail__Reserved *m, uint6
                                 "request no longer here");
         return;
     }
+    /* the block ids go to P, which writes into them: each must be inside
+     * D's pool, and no more of them than the context can use */
+    size_t most = q->n_ctx / r->cl->block_size + 1 + (q->max_tokens / r->cl->block_size + 1);
+    const char *bad = NULL;
+    if (m->n_block_ids > most)
+        bad = "more block ids than the request can use";
+    else if (m->cached_tokens > q->n_ctx)
+        bad = "more cached tokens than the prompt has";
+    for (size_t i = 0; !bad && i < m->n_block_ids; i++)
+        if (n->total_blocks && m->block_ids[i] >= n->total_blocks)
+            bad = "a block id outside its pool";
+    if (bad) {
+        r->st.bad_frames++;
+        if (rt_bad_log_ok(r))
+            KVR_LOG_WARN("router",
+                         "node %s: Reserved for request %" PRIu64 " has %s (%zu ids, pool of %u "
+                         "blocks, %u cached tokens): the request goes elsewhere",
+                         n->name, q->id, bad, m->n_block_ids, n->total_blocks, m->cached_tokens);
+        rt_send_node_cancel(r, n->idx, q->did, KVR_ERR_INVALID, "invalid Reserved");
+        if (!q->local)
+            rt_send_node_cancel(r, q->p, q->did, KVR_ERR_CANCELED, "invalid reservation");
+        n->free_est = 0; /* until its next heartbeat */
+        rt_req_requeue(r, q, now);
+        return;
+    }
     q->cached_tokens = m->cached_tokens;
     r->st.cached_tokens += m->cached_tokens;
     free(q->block_ids);
@@ -204,9 +229,9 @@ void rt_on_reserved(rt_t *r, struct rt_node *n, const Kvrail__Reserved *m, uint6
         t.n_block_ids = m->n_block_ids;
         t.block_ids = m->block_ids;
         t.cached_tokens = m->cached_tokens;
-        ProtobufCBinaryData rk[256];
+        ProtobufCBinaryData rk[RT_MAX_RKEYS];
         if (!known) {
-            size_t nrk = n->n_rkeys < 256 ? n->n_rkeys : 256;
+            size_t nrk = n->n_rkeys < RT_MAX_RKEYS ? n->n_rkeys : RT_MAX_RKEYS;
             for (size_t i = 0; i < nrk; i++) {
                 rk[i].data = n->rkeys[i];
                 rk[i].len = n->rkey_lens[i];

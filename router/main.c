@@ -90,62 +90,6 @@ static void *make_router_socket(rt_t *r, const char *bind, const char *what)
     return s;
 }
 
-/* What a message or a timer run left for the loop: the registry's events
- * (to failover), then the queue pump (which may leave more of either). */
-static void settle(rt_t *r, uint64_t now)
-{
-    while (r->n_events || r->pump_wanted) {
-        if (r->n_events) {
-            struct rt_event e = r->events[0];
-            memmove(r->events, r->events + 1, --r->n_events * sizeof(e));
-            rt_failover_node_lost(r, &r->nodes[e.node], now, e.why);
-            continue;
-        }
-        r->pump_wanted = false;
-        rt_dispatch_pump(r, now);
-    }
-}
-
-/* The timers that are due; each module re-arms its next one. */
-static void run_timers(rt_t *r, uint64_t now)
-{
-    r->next_deadline = UINT64_MAX;
-    rt_bad_log_tick(r, now);
-    rt_registry_tick(r, now);
-    settle(r, now);
-    rt_failover_tick(r, now);
-    settle(r, now);
-}
-
-static void drain(rt_t *r, void *sock, bool client)
-{
-    for (int i = 0; i < 1024; i++) {
-        kvr_proto_frame_t f;
-        char err[512] = "";
-        kvr_status_t st = kvr_proto_recv(sock, true, &f, err, sizeof(err));
-        if (st == KVR_ERR_NO_RESOURCE)
-            return;
-        uint64_t now = kvr_now_ns();
-        if (st != KVR_OK) {
-            r->st.bad_frames++;
-            if (rt_bad_log_ok(r))
-                KVR_LOG_WARN("router", "%s endpoint: bad message from '%.*s': %s (%s)",
-                             client ? "client" : "node", (int)f.route_len, (const char *)f.route,
-                             err, kvr_status_name(st));
-            if (f.route_len)
-                kvr_proto_send_error(sock, f.route, f.route_len,
-                                     f.have_hdr && st != KVR_ERR_UNSUPPORTED ? f.hdr.method : 0u,
-                                     f.have_hdr ? f.hdr.call_id : 0u, st, "%s", err);
-        } else if (client) {
-            rt_client_msg(r, &f, now);
-        } else {
-            rt_node_msg(r, &f, now);
-        }
-        kvr_proto_frame_clear(&f);
-        settle(r, now);
-    }
-}
-
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvrail-router --config FILE [--node NAME] [--log-level LEVEL]\n"
@@ -268,16 +212,16 @@ int main(int argc, char **argv)
         }
         /* nodes first: tokens and reservations unblock clients */
         if (items[1].revents & ZMQ_POLLIN)
-            drain(r, r->node_sock, false);
+            rt_loop_drain(r, r->node_sock, false);
         if (items[0].revents & ZMQ_POLLIN)
-            drain(r, r->client_sock, true);
+            rt_loop_drain(r, r->client_sock, true);
         now = kvr_now_ns();
         if (items[2].revents & ZMQ_POLLIN) {
             rt_client_monitor(r);
-            settle(r, now);
+            rt_loop_settle(r, now);
         }
         if (now >= r->next_deadline)
-            run_timers(r, now);
+            rt_loop_timers(r, now);
     }
     KVR_LOG_INFO("router", "shutting down");
     rc = 0;

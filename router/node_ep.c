@@ -14,9 +14,12 @@
 typedef void (*rt_node_handler)(rt_t *r, const kvr_proto_frame_t *f, struct rt_node *n,
                                 const ProtobufCMessage *m, uint64_t now);
 
+enum { FROM_ANY_ROLE = 0, FROM_DECODE = 1 };
+
 struct rt_node_method {
     const ProtobufCMessageDescriptor *desc; /* optional: default, by method */
     bool anyone;                            /* accepted from an unregistered peer */
+    int from;                               /* FROM_DECODE: only a decode node sends it */
     rt_node_handler fn;
 };
 
@@ -77,15 +80,17 @@ static void h_token(rt_t *r, const kvr_proto_frame_t *f, struct rt_node *n,
 static const struct rt_node_method *method_of(unsigned method)
 {
     static const struct rt_node_method t[] = {
-        [KVRAIL__METHOD__REGISTER] = {NULL, true, h_register},
-        [KVRAIL__METHOD__HEARTBEAT] = {NULL, true, h_heartbeat},
-        [KVRAIL__METHOD__BLOCK_EVENTS] = {NULL, false, h_block_events},
+        [KVRAIL__METHOD__REGISTER] = {NULL, true, FROM_ANY_ROLE, h_register},
+        [KVRAIL__METHOD__HEARTBEAT] = {NULL, true, FROM_ANY_ROLE, h_heartbeat},
+        [KVRAIL__METHOD__BLOCK_EVENTS] = {NULL, false, FROM_DECODE, h_block_events},
         /* a node's RESYNC message is the dump */
-        [KVRAIL__METHOD__RESYNC] = {&kvrail__resync_dump__descriptor, false, h_resync_dump},
-        [KVRAIL__METHOD__RESERVED] = {NULL, false, h_reserved},
-        [KVRAIL__METHOD__REJECTED] = {NULL, false, h_rejected},
-        [KVRAIL__METHOD__PREFILL_DONE] = {NULL, false, h_prefill_done},
-        [KVRAIL__METHOD__TOKEN] = {NULL, false, h_token},
+        [KVRAIL__METHOD__RESYNC] = {&kvrail__resync_dump__descriptor, false, FROM_DECODE,
+                                    h_resync_dump},
+        [KVRAIL__METHOD__RESERVED] = {NULL, false, FROM_DECODE, h_reserved},
+        [KVRAIL__METHOD__REJECTED] = {NULL, false, FROM_DECODE, h_rejected},
+        /* a decode node sends it for a local prefill */
+        [KVRAIL__METHOD__PREFILL_DONE] = {NULL, false, FROM_ANY_ROLE, h_prefill_done},
+        [KVRAIL__METHOD__TOKEN] = {NULL, false, FROM_DECODE, h_token},
     };
     if (method >= sizeof(t) / sizeof(t[0]) || !t[method].fn)
         return NULL;
@@ -100,12 +105,16 @@ void rt_node_msg(rt_t *r, kvr_proto_frame_t *f, uint64_t now)
     unsigned method = f->hdr.method;
     const struct rt_node_method *h = method_of(method);
     bool is_error = f->hdr.flags & KVR_PROTO_F_ERROR;
-    kvr_status_t st = kvr_proto_decode(f, h && !is_error ? h->desc : NULL, &m, err, sizeof(err));
+    /* an error frame is decoded as kvrail.Status and only logged; anything
+     * else as the method's own type (never Status cast to it) */
+    kvr_status_t st = is_error
+                          ? kvr_proto_decode(f, NULL, &m, err, sizeof(err))
+                          : kvr_proto_decode_request(f, h ? h->desc : NULL, &m, err, sizeof(err));
     if (st != KVR_OK) {
         r->st.bad_frames++;
         if (rt_bad_log_ok(r))
             KVR_LOG_WARN("router", "node endpoint: bad %s from '%.*s': %s",
-                         kvr_proto_method_name(method), (int)f->route_len, (const char *)f->route,
+                         kvr_proto_method_label(method), (int)f->route_len, (const char *)f->route,
                          err);
         kvr_proto_send_error(r->node_sock, f->route, f->route_len, method, f->hdr.call_id, st, "%s",
                              err);
@@ -113,26 +122,38 @@ void rt_node_msg(rt_t *r, kvr_proto_frame_t *f, uint64_t now)
     }
     if (is_error) {
         Kvrail__Status *s = (Kvrail__Status *)m;
-        KVR_LOG_WARN("router", "node %.*s reports an error for %s: %s (%d)", (int)f->route_len,
-                     (const char *)f->route, kvr_proto_method_name(method), s->message, s->code);
+        if (rt_bad_log_ok(r))
+            KVR_LOG_WARN("router", "node %.*s reports an error for %s: %s (%d)", (int)f->route_len,
+                         (const char *)f->route, kvr_proto_method_label(method), s->message,
+                         s->code);
+    } else if (h && n && n->registered && h->from == FROM_DECODE &&
+               n->role != KVR_NODE_ROLE_DECODE) {
+        r->st.bad_frames++;
+        if (rt_bad_log_ok(r))
+            KVR_LOG_WARN("router", "node %s (%s) sent %s, which only decode nodes send", n->name,
+                         kvr_node_role_name(n->role), kvr_proto_method_label(method));
+        kvr_proto_send_error(r->node_sock, f->route, f->route_len, method, f->hdr.call_id,
+                             KVR_ERR_INVALID, "%s is sent by decode nodes only; node %s is %s",
+                             kvr_proto_method_label(method), n->name, kvr_node_role_name(n->role));
     } else if (h && (h->anyone || (n && n->registered))) {
         h->fn(r, f, n, m, now);
     } else if (!n || !n->registered) {
         r->st.bad_frames++;
         if (rt_bad_log_ok(r))
             KVR_LOG_WARN("router", "node endpoint: %s from unregistered peer '%.*s'",
-                         kvr_proto_method_name(method), (int)f->route_len, (const char *)f->route);
+                         kvr_proto_method_label(method), (int)f->route_len, (const char *)f->route);
         kvr_proto_send_error(r->node_sock, f->route, f->route_len, method, f->hdr.call_id,
                              KVR_ERR_NOT_FOUND,
                              "node '%.*s' is not registered: send REGISTER first",
                              (int)f->route_len, (const char *)f->route);
     } else {
         r->st.bad_frames++;
-        KVR_LOG_WARN("router", "node %s sent %s, which nodes do not send", n->name,
-                     kvr_proto_method_name(method));
+        if (rt_bad_log_ok(r))
+            KVR_LOG_WARN("router", "node %s sent %s, which nodes do not send", n->name,
+                         kvr_proto_method_label(method));
         kvr_proto_send_error(r->node_sock, f->route, f->route_len, method, f->hdr.call_id,
                              KVR_ERR_UNSUPPORTED, "method %s is not accepted at the node endpoint",
-                             kvr_proto_method_name(method));
+                             kvr_proto_method_label(method));
     }
     protobuf_c_message_free_unpacked(m, NULL);
 }

@@ -133,9 +133,27 @@ static kvr_status_t check_layout(rt_t *r, const struct rt_node *self,
                  r->cl->block_size);
         return KVR_ERR_MISMATCH;
     }
+    if (q->transport_address.len > RT_MAX_ADDR_BYTES || q->n_layer_rkeys > RT_MAX_RKEYS ||
+        q->n_layer_base > RT_MAX_RKEYS) {
+        snprintf(err, err_len,
+                 "register: transport address of %zu bytes, %zu rkeys, %zu layer bases (at most "
+                 "%u bytes, %u and %u)",
+                 q->transport_address.len, q->n_layer_rkeys, q->n_layer_base, RT_MAX_ADDR_BYTES,
+                 RT_MAX_RKEYS, RT_MAX_RKEYS);
+        return KVR_ERR_INVALID;
+    }
+    for (size_t i = 0; i < q->n_layer_rkeys; i++)
+        if (q->layer_rkeys[i].len > RT_MAX_ADDR_BYTES) {
+            snprintf(err, err_len, "register: rkey %zu is %zu bytes (at most %u)", i,
+                     q->layer_rkeys[i].len, RT_MAX_ADDR_BYTES);
+            return KVR_ERR_INVALID;
+        }
+    /* Compared with the live nodes only: a node that registered with a wrong
+     * model and died (or a bogus first registration) must not lock out the
+     * real nodes until the router restarts. */
     for (int i = 0; i < r->n_nodes; i++) {
         const struct rt_node *o = &r->nodes[i];
-        if (o == self || !o->registered)
+        if (o == self || !o->registered || !o->alive)
             continue;
         if (strcmp(o->fingerprint, q->model_fingerprint ? q->model_fingerprint : "")) {
             snprintf(err, err_len, "register: model fingerprint '%s' differs from node %s's '%s'",
@@ -166,12 +184,14 @@ void rt_registry_on_register(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__
                  "(the DEALER routing id must be the node name)",
                  (int)f->route_len, (const char *)f->route, r->cl->path);
         KVR_LOG_WARN("router", "%s", err);
+        r->st.refused_registrations++;
         reply_register(r, NULL, f, KVR_ERR_NOT_FOUND, err);
         return;
     }
     if (strcmp(qname, n->name)) {
         snprintf(err, sizeof(err), "register: node_name '%s' differs from routing id '%s'", qname,
                  n->name);
+        r->st.refused_registrations++;
         reply_register(r, n, f, KVR_ERR_INVALID, err);
         return;
     }
@@ -182,17 +202,29 @@ void rt_registry_on_register(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__
         snprintf(err, sizeof(err),
                  "register: node %s registers as role %d, the cluster file says %s", n->name,
                  (int)q->role, kvr_node_role_name(n->role));
+        r->st.refused_registrations++;
         reply_register(r, n, f, KVR_ERR_MISMATCH, err);
+        return;
+    }
+    if (role == KVR_NODE_ROLE_DECODE && !q->total_blocks) {
+        r->st.refused_registrations++;
+        snprintf(err, sizeof(err),
+                 "register: decode node %s has no KV blocks (total_blocks 0): its block "
+                 "directory entries are bounded by its pool",
+                 n->name);
+        reply_register(r, n, f, KVR_ERR_INVALID, err);
         return;
     }
     if (q->protocol_version && q->protocol_version != KVR_PROTO_VERSION) {
         snprintf(err, sizeof(err), "register: protocol version %u, the router speaks %d",
                  q->protocol_version, KVR_PROTO_VERSION);
+        r->st.refused_registrations++;
         reply_register(r, n, f, KVR_ERR_VERSION, err);
         return;
     }
     kvr_status_t st = check_layout(r, n, q, err, sizeof(err));
     if (st != KVR_OK) {
+        r->st.refused_registrations++;
         KVR_LOG_WARN("router", "node %s: %s", n->name, err);
         reply_register(r, n, f, st, err);
         return;
@@ -222,7 +254,7 @@ void rt_registry_on_register(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__
     n->max_context = q->layout->max_context;
     n->vocab_size = q->layout->vocab_size;
     snprintf(n->dtype, sizeof(n->dtype), "%s", q->layout->dtype);
-    if (q->transport_address.len) {
+    if (q->transport_address.len && q->transport_address.data) {
         n->addr = malloc(q->transport_address.len);
         if (n->addr) {
             memcpy(n->addr, q->transport_address.data, q->transport_address.len);
@@ -237,7 +269,8 @@ void rt_registry_on_register(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__
             for (size_t i = 0; i < q->n_layer_rkeys; i++) {
                 n->rkeys[i] = malloc(q->layer_rkeys[i].len ? q->layer_rkeys[i].len : 1);
                 if (n->rkeys[i]) {
-                    memcpy(n->rkeys[i], q->layer_rkeys[i].data, q->layer_rkeys[i].len);
+                    if (q->layer_rkeys[i].len) /* an empty rkey's data is NULL */
+                        memcpy(n->rkeys[i], q->layer_rkeys[i].data, q->layer_rkeys[i].len);
                     n->rkey_lens[i] = q->layer_rkeys[i].len;
                 }
             }

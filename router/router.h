@@ -50,6 +50,15 @@
 #define RT_MAX_STOPLEN     256
 #define RT_SAMPLES         8192                   /* ring of timing samples for percentiles */
 #define RT_RESYNC_RETRY_NS (2000ull * 1000000ull) /* a resync dump not back: ask again */
+/* A text prompt longer than this many bytes per token of the model's context
+ * cannot fit it whatever it tokenizes to in practice: refused before it is
+ * tokenized on the loop (the tokenizer runs at ~20-60 MB/s, so the largest
+ * accepted prompt of a 128K-context model costs well under a heartbeat) */
+#define RT_PROMPT_BYTES_PER_TOKEN 16u
+#define RT_PROMPT_BYTES_NO_CTX    (1u << 20)  /* context unknown */
+#define RT_MAX_ADDR_BYTES         (64u << 10) /* a registered transport address or rkey */
+#define RT_MAX_RKEYS              256u        /* rkeys / layer bases in a registration */
+#define RT_HELD_EVENT_BYTES       (16u << 20) /* BlockEvents payloads held per node in a resync */
 
 struct rt_samples {
     uint64_t v[RT_SAMPLES];
@@ -107,6 +116,8 @@ struct rt_node {
     uint8_t **ev_buf;    /* BlockEvents payloads held while a resync is pending */
     size_t *ev_buf_len;
     size_t n_ev_buf;
+    size_t ev_buf_bytes; /* their sum, at most RT_HELD_EVENT_BYTES */
+    uint64_t ev_drops;
 };
 
 enum rt_req_state {
@@ -172,6 +183,8 @@ struct rt_stats {
     uint64_t requests, completed, failed, canceled, overloaded, bad_frames, bad_requests;
     uint64_t local_prefills, disagg_prefills, retries, client_disconnects, resyncs, dead_nodes;
     uint64_t cached_tokens, prompt_tokens;
+    uint64_t held_event_drops; /* BlockEvents not held during a resync (bound reached) */
+    uint64_t refused_registrations;
     struct rt_samples overhead, overhead_cpu, token, tokenize;
 };
 
@@ -218,6 +231,8 @@ typedef struct rt {
 
 /* util.c */
 uint64_t rt_rand(rt_t *r);
+/** Largest text prompt tokenized, in bytes (RT_PROMPT_BYTES_PER_TOKEN). */
+size_t rt_prompt_bytes_max(const rt_t *r);
 /** Rate limit of log lines about bad input: true for the first 20 a second. */
 bool rt_bad_log_ok(rt_t *r);
 /** This thread's CPU time in ns (CLOCK_THREAD_CPUTIME_ID). */
@@ -310,6 +325,18 @@ void rt_status_reply(rt_t *r, const kvr_proto_frame_t *f, uint64_t now);
 
 /* node_ep.c */
 void rt_node_msg(rt_t *r, kvr_proto_frame_t *f, uint64_t now);
+
+/* loop.c (called by main.c and the fuzz driver) */
+/** Hands the registry's events to failover and runs the queue pump until
+ *  neither is left. */
+void rt_loop_settle(rt_t *r, uint64_t now);
+/** The timers (registry, failover), then settle. */
+void rt_loop_timers(rt_t *r, uint64_t now);
+/** Receives and handles up to 1024 messages of the client or node socket. */
+void rt_loop_drain(rt_t *r, void *sock, bool client);
+/** Handles one received frame (st: kvr_proto_recv's status, err its text). */
+void rt_loop_frame(rt_t *r, void *sock, bool client, kvr_proto_frame_t *f, kvr_status_t st,
+                   const char *err, uint64_t now);
 
 /* client_ep.c */
 void rt_client_msg(rt_t *r, kvr_proto_frame_t *f, uint64_t now);

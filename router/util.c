@@ -26,6 +26,11 @@ uint64_t rt_rand(rt_t *r)
     return z ^ (z >> 31);
 }
 
+size_t rt_prompt_bytes_max(const rt_t *r)
+{
+    return r->context ? (size_t)r->context * RT_PROMPT_BYTES_PER_TOKEN : RT_PROMPT_BYTES_NO_CTX;
+}
+
 uint64_t rt_cpu_ns(void)
 {
     struct timespec ts;

@@ -14,6 +14,7 @@ PKGS="build-essential meson ninja-build pkg-config
 TEST_PKGS="python3-numpy python3-jinja2 iproute2 procps psmisc clang-format prometheus
       qemu-system-x86 linux-image-amd64 busybox-static kmod cpio ibverbs-utils perftest gnuplot-nox
       slurm-wlm munge systemd man-db mmdebstrap
+      clang libclang-rt-14-dev
 "
 BENCH_PKGS="python3-torch"   # tools/bench-engine's PyTorch side
 case "$1" in
