@@ -387,10 +387,14 @@ static kvr_status_t parse_node(struct ctx *c, const yaml_node_t *map, size_t idx
         } else if (!strcmp(k, "restart_max")) {
             st = get_u64(c, v, full, 0, 1000, false, &x);
             n->restart_max = (int)x;
+        } else if (!strcmp(k, "metrics_port")) {
+            st = get_u64(c, v, full, 0, 65535, false, &x);
+            n->metrics_port = (uint16_t)x;
         } else {
             st = fail(c, v, full,
                       "unknown key in a node (known: name, host, role, device, transport, "
-                      "pool_blocks, pool_bytes, threads, max_batch, restart, restart_max)");
+                      "pool_blocks, pool_bytes, threads, max_batch, restart, restart_max, "
+                      "metrics_port)");
         }
         if (st != KVR_OK)
             return st;
@@ -428,9 +432,24 @@ static kvr_status_t parse_root(struct ctx *c, const yaml_node_t *root, kvr_clust
         return st;
     const yaml_node_t *nodes = NULL, *router = NULL;
     char model[KVR_CLUSTER_PATH_MAX] = "";
+    char keys[KVR_CLUSTER_PATH_MAX] = "";
     FOREACH_PAIR(c, root, k, v)
     {
-        if (!strcmp(k, "cluster")) {
+        if (!strcmp(k, "auth")) {
+            const char *a = scalar(v);
+            cl->auth_set = true;
+            if (a && !strcmp(a, "none"))
+                cl->auth = KVR_AUTH_NONE;
+            else if (a && !strcmp(a, "curve"))
+                cl->auth = KVR_AUTH_CURVE;
+            else
+                st = fail(c, v, k,
+                          "'%s' is not an authentication (want curve: ZeroMQ CURVE keys from "
+                          "'keys:'; or none: anyone who reaches the router is trusted)",
+                          a ? a : "(not a string)");
+        } else if (!strcmp(k, "keys")) {
+            st = get_str(c, v, k, keys, sizeof(keys));
+        } else if (!strcmp(k, "cluster")) {
             st = get_str(c, v, k, cl->name, sizeof(cl->name));
         } else if (!strcmp(k, "model")) {
             st = get_str(c, v, k, model, sizeof(model));
@@ -498,8 +517,8 @@ static kvr_status_t parse_root(struct ctx *c, const yaml_node_t *root, kvr_clust
             nodes = v;
         } else {
             st = fail(c, v, k,
-                      "unknown top-level key (known: cluster, model, block_size, router, "
-                      "timeouts, thresholds, limits, nodes)");
+                      "unknown top-level key (known: cluster, model, block_size, auth, keys, "
+                      "router, timeouts, thresholds, limits, nodes)");
         }
         if (st != KVR_OK)
             return st;
@@ -509,6 +528,12 @@ static kvr_status_t parse_root(struct ctx *c, const yaml_node_t *root, kvr_clust
     if (!model[0])
         return fail(c, root, "model", "missing (the model directory)");
     resolve_path(c->file, model, cl->model_dir, sizeof(cl->model_dir));
+    if (cl->auth == KVR_AUTH_CURVE && !keys[0])
+        return fail(c, root, "keys",
+                    "missing: auth: curve needs the directory of the key files (kvrail keygen "
+                    "DIR writes them)");
+    if (keys[0])
+        resolve_path(c->file, keys, cl->keys_dir, sizeof(cl->keys_dir));
     if (!nodes)
         return fail(c, root, "nodes", "missing (the list of nodes)");
     if (nodes->type != YAML_SEQUENCE_NODE)

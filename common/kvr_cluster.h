@@ -52,6 +52,7 @@ typedef struct kvr_cluster_node {
     int max_batch;                     /* decode: running sequences, default 32 */
     enum kvr_restart restart;          /* what `kvrail up` does when it exits */
     int restart_max;                   /* restarts in a row before left down, default 5 */
+    uint16_t metrics_port;             /* HTTP /metrics /health /ready, 0 = none (default) */
     int line;                          /* line of the node in the file */
 } kvr_cluster_node_t;
 
@@ -62,8 +63,16 @@ enum kvr_reservation {
     KVR_RESERVE_WHOLE = 1, /* prompt + max_tokens up front: never preempted */
 };
 
+enum kvr_auth {
+    KVR_AUTH_NONE = 0,  /* anyone who reaches an endpoint is trusted (warned at start) */
+    KVR_AUTH_CURVE = 1, /* ZeroMQ CURVE: keys in keys_dir (docs/security.md) */
+};
+
 typedef struct kvr_cluster {
     char path[KVR_CLUSTER_PATH_MAX];           /* the file as given */
+    enum kvr_auth auth;                        /* "auth:", default none */
+    bool auth_set;                             /* "auth:" given (none explicitly) */
+    char keys_dir[KVR_CLUSTER_PATH_MAX];       /* "keys:", resolved; required with curve */
     char name[KVR_CLUSTER_NAME_MAX];           /* "cluster:", default "kvrail" */
     char model_dir[KVR_CLUSTER_PATH_MAX];      /* resolved against the file's directory */
     uint32_t block_size;                       /* tokens per KV block, default 16 */

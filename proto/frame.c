@@ -276,6 +276,11 @@ kvr_status_t kvr_proto_recv(void *sock, bool routed, kvr_proto_frame_t *frame_p,
         more = zmq_msg_more(&m);
         if (routed && frame_p->src_fd < 0)
             frame_p->src_fd = zmq_msg_get(&m, ZMQ_SRCFD); /* set on the parts from the wire */
+        if (part == 0) {
+            const char *uid = zmq_msg_gets(&m, "User-Id"); /* NULL without ZAP */
+            if (uid)
+                snprintf(frame_p->user_id, sizeof(frame_p->user_id), "%s", uid);
+        }
         const uint8_t *data = zmq_msg_data(&m);
         size_t len = zmq_msg_size(&m);
         if (routed && part == 0) {

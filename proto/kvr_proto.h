@@ -30,6 +30,7 @@
 
 #include <protobuf-c/protobuf-c.h>
 
+#include "kvr_cluster.h"
 #include "kvr_status.h"
 #include "kvrail_common.pb-c.h"
 #include "kvrail_client.pb-c.h"
@@ -66,6 +67,7 @@ typedef struct kvr_proto_frame {
     size_t payload_len;
     size_t nparts; /* frames after the routing id */
     int src_fd;    /* routed: the peer's socket fd (ZMQ_SRCFD; matches monitor events), else -1 */
+    char user_id[64]; /* the ZAP handler's User-Id of the peer (CURVE: the key's owner), or "" */
 } kvr_proto_frame_t;
 
 /** Writes the 16-byte envelope. */
@@ -140,5 +142,40 @@ kvr_status_t kvr_proto_decode_request(const kvr_proto_frame_t *frame,
 
 /** Packs a message into a malloc'd buffer (for tests and raw senders). */
 kvr_status_t kvr_proto_pack(const ProtobufCMessage *msg, uint8_t **buf_p, size_t *len_p);
+
+/* CURVE (curve.c, docs/security.md).  Key pair NAME: KEYS/NAME.pub (public
+ * key, Z85) and KEYS/NAME.key (public and secret key, mode 0600). */
+#define KVR_CURVE_Z85_LEN 40
+
+/** KVR_OK when this libzmq has CURVE; else KVR_ERR_UNSUPPORTED and why. */
+kvr_status_t kvr_proto_curve_available(char *err, size_t err_len);
+/** Writes a new key pair NAME into dir (NAME.key created 0600; an existing
+ *  one is not overwritten).  @return KVR_OK; KVR_ERR_IO; KVR_ERR_UNSUPPORTED. */
+kvr_status_t kvr_proto_curve_keygen(const char *dir, const char *name, char *err, size_t err_len);
+/** Reads KEYS/NAME.pub.  @return KVR_OK; KVR_ERR_NOT_FOUND; KVR_ERR_INVALID. */
+kvr_status_t kvr_proto_curve_load_public(const char *dir, const char *name,
+                                         char pub_p[KVR_CURVE_Z85_LEN + 1], char *err,
+                                         size_t err_len);
+/** Reads KEYS/NAME.key, refused when group or others may read it.
+ *  @return KVR_OK; KVR_ERR_NOT_FOUND; KVR_ERR_INVALID. */
+kvr_status_t kvr_proto_curve_load_pair(const char *dir, const char *name,
+                                       char pub_p[KVR_CURVE_Z85_LEN + 1],
+                                       char sec_p[KVR_CURVE_Z85_LEN + 1], char *err,
+                                       size_t err_len);
+/** The name of the router's key pair: its node name in the file, or "router". */
+const char *kvr_proto_curve_router_name(const kvr_cluster_t *cl);
+/** Makes sock (before bind) a CURVE server with the router's key pair; its
+ *  peers are checked by the ZAP handler under `domain` ("node", "client"). */
+kvr_status_t kvr_proto_curve_server(void *sock, const kvr_cluster_t *cl, const char *domain,
+                                    char *err, size_t err_len);
+/** Makes sock (before connect) a CURVE client of the router with key pair
+ *  `name`; nothing when the cluster's auth is none.
+ *  @return KVR_OK; KVR_ERR_NOT_FOUND / KVR_ERR_INVALID (key files);
+ *          KVR_ERR_UNSUPPORTED (no CURVE in libzmq). */
+kvr_status_t kvr_proto_curve_client(void *sock, const kvr_cluster_t *cl, const char *name,
+                                    char *err, size_t err_len);
+/** The same with keys given (Z85): the router's public key, this side's pair. */
+kvr_status_t kvr_proto_curve_client_keys(void *sock, const char *server_pub, const char *pub,
+                                         const char *sec, char *err, size_t err_len);
 
 #endif

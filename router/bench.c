@@ -193,8 +193,6 @@ static void node_msg(int idx, kvr_proto_frame_t *f)
         Kvrail__PrefillTarget *t = (Kvrail__PrefillTarget *)m;
         Kvrail__PrefillDone pd = KVRAIL__PREFILL_DONE__INIT;
         pd.request_id = t->request_id;
-        pd.first_token = 1000;
-        pd.logprob = -1.0f;
         pd.bytes_moved = 4096;
         pd.node_name = n->name;
         nsend(n, KVRAIL__METHOD__PREFILL_DONE, &pd.base);

@@ -69,7 +69,7 @@ static void load_model_info(rt_t *r)
     }
 }
 
-static void *make_router_socket(rt_t *r, const char *bind, const char *what)
+static void *make_router_socket(rt_t *r, const char *bind, const char *what, bool client)
 {
     void *s = zmq_socket(r->zctx, ZMQ_ROUTER);
     if (!s)
@@ -80,6 +80,13 @@ static void *make_router_socket(rt_t *r, const char *bind, const char *what)
     zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero));
     zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm));
     zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+    char err[512];
+    if (r->cl->auth == KVR_AUTH_CURVE &&
+        kvr_proto_curve_server(s, r->cl, client ? "client" : "node", err, sizeof(err)) != KVR_OK) {
+        KVR_LOG_ERROR("router", "%s endpoint: %s", what, err);
+        zmq_close(s);
+        return NULL;
+    }
     if (zmq_bind(s, bind) != 0) {
         KVR_LOG_ERROR("router", "cannot bind the %s endpoint %s: %s", what, bind,
                       zmq_strerror(zmq_errno()));
@@ -165,10 +172,12 @@ int main(int argc, char **argv)
     load_model_info(r);
 
     r->zctx = zmq_ctx_new();
-    r->client_sock = make_router_socket(r, r->cl->client_bind, "client");
+    if (rt_auth_init(r) != KVR_OK)
+        goto out_ctx;
+    r->client_sock = make_router_socket(r, r->cl->client_bind, "client", true);
     if (!r->client_sock)
         goto out_ctx;
-    r->node_sock = make_router_socket(r, r->cl->node_bind, "node");
+    r->node_sock = make_router_socket(r, r->cl->node_bind, "node", false);
     if (!r->node_sock)
         goto out_ctx;
     char mon_ep[64];
@@ -196,6 +205,7 @@ int main(int argc, char **argv)
             {r->client_sock, 0, ZMQ_POLLIN, 0},
             {r->node_sock, 0, ZMQ_POLLIN, 0},
             {r->mon_sock, 0, ZMQ_POLLIN, 0},
+            {r->zap_sock, 0, ZMQ_POLLIN, 0},
         };
         uint64_t now = kvr_now_ns();
         long wait_ms = -1; /* nothing due: sleep until a message */
@@ -203,13 +213,15 @@ int main(int argc, char **argv)
             wait_ms = 0;
         else if (r->next_deadline != UINT64_MAX)
             wait_ms = (long)((r->next_deadline - now + 999999u) / 1000000u);
-        int n = zmq_poll(items, 3, wait_ms);
+        int n = zmq_poll(items, r->zap_sock ? 4 : 3, wait_ms);
         if (n < 0) {
             if (zmq_errno() == EINTR)
                 continue;
             KVR_LOG_ERROR("router", "zmq_poll: %s", zmq_strerror(zmq_errno()));
             break;
         }
+        if (r->zap_sock && (items[3].revents & ZMQ_POLLIN))
+            rt_auth_zap(r); /* handshakes wait on it */
         /* nodes first: tokens and reservations unblock clients */
         if (items[1].revents & ZMQ_POLLIN)
             rt_loop_drain(r, r->node_sock, false);
@@ -228,6 +240,7 @@ int main(int argc, char **argv)
     rt_requests_fini(r);
 
 out_ctx:
+    rt_auth_fini(r);
     if (r->mon_sock)
         zmq_close(r->mon_sock);
     if (r->client_sock)

@@ -103,6 +103,12 @@ void rt_node_msg(rt_t *r, kvr_proto_frame_t *f, uint64_t now)
     ProtobufCMessage *m = NULL;
     struct rt_node *n = rt_node_by_route(r, f->route, f->route_len);
     unsigned method = f->hdr.method;
+    if (!rt_auth_node_ok(r, f, n)) {
+        kvr_proto_send_error(
+            r->node_sock, f->route, f->route_len, method, f->hdr.call_id, KVR_ERR_INVALID,
+            "this connection's key is not node %s's key: refused (auth: curve)", n->name);
+        return;
+    }
     const struct rt_node_method *h = method_of(method);
     bool is_error = f->hdr.flags & KVR_PROTO_F_ERROR;
     /* an error frame is decoded as kvrail.Status and only logged; anything

@@ -113,6 +113,7 @@ struct rt_node {
     uint64_t resync_sent_ns;
     uint64_t resyncs;
     uint64_t hb_lag_seq; /* seq a heartbeat announced beyond what was applied */
+    uint8_t pubkey[32];  /* auth: curve: the node's public key (KEYS/NAME.pub) */
     uint8_t **ev_buf;    /* BlockEvents payloads held while a resync is pending */
     size_t *ev_buf_len;
     size_t n_ev_buf;
@@ -185,11 +186,18 @@ struct rt_stats {
     uint64_t cached_tokens, prompt_tokens;
     uint64_t held_event_drops; /* BlockEvents not held during a resync (bound reached) */
     uint64_t refused_registrations;
+    uint64_t auth_refused; /* connections (ZAP) and messages refused by authentication */
     struct rt_samples overhead, overhead_cpu, token, tokenize;
 };
 
-#define RT_MAX_CLIENT_FD 65536
-#define RT_MAX_EVENTS    (2 * RT_MAX_NODES)
+#define RT_MAX_CLIENT_FD   65536
+#define RT_MAX_CLIENT_KEYS 256
+
+struct rt_client_key {
+    char name[64];
+    uint8_t pub[32];
+};
+#define RT_MAX_EVENTS (2 * RT_MAX_NODES)
 
 /* What the registry reports; main.c hands it to failover.c. */
 struct rt_event {
@@ -204,6 +212,9 @@ typedef struct rt {
     void *client_sock; /* ROUTER */
     void *node_sock;   /* ROUTER */
     void *mon_sock;    /* PAIR: client socket monitor (accepts, disconnects) */
+    void *zap_sock;    /* REP: the ZAP handler (auth: curve), else NULL */
+    struct rt_client_key client_keys[RT_MAX_CLIENT_KEYS];
+    size_t n_client_keys;
     /* Connection epoch per client fd, bumped on every accept: a fd reused by a
      * new client must not inherit the disconnect of the one before it. */
     uint32_t fd_epoch[RT_MAX_CLIENT_FD];
@@ -322,6 +333,18 @@ void rt_on_token(rt_t *r, struct rt_node *n, const Kvrail__Token *m, uint64_t no
 
 /* status.c */
 void rt_status_reply(rt_t *r, const kvr_proto_frame_t *f, uint64_t now);
+
+/* auth.c */
+/** auth: curve: loads the keys and binds the ZAP handler; auth: none: warns.
+ *  @return KVR_OK; KVR_ERR_NOT_FOUND / KVR_ERR_INVALID (a key file);
+ *          KVR_ERR_UNSUPPORTED (no CURVE); KVR_ERR_IO. */
+kvr_status_t rt_auth_init(rt_t *r);
+void rt_auth_fini(rt_t *r);
+/** Answers the pending ZAP requests. */
+void rt_auth_zap(rt_t *r);
+/** auth: curve: the frame's connection authenticated as node n (else counted
+ *  and logged); always true with auth: none or no such node. */
+bool rt_auth_node_ok(rt_t *r, const kvr_proto_frame_t *f, const struct rt_node *n);
 
 /* node_ep.c */
 void rt_node_msg(rt_t *r, kvr_proto_frame_t *f, uint64_t now);
