@@ -10,6 +10,7 @@ int kvr_cmd_run(int argc, char **argv);            /* run.c: single-process refe
 int kvr_cmd_generate(int argc, char **argv);       /* generate.c: stream from the router */
 int kvr_cmd_status(int argc, char **argv);         /* status.c: cluster status */
 int kvr_cmd_up(int argc, char **argv);             /* up.c: start this host's nodes */
+int kvr_cmd_keygen(int argc, char **argv);         /* keygen.c: CURVE key pairs */
 int kvr_cmd_cluster(int argc, char **argv);        /* cluster.c: `cluster render|nodes|wait` */
 int kvr_cmd_cluster_render(int argc, char **argv); /* render.c */
 

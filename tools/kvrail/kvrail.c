@@ -32,6 +32,7 @@ static const struct subcmd cmds[] = {
     {"up", kvr_cmd_up, "start every node a cluster file places on this host"},
 #endif
     {"cluster", kvr_cmd_cluster, "cluster file tools: `cluster render` fills in hosts"},
+    {"keygen", kvr_cmd_keygen, "CURVE key pairs for auth: curve (docs/security.md)"},
     {NULL, NULL, NULL},
 };
 
