@@ -342,6 +342,10 @@ static kvr_status_t parse_normalizer(struct loader *L, const kvr_json_t *n)
                   : !strcmp(ty, "NFD")  ? KVR_UNI_NFD
                   : !strcmp(ty, "NFKC") ? KVR_UNI_NFKC
                                         : KVR_UNI_NFKD;
+    } else if (!strcmp(ty, "Strip")) {
+        o->op = NORM_STRIP;
+        o->left = kvr_json_get_bool(n, "strip_left", true, NULL);
+        o->right = kvr_json_get_bool(n, "strip_right", true, NULL);
     } else if (!strcmp(ty, "Prepend")) {
         const kvr_json_t *p = kvr_json_get(n, "prepend");
         if (!p || p->type != KVR_JSON_STRING)
@@ -374,7 +378,7 @@ static kvr_status_t parse_normalizer(struct loader *L, const kvr_json_t *n)
     } else {
         return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
                     "%s: normalizer type \"%s\" is not supported (NFC, NFD, NFKC, NFKD, "
-                    "Prepend, Replace, Sequence are)",
+                    "Strip, Prepend, Replace, Sequence are)",
                     L->file, ty);
     }
     t->n_norms++;

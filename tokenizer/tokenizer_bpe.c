@@ -342,6 +342,9 @@ static kvr_status_t metaspace_words(struct bpe *b, const char *s, size_t len)
     return st;
 }
 
+static bool is_ws_at(const char *s, size_t n, size_t i, size_t *l_p);
+static void trim_end(const char *s, size_t a, size_t *e_p);
+
 /* Normalizes and encodes one section of text between added tokens. */
 static kvr_status_t encode_section(struct bpe *b, const char *s, size_t len)
 {
@@ -357,6 +360,18 @@ static kvr_status_t encode_section(struct bpe *b, const char *s, size_t len)
         if (nm->op == NORM_UNICODE) {
             if (!kvr_uni_normalize(nm->form, src, cur_len, &o, &ol))
                 goto err_nomem;
+        } else if (nm->op == NORM_STRIP) {
+            /* White_Space at either end, as Rust's char::is_whitespace */
+            size_t a = 0, e = cur_len, l;
+            while (nm->left && a < e && is_ws_at(src, e, a, &l))
+                a += l;
+            if (nm->right)
+                trim_end(src, a, &e);
+            o = malloc(e - a + 1);
+            if (!o)
+                goto err_nomem;
+            memcpy(o, src + a, e - a);
+            ol = e - a;
         } else if (nm->op == NORM_PREPEND) {
             if (cur_len == 0)
                 continue;

@@ -18,11 +18,12 @@
 
 enum kind { KIND_BYTELEVEL, KIND_SP };
 
-enum norm_op { NORM_UNICODE, NORM_PREPEND, NORM_REPLACE };
+enum norm_op { NORM_UNICODE, NORM_PREPEND, NORM_REPLACE, NORM_STRIP };
 
 struct norm {
     enum norm_op op;
     enum kvr_uni_form form; /* NORM_UNICODE */
+    bool left, right;       /* NORM_STRIP */
     char *a;                /* prepend text / replace pattern */
     char *b;                /* replace content */
     size_t alen, blen;
