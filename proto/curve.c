@@ -197,3 +197,27 @@ kvr_status_t kvr_proto_curve_client(void *sock, const kvr_cluster_t *cl, const c
         st = kvr_proto_curve_client_keys(sock, spub, pub, sec, err, err_len);
     return st;
 }
+
+kvr_status_t kvr_proto_curve_client_env(void *sock, char *err, size_t err_len)
+{
+    const char *rk = getenv("KVRAIL_ROUTER_KEY"), *ck = getenv("KVRAIL_CLIENT_KEY");
+    if (!rk && !ck)
+        return KVR_OK;
+    if (!rk || !ck) {
+        set_err(err, err_len,
+                "KVRAIL_ROUTER_KEY (the router's .pub) and KVRAIL_CLIENT_KEY (this client's "
+                ".key) go together; %s is not set",
+                rk ? "KVRAIL_CLIENT_KEY" : "KVRAIL_ROUTER_KEY");
+        return KVR_ERR_INVALID;
+    }
+    kvr_status_t st = kvr_proto_curve_available(err, err_len);
+    if (st != KVR_OK)
+        return st;
+    char spub[KVR_CURVE_Z85_LEN + 1], pub[KVR_CURVE_Z85_LEN + 1], sec[KVR_CURVE_Z85_LEN + 1];
+    st = read_lines(rk, false, spub, NULL, err, err_len);
+    if (st == KVR_OK)
+        st = read_lines(ck, true, pub, sec, err, err_len);
+    if (st == KVR_OK)
+        st = kvr_proto_curve_client_keys(sock, spub, pub, sec, err, err_len);
+    return st;
+}

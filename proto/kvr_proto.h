@@ -174,6 +174,11 @@ kvr_status_t kvr_proto_curve_server(void *sock, const kvr_cluster_t *cl, const c
  *          KVR_ERR_UNSUPPORTED (no CURVE in libzmq). */
 kvr_status_t kvr_proto_curve_client(void *sock, const kvr_cluster_t *cl, const char *name,
                                     char *err, size_t err_len);
+/** A client's CURVE keys from the environment: KVRAIL_ROUTER_KEY (path of
+ *  the router's .pub) and KVRAIL_CLIENT_KEY (path of this client's .key);
+ *  neither set: nothing (auth: none).  @return KVR_OK; KVR_ERR_INVALID (one
+ *  without the other, a bad file); KVR_ERR_NOT_FOUND; KVR_ERR_UNSUPPORTED. */
+kvr_status_t kvr_proto_curve_client_env(void *sock, char *err, size_t err_len);
 /** The same with keys given (Z85): the router's public key, this side's pair. */
 kvr_status_t kvr_proto_curve_client_keys(void *sock, const char *server_pub, const char *pub,
                                          const char *sec, char *err, size_t err_len);

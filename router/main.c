@@ -76,7 +76,13 @@ static void *make_router_socket(rt_t *r, const char *bind, const char *what, boo
         return NULL;
     int one = 1, zero = 0, hwm = 1000000;
     zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof(one));
-    zmq_setsockopt(s, ZMQ_ROUTER_HANDOVER, &one, sizeof(one));
+    /* A restarted node takes its routing id back at once (handover) with
+     * auth: none.  With CURVE a second connection under a name in use is
+     * refused instead: a holder of one node's key must not take over the
+     * connection (and the messages) of another; a restarted node gets its
+     * name once its old connection is gone (reconnects every 100 ms). */
+    if (r->cl->auth != KVR_AUTH_CURVE)
+        zmq_setsockopt(s, ZMQ_ROUTER_HANDOVER, &one, sizeof(one));
     zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero));
     zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm));
     zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof(hwm));

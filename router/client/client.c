@@ -82,6 +82,16 @@ static kvr_status_t connect_on(void *zctx, bool own_ctx, const char *endpoint,
     int zero = 0, hwm = 100000;
     zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof(zero));
     zmq_setsockopt(c->sock, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+    char kerr[512];
+    if (kvr_proto_curve_client_env(c->sock, kerr, sizeof(kerr)) != KVR_OK) {
+        /* keys asked for and unusable: never a silent plain connection */
+        fprintf(stderr, "libkvrail-client: %s\n", kerr);
+        zmq_close(c->sock);
+        if (own_ctx)
+            zmq_ctx_term(c->zctx);
+        free(c);
+        return KVR_ERR_INVALID;
+    }
     if (zmq_connect(c->sock, endpoint) != 0) {
         int e = zmq_errno();
         zmq_close(c->sock);

@@ -1,0 +1,150 @@
+"""auth_test.py - authentication of the router's endpoints with real
+processes (docs/security.md).
+
+With `auth: curve` (keys from `kvrail keygen --config`): a cluster whose
+nodes and client hold their keys works and answers token for token what
+`kvrail run` gives; then, while it runs, hostile peers (kvr-rogue-peer) try
+the node endpoint: no key, a key of their own, a running node's name with
+another node's key (a stolen name), a free node slot's name with a node's
+key.  None gets a RegisterReply with code 0 or any message meant for a node
+(a prompt would come as PREFILL or RESERVE), the router logs each refusal,
+a client without a key gets no answer, and the same prompts still give the
+same tokens afterwards.  With `auth: none` (the control) the same rogue
+registers: the test would fail if the refusals came from anything but the
+keys; and the router warns at start.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+from cluster_lib import (Bins, Cluster, Fail, add_bin_args, check, make_model, reference, run,
+                         run_main, workdir)
+
+
+def rogue(args, c, name, role="prefill", key=None, random_key=False, listen_ms=1500):
+    argv = [args.rogue, "--endpoint", c.node_ep, "--name", name, "--role", role,
+            "--wait-ms", "2500", "--listen-ms", str(listen_ms)]
+    if key:
+        argv += ["--router-pub", os.path.join(c.dir, "keys", "router.pub"), "--key", key]
+    if random_key:
+        argv += ["--router-pub", os.path.join(c.dir, "keys", "router.pub"), "--random-key"]
+    r = run(argv, timeout=30)
+    check(r.returncode == 0, "kvr-rogue-peer failed: %s" % r.stderr)
+    return r.stdout.split("\n")
+
+
+def wait_router(c, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if c.status(timeout_ms=1000) is not None:
+            return
+        time.sleep(0.2)
+    raise Fail("router not answering:\n%s" % c.tail("router"))
+
+
+def log_text(c, name):
+    with open(c.logs[name]) as f:
+        return f.read()
+
+
+def control(args, bins, model):
+    """auth: none: the rogue registers (a fresh router, no node yet)."""
+    wd = workdir("kvr-auth-none-")
+    c = Cluster(bins, wd, model, extra_yaml="auth: none\n")
+    try:
+        c._start("router", [bins.router, "--config", c.config, "--node", "router"])
+        wait_router(c)
+        out = rogue(args, c, "decode0", role="decode", listen_ms=0)
+        check(out[0].startswith("REPLY 0 "),
+              "auth: none: the rogue should register (control), got %s" % out)
+        check("auth: none" in log_text(c, "router"),
+              "auth: none is not warned about at start:\n%s" % c.tail("router"))
+        print("control (auth: none): a rogue registers as decode0: %s" % out[0])
+    finally:
+        c.stop()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    add_bin_args(ap)
+    ap.add_argument("--rogue", required=True)
+    args = ap.parse_args()
+    bins = Bins(args)
+    r = run([bins.kvrail, "keygen", "/nonexistent-dir-for-probe"], timeout=10)
+    if "no CURVE" in (r.stderr or ""):
+        print("SKIP: libzmq without CURVE: %s" % r.stderr.strip())
+        return 77
+    wd = workdir("kvr-auth-")
+    model = make_model(bins, wd)
+    control(args, bins, model)
+
+    c = Cluster(bins, wd, model, n_prefill=1, n_decode=1, extra_yaml="auth: curve\nkeys: keys\n")
+    r = run([bins.kvrail, "keygen", "--config", c.config, "--client", "tester"], timeout=30)
+    check(r.returncode == 0, "kvrail keygen failed: %s %s" % (r.stdout, r.stderr))
+    keys = os.path.join(wd, "keys")
+    check(oct(os.stat(os.path.join(keys, "prefill0.key")).st_mode & 0o777) == "0o600",
+          "a secret key file is not 0600")
+    os.environ["KVRAIL_ROUTER_KEY"] = os.path.join(keys, "router.pub")
+    os.environ["KVRAIL_CLIENT_KEY"] = os.path.join(keys, "clients", "tester.key")
+    prompts = [([5, 9, 33, 71, 2, 18, 40], 8), (list(range(10, 90)), 10),
+               ([300 + i % 50 for i in range(40)], 6)]
+    ref = reference(bins, model, prompts)
+    try:
+        c.start()
+        rc, outs, log = c.loadgen(prompts, name="before")
+        check(rc == 0 and len(outs) == len(prompts), "loadgen with keys failed: %s" % log)
+        for i, want in enumerate(ref):
+            check(outs[i].get("tokens") == want,
+                  "prompt %d: %s, kvrail run gives %s" % (i, outs[i].get("tokens"), want))
+
+        cases = [
+            ("no key, as decode0", dict(name="decode0", role="decode")),
+            ("a key of its own, as decode0", dict(name="decode0", role="decode", random_key=True)),
+            ("a key of its own, as prefill0", dict(name="prefill0", random_key=True)),
+            ("prefill0's key, as decode0 (stolen name)",
+             dict(name="decode0", role="decode", key=os.path.join(keys, "prefill0.key"))),
+            ("decode0's key, as prefill0 (stolen name)",
+             dict(name="prefill0", key=os.path.join(keys, "decode0.key"))),
+        ]
+        for what, kw in cases:
+            out = rogue(args, c, **kw)
+            got = [l for l in out if l]
+            check(not any(l.startswith("REPLY 0 ") for l in got),
+                  "rogue with %s registered: %s" % (what, got))
+            check(not any(l.startswith("RECEIVED") for l in got),
+                  "rogue with %s received node messages: %s" % (what, got))
+            print("rogue with %s: %s" % (what, " | ".join(got)))
+        text = log_text(c, "router")
+        check("is not in the nodes' keys" in text,
+              "the router did not log the refused unknown key:\n%s" % c.tail("router"))
+
+        # a client without a key gets nothing from the router
+        env = dict(os.environ)
+        env.pop("KVRAIL_ROUTER_KEY")
+        env.pop("KVRAIL_CLIENT_KEY")
+        r = run([bins.loadgen, "--router", c.client_ep, "--status", "--timeout-ms", "1500"],
+                timeout=20, env=env)
+        check(r.returncode != 0, "a client without a key got a status: %s" % r.stdout[:200])
+
+        c.check_alive()
+        st = c.status()
+        alive = {n["name"] for n in st.get("nodes", []) if n.get("alive")}
+        check(alive == {"prefill0", "decode0"}, "nodes alive after the rogues: %s" % alive)
+        rc, outs, log = c.loadgen(prompts, name="after")
+        check(rc == 0 and len(outs) == len(prompts), "loadgen after the rogues failed: %s" % log)
+        for i, want in enumerate(ref):
+            check(outs[i].get("tokens") == want,
+                  "after the rogues, prompt %d: %s, kvrail run gives %s" %
+                  (i, outs[i].get("tokens"), want))
+        print("auth: curve: %d prompts token for token before and after %d rogue peers" %
+              (len(prompts), len(cases)))
+    finally:
+        c.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,203 @@
+/*
+ * rogue_peer.c - a hostile peer of the router's node endpoint, for the
+ * authentication tests (auth_test.py): connects a DEALER whose routing id
+ * is NAME (any name, a running node's included), with no CURVE keys, with
+ * keys of its own choosing, or with a node's stolen key, sends a REGISTER as
+ * NAME with the layout given, and prints what came back:
+ *   REPLY <code> <message>   a RegisterReply (code 0: registered) or error
+ *   NO-REPLY                 nothing within --wait-ms (the handshake failed)
+ * then, registered or not, waits --listen-ms for anything the router sends
+ * it (a prompt would be a PREFILL or RESERVE) and prints
+ *   RECEIVED <method>        per message
+ *
+ *   kvr-rogue-peer --endpoint EP --name NAME [--role prefill|decode]
+ *       [--router-pub FILE --key FILE | --random-key] [--layers N
+ *       --kv-heads N --head-dim N --dtype S] [--wait-ms N] [--listen-ms N]
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+#include "kvr_clock.h"
+#include "kvr_proto.h"
+
+static int read_key(const char *path, int lines, char *l1, char *l2)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    char b[128];
+    int ok = fgets(b, sizeof(b), f) != NULL;
+    if (ok) {
+        b[strcspn(b, "\r\n")] = 0;
+        snprintf(l1, 41, "%s", b);
+    }
+    if (ok && lines == 2 && fgets(b, sizeof(b), f)) {
+        b[strcspn(b, "\r\n")] = 0;
+        snprintf(l2, 41, "%s", b);
+    }
+    fclose(f);
+    return ok ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"endpoint", required_argument, NULL, 'e'},
+        {"name", required_argument, NULL, 'n'},
+        {"role", required_argument, NULL, 'r'},
+        {"router-pub", required_argument, NULL, 'p'},
+        {"key", required_argument, NULL, 'k'},
+        {"random-key", no_argument, NULL, 'R'},
+        {"layers", required_argument, NULL, 'L'},
+        {"kv-heads", required_argument, NULL, 'H'},
+        {"head-dim", required_argument, NULL, 'D'},
+        {"dtype", required_argument, NULL, 't'},
+        {"wait-ms", required_argument, NULL, 'w'},
+        {"listen-ms", required_argument, NULL, 'l'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *ep = NULL, *name = NULL, *role = "prefill", *rpub = NULL, *key = NULL;
+    const char *dtype = "f32";
+    bool random_key = false;
+    uint32_t layers = 2, heads = 2, hdim = 16;
+    int wait_ms = 3000, listen_ms = 0, c;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'e':
+            ep = optarg;
+            break;
+        case 'n':
+            name = optarg;
+            break;
+        case 'r':
+            role = optarg;
+            break;
+        case 'p':
+            rpub = optarg;
+            break;
+        case 'k':
+            key = optarg;
+            break;
+        case 'R':
+            random_key = true;
+            break;
+        case 'L':
+            layers = (uint32_t)atoi(optarg);
+            break;
+        case 'H':
+            heads = (uint32_t)atoi(optarg);
+            break;
+        case 'D':
+            hdim = (uint32_t)atoi(optarg);
+            break;
+        case 't':
+            dtype = optarg;
+            break;
+        case 'w':
+            wait_ms = atoi(optarg);
+            break;
+        case 'l':
+            listen_ms = atoi(optarg);
+            break;
+        default:
+            return 2;
+        }
+    }
+    if (!ep || !name) {
+        fprintf(stderr, "usage: kvr-rogue-peer --endpoint EP --name NAME ...\n");
+        return 2;
+    }
+    void *ctx = zmq_ctx_new();
+    void *s = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(s, ZMQ_ROUTING_ID, name, strlen(name));
+    char spub[41] = "", pub[41] = "", sec[41] = "", err[256];
+    if (rpub && read_key(rpub, 1, spub, NULL) != 0) {
+        fprintf(stderr, "cannot read %s\n", rpub);
+        return 2;
+    }
+    if (key && read_key(key, 2, pub, sec) != 0) {
+        fprintf(stderr, "cannot read %s\n", key);
+        return 2;
+    }
+    if (random_key)
+        zmq_curve_keypair(pub, sec);
+    if (spub[0] && pub[0] &&
+        kvr_proto_curve_client_keys(s, spub, pub, sec, err, sizeof(err)) != KVR_OK) {
+        fprintf(stderr, "%s\n", err);
+        return 2;
+    }
+    zmq_connect(s, ep);
+
+    Kvrail__KvLayout l = KVRAIL__KV_LAYOUT__INIT;
+    l.layers = layers;
+    l.kv_heads = heads;
+    l.head_dim = hdim;
+    l.block_size = 16;
+    l.dtype = (char *)dtype;
+    Kvrail__RegisterRequest q = KVRAIL__REGISTER_REQUEST__INIT;
+    q.node_name = (char *)name;
+    q.role = !strcmp(role, "decode") ? KVRAIL__ROLE__ROLE_DECODE : KVRAIL__ROLE__ROLE_PREFILL;
+    q.model_fingerprint = (char *)"rogue";
+    q.layout = &l;
+    q.transport = (char *)"ucx";
+    q.total_blocks = 64;
+    q.protocol_version = KVR_PROTO_VERSION;
+    q.incarnation = 0xbad;
+    kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, KVRAIL__METHOD__REGISTER, 1};
+    kvr_proto_send(s, NULL, 0, &h, &q.base);
+
+    bool replied = false;
+    uint64_t end = kvr_now_ns() + (uint64_t)wait_ms * 1000000ull;
+    uint64_t listen_end = 0;
+    for (;;) {
+        uint64_t now = kvr_now_ns();
+        if (!replied && now >= end)
+            break;
+        if (replied && now >= listen_end)
+            break;
+        zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+        uint64_t until = replied ? listen_end : end;
+        zmq_poll(&it, 1, (long)((until - now) / 1000000u) + 1);
+        kvr_proto_frame_t f;
+        while (kvr_proto_recv(s, false, &f, err, sizeof(err)) != KVR_ERR_NO_RESOURCE) {
+            if (f.hdr.method == KVRAIL__METHOD__REGISTER && !replied) {
+                ProtobufCMessage *m = NULL;
+                int code = -999;
+                const char *msg = "";
+                if (f.hdr.flags & KVR_PROTO_F_ERROR) {
+                    if (kvr_proto_decode(&f, NULL, &m, err, sizeof(err)) == KVR_OK) {
+                        code = ((Kvrail__Status *)m)->code;
+                        msg = ((Kvrail__Status *)m)->message;
+                    }
+                } else if (kvr_proto_decode(&f, &kvrail__register_reply__descriptor, &m, err,
+                                            sizeof(err)) == KVR_OK) {
+                    Kvrail__RegisterReply *rr = (Kvrail__RegisterReply *)m;
+                    code = rr->status ? rr->status->code : 0;
+                    msg = rr->status ? rr->status->message : "";
+                }
+                printf("REPLY %d %s\n", code, msg);
+                fflush(stdout);
+                if (m)
+                    protobuf_c_message_free_unpacked(m, NULL);
+                replied = true;
+                listen_end = kvr_now_ns() + (uint64_t)listen_ms * 1000000ull;
+            } else if (f.have_hdr) {
+                printf("RECEIVED %s\n", kvr_proto_method_label(f.hdr.method));
+                fflush(stdout);
+            }
+            kvr_proto_frame_clear(&f);
+        }
+    }
+    if (!replied)
+        printf("NO-REPLY\n");
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+    return 0;
+}
