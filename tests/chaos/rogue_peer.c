@@ -34,11 +34,11 @@ static int read_key(const char *path, int lines, char *l1, char *l2)
     int ok = fgets(b, sizeof(b), f) != NULL;
     if (ok) {
         b[strcspn(b, "\r\n")] = 0;
-        snprintf(l1, 41, "%s", b);
+        snprintf(l1, 41, "%.40s", b);
     }
     if (ok && lines == 2 && fgets(b, sizeof(b), f)) {
         b[strcspn(b, "\r\n")] = 0;
-        snprintf(l2, 41, "%s", b);
+        snprintf(l2, 41, "%.40s", b);
     }
     fclose(f);
     return ok ? 0 : -1;
