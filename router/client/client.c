@@ -38,6 +38,10 @@ struct kvr_client {
     void *zctx;
     bool own_ctx; /* zctx is this client's (kvr_client_connect) */
     void *sock;
+    void *mon;       /* PAIR: the socket monitor (connected / disconnected) */
+    bool connected;  /* a connection to the router is up */
+    uint64_t lost;   /* connections to the router lost so far */
+    bool reply_lost; /* the pending unary call's connection was lost */
     uint64_t next_call;
     kvr_gen_stream_t *streams;
     /* a pending unary reply */
@@ -82,10 +86,23 @@ static kvr_status_t connect_on(void *zctx, bool own_ctx, const char *endpoint,
     int zero = 0, hwm = 100000;
     zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof(zero));
     zmq_setsockopt(c->sock, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+    /* the monitor tells a lost connection (router killed or restarted):
+     * every open stream then ends with KVR_ERR_PEER_FAILURE at once */
+    char mon_ep[64];
+    snprintf(mon_ep, sizeof(mon_ep), "inproc://kvr-client-mon-%p", (void *)c);
+    if (zmq_socket_monitor(c->sock, mon_ep, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) == 0) {
+        c->mon = zmq_socket(c->zctx, ZMQ_PAIR);
+        if (c->mon && zmq_connect(c->mon, mon_ep) != 0) {
+            zmq_close(c->mon);
+            c->mon = NULL;
+        }
+    }
     char kerr[512];
     if (kvr_proto_curve_client_env(c->sock, kerr, sizeof(kerr)) != KVR_OK) {
         /* keys asked for and unusable: never a silent plain connection */
         fprintf(stderr, "libkvrail-client: %s\n", kerr);
+        if (c->mon)
+            zmq_close(c->mon);
         zmq_close(c->sock);
         if (own_ctx)
             zmq_ctx_term(c->zctx);
@@ -94,6 +111,8 @@ static kvr_status_t connect_on(void *zctx, bool own_ctx, const char *endpoint,
     }
     if (zmq_connect(c->sock, endpoint) != 0) {
         int e = zmq_errno();
+        if (c->mon)
+            zmq_close(c->mon);
         zmq_close(c->sock);
         if (own_ctx)
             zmq_ctx_term(c->zctx);
@@ -135,6 +154,10 @@ void kvr_client_close(kvr_client_t *c)
         kvr_gen_stream_destroy(c->streams);
     if (c->have_reply)
         kvr_proto_frame_clear(&c->reply);
+    if (c->mon) {
+        zmq_socket_monitor(c->sock, NULL, 0);
+        zmq_close(c->mon);
+    }
     zmq_close(c->sock);
     if (c->own_ctx)
         zmq_ctx_term(c->zctx);
@@ -146,8 +169,69 @@ const char *kvr_client_error(const kvr_client_t *c)
     return c ? c->err : "";
 }
 
+/* The connection to the router went down: the router that held the open
+ * streams is gone (killed, restarted, unreachable), and a restarted one
+ * knows nothing of them, so each ends now with KVR_ERR_PEER_FAILURE (frames
+ * already received are still delivered first). */
+static void connection_lost(kvr_client_t *c)
+{
+    c->lost++;
+    for (kvr_gen_stream_t *s = c->streams; s; s = s->next) {
+        if (s->ended)
+            continue;
+        s->ended = true;
+        s->res.status = KVR_ERR_PEER_FAILURE;
+        s->res.finish = KVR_FINISH_ERROR;
+        snprintf(s->res.message, sizeof(s->res.message),
+                 "the connection to the router was lost (router killed, restarted or "
+                 "unreachable): the stream ended without its answer");
+    }
+    if (c->want_call)
+        c->reply_lost = true;
+    set_err(c, "the connection to the router was lost");
+}
+
+/* Handles the monitor's events; true when a connection was lost. */
+static bool monitor(kvr_client_t *c)
+{
+    bool lost = false;
+    while (c->mon) {
+        zmq_msg_t ev;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, c->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            break;
+        }
+        uint16_t event = 0;
+        if (zmq_msg_size(&ev) >= 2)
+            memcpy(&event, zmq_msg_data(&ev), 2);
+        int more = zmq_msg_more(&ev);
+        zmq_msg_close(&ev);
+        while (more) { /* the endpoint part */
+            zmq_msg_t p;
+            zmq_msg_init(&p);
+            if (zmq_msg_recv(&p, c->mon, ZMQ_DONTWAIT) < 0) {
+                zmq_msg_close(&p);
+                break;
+            }
+            more = zmq_msg_more(&p);
+            zmq_msg_close(&p);
+        }
+        if (event == ZMQ_EVENT_CONNECTED) {
+            c->connected = true;
+        } else if (event == ZMQ_EVENT_DISCONNECTED && c->connected) {
+            c->connected = false;
+            lost = true;
+        }
+    }
+    if (lost)
+        connection_lost(c);
+    return lost;
+}
+
 /* Receives whatever is waiting and files it; waits up to deadline for at
- * least one frame.  Returns KVR_OK if something arrived, KVR_ERR_TIMEOUT. */
+ * least one frame.  Returns KVR_OK if something arrived (or the connection
+ * was lost: the streams ended), KVR_ERR_TIMEOUT. */
 static kvr_status_t pump(kvr_client_t *c, uint64_t deadline)
 {
     bool got = false;
@@ -156,14 +240,16 @@ static kvr_status_t pump(kvr_client_t *c, uint64_t deadline)
         char err[256];
         kvr_status_t st = kvr_proto_recv(c->sock, false, &f, err, sizeof(err));
         if (st == KVR_ERR_NO_RESOURCE) {
+            if (monitor(c))
+                got = true;
             if (got)
                 return KVR_OK;
             uint64_t now = kvr_now_ns();
             if (now >= deadline)
                 return KVR_ERR_TIMEOUT;
-            zmq_pollitem_t it = {c->sock, 0, ZMQ_POLLIN, 0};
+            zmq_pollitem_t it[2] = {{c->sock, 0, ZMQ_POLLIN, 0}, {c->mon, 0, ZMQ_POLLIN, 0}};
             long ms = (long)((deadline - now + 999999) / 1000000u);
-            zmq_poll(&it, 1, ms);
+            zmq_poll(it, c->mon ? 2 : 1, ms);
             continue;
         }
         if (st != KVR_OK) {
@@ -219,9 +305,19 @@ static kvr_status_t unary(kvr_client_t *c, unsigned method, const ProtobufCMessa
         return st;
     }
     c->want_call = call;
+    c->reply_lost = false;
     uint64_t deadline = kvr_deadline_ns(timeout_ms);
     while (!c->have_reply) {
-        if (pump(c, deadline) == KVR_ERR_TIMEOUT && !c->have_reply) {
+        kvr_status_t ps = pump(c, deadline);
+        if (c->have_reply)
+            break;
+        if (c->reply_lost) {
+            c->want_call = 0;
+            set_err(c, "the connection to the router was lost before the %s reply",
+                    kvr_proto_method_label(method));
+            return KVR_ERR_PEER_FAILURE;
+        }
+        if (ps == KVR_ERR_TIMEOUT) {
             c->want_call = 0;
             set_err(c, "no %s reply from the router within %d ms", kvr_proto_method_name(method),
                     timeout_ms);
