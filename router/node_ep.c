@@ -54,6 +54,7 @@ static void h_reserved(rt_t *r, const kvr_proto_frame_t *f, struct rt_node *n,
 {
     (void)f;
     rt_on_reserved(r, n, (const Kvrail__Reserved *)m, now);
+    rt_registry_reserve_answered(r, n, now);
 }
 
 static void h_rejected(rt_t *r, const kvr_proto_frame_t *f, struct rt_node *n,
@@ -61,6 +62,7 @@ static void h_rejected(rt_t *r, const kvr_proto_frame_t *f, struct rt_node *n,
 {
     (void)f;
     rt_on_rejected(r, n, (const Kvrail__Rejected *)m, now);
+    rt_registry_reserve_answered(r, n, now);
 }
 
 static void h_prefill_done(rt_t *r, const kvr_proto_frame_t *f, struct rt_node *n,

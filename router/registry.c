@@ -240,6 +240,7 @@ void rt_registry_on_register(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__
     n->registered = true;
     n->alive = true;
     n->conn_lost = false;
+    n->rsv_wait_since = 0;
     n->incarnation = q->incarnation;
     memset(n->sent_d_inc, 0, sizeof(n->sent_d_inc)); /* a new process knows no decode node */
     n->last_hb_ns = now;
@@ -356,11 +357,50 @@ void rt_registry_on_heartbeat(rt_t *r, const kvr_proto_frame_t *f, struct rt_nod
     r->pump_wanted = true;
 }
 
+void rt_registry_reserve_answered(rt_t *r, struct rt_node *n, uint64_t now)
+{
+    /* the wait starts again for the Reserves still unanswered */
+    n->rsv_wait_since = n->reserving_blocks ? now : 0;
+    if (n->rsv_wait_since)
+        rt_timer_arm(r, now + heartbeat_timeout_ns(r) + 1);
+}
+
+/* A decode node that heartbeats but leaves a Reserve unanswered for the
+ * heartbeat timeout (a black hole, a wedged loop) is out until it registers
+ * again: its requests go elsewhere, the blame is its own. */
+static void check_unresponsive(rt_t *r, struct rt_node *n, uint64_t now, uint64_t timeout)
+{
+    if (!n->alive || !n->rsv_wait_since)
+        return;
+    if (!n->reserving_blocks) {
+        n->rsv_wait_since = 0;
+        return;
+    }
+    if (now - n->rsv_wait_since <= timeout) {
+        rt_timer_arm(r, n->rsv_wait_since + timeout + 1);
+        return;
+    }
+    KVR_LOG_WARN("router",
+                 "node %s (%s) is unresponsive: a Reserve unanswered for %" PRIu64
+                 " ms while it heartbeats; its requests go elsewhere, it must register again",
+                 n->name, kvr_node_role_name(n->role), (now - n->rsv_wait_since) / 1000000u);
+    n->alive = false;
+    n->registered = false; /* its heartbeats are answered: register again */
+    n->rsv_wait_since = 0;
+    n->unresponsive++;
+    r->st.dead_nodes++;
+    rt_dirsync_reset(r, n);
+    report_lost(r, n, "left a Reserve unanswered");
+}
+
 void rt_registry_tick(rt_t *r, uint64_t now)
 {
     uint64_t timeout = heartbeat_timeout_ns(r);
     for (int i = 0; i < r->n_nodes; i++) {
         struct rt_node *n = &r->nodes[i];
+        if (!n->registered)
+            continue;
+        check_unresponsive(r, n, now, timeout);
         if (!n->registered)
             continue;
         bool lost = n->conn_lost;

@@ -112,9 +112,11 @@ struct rt_node {
     bool resync_wait;
     uint64_t resync_sent_ns;
     uint64_t resyncs;
-    uint64_t hb_lag_seq; /* seq a heartbeat announced beyond what was applied */
-    uint8_t pubkey[32];  /* auth: curve: the node's public key (KEYS/NAME.pub) */
-    uint8_t **ev_buf;    /* BlockEvents payloads held while a resync is pending */
+    uint64_t hb_lag_seq;     /* seq a heartbeat announced beyond what was applied */
+    uint8_t pubkey[32];      /* auth: curve: the node's public key (KEYS/NAME.pub) */
+    uint64_t rsv_wait_since; /* oldest unanswered Reserve's send time (0: none) */
+    uint64_t unresponsive;   /* times it left a Reserve unanswered past the timeout */
+    uint8_t **ev_buf;        /* BlockEvents payloads held while a resync is pending */
     size_t *ev_buf_len;
     size_t n_ev_buf;
     size_t ev_buf_bytes; /* their sum, at most RT_HELD_EVENT_BYTES */
@@ -273,6 +275,8 @@ void rt_registry_on_heartbeat(rt_t *r, const kvr_proto_frame_t *f, struct rt_nod
 void rt_registry_tick(rt_t *r, uint64_t now);
 /** Mask of the live decode nodes. */
 uint64_t rt_registry_live_decode(const rt_t *r);
+/** A Reserved or Rejected came from n: its wait for an answer restarts. */
+void rt_registry_reserve_answered(rt_t *r, struct rt_node *n, uint64_t now);
 
 /* dirsync.c */
 void rt_dirsync_on_events(rt_t *r, struct rt_node *n, const kvr_proto_frame_t *f,

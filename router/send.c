@@ -3,11 +3,14 @@
  * id of its DEALER on the node socket; a send that finds the connection gone
  * (ZMQ_ROUTER_MANDATORY) marks the node, and the registry's next deadline
  * declares it dead.  To a client: the Generate stream frames, by the route
- * the request came in on; a client found gone has its route cleared.
+ * the request came in on; a client found gone has its route cleared.  A
+ * Reserve sent starts the wait for the decode node's answer
+ * (rsv_wait_since; registry.c).
  */
 #include <inttypes.h>
 #include <string.h>
 
+#include "kvr_clock.h"
 #include "kvr_log.h"
 #include "router.h"
 
@@ -15,6 +18,14 @@ kvr_status_t rt_send_node(rt_t *r, struct rt_node *n, unsigned method, const Pro
 {
     kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, (uint16_t)method, 0};
     kvr_status_t st = kvr_proto_send(r->node_sock, n->name, strlen(n->name), &h, msg);
+    if (st == KVR_OK && method == KVRAIL__METHOD__RESERVE && !n->rsv_wait_since) {
+        /* a live decode node answers a Reserve within milliseconds: one
+         * not answered within the heartbeat timeout makes it unresponsive
+         * (registry.c), heartbeats or not */
+        n->rsv_wait_since = kvr_now_ns();
+        rt_timer_arm(r, n->rsv_wait_since +
+                            (uint64_t)r->cl->timeouts.heartbeat_timeout_ms * 1000000ull + 1);
+    }
     if (st == KVR_ERR_NOT_FOUND && n->alive && !n->conn_lost) {
         /* its connection is gone: the registry declares it dead right away */
         n->conn_lost = true;

@@ -9,10 +9,14 @@
  * then, registered or not, waits --listen-ms for anything the router sends
  * it (a prompt would be a PREFILL or RESERVE) and prints
  *   RECEIVED <method>        per message
+ * --black-hole: once registered, heartbeats every 200 ms with a pool of
+ * --blocks free blocks and answers nothing else (a decode node that accepts
+ * reservations and never answers them).
  *
  *   kvr-rogue-peer --endpoint EP --name NAME [--role prefill|decode]
  *       [--router-pub FILE --key FILE | --random-key] [--layers N
- *       --kv-heads N --head-dim N --dtype S] [--wait-ms N] [--listen-ms N]
+ *       --kv-heads N --head-dim N --dtype S] [--fingerprint S] [--blocks N]
+ *       [--black-hole] [--wait-ms N] [--listen-ms N]
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -47,23 +51,20 @@ static int read_key(const char *path, int lines, char *l1, char *l2)
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"endpoint", required_argument, NULL, 'e'},
-        {"name", required_argument, NULL, 'n'},
-        {"role", required_argument, NULL, 'r'},
-        {"router-pub", required_argument, NULL, 'p'},
-        {"key", required_argument, NULL, 'k'},
-        {"random-key", no_argument, NULL, 'R'},
-        {"layers", required_argument, NULL, 'L'},
-        {"kv-heads", required_argument, NULL, 'H'},
-        {"head-dim", required_argument, NULL, 'D'},
-        {"dtype", required_argument, NULL, 't'},
-        {"wait-ms", required_argument, NULL, 'w'},
-        {"listen-ms", required_argument, NULL, 'l'},
-        {NULL, 0, NULL, 0},
+        {"endpoint", required_argument, NULL, 'e'},    {"name", required_argument, NULL, 'n'},
+        {"role", required_argument, NULL, 'r'},        {"router-pub", required_argument, NULL, 'p'},
+        {"key", required_argument, NULL, 'k'},         {"random-key", no_argument, NULL, 'R'},
+        {"layers", required_argument, NULL, 'L'},      {"kv-heads", required_argument, NULL, 'H'},
+        {"head-dim", required_argument, NULL, 'D'},    {"dtype", required_argument, NULL, 't'},
+        {"wait-ms", required_argument, NULL, 'w'},     {"listen-ms", required_argument, NULL, 'l'},
+        {"fingerprint", required_argument, NULL, 'f'}, {"blocks", required_argument, NULL, 'b'},
+        {"black-hole", no_argument, NULL, 'B'},        {NULL, 0, NULL, 0},
     };
     const char *ep = NULL, *name = NULL, *role = "prefill", *rpub = NULL, *key = NULL;
     const char *dtype = "f32";
-    bool random_key = false;
+    bool random_key = false, black_hole = false;
+    const char *fp = "rogue";
+    uint32_t blocks = 64;
     uint32_t layers = 2, heads = 2, hdim = 16;
     int wait_ms = 3000, listen_ms = 0, c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -100,6 +101,15 @@ int main(int argc, char **argv)
             break;
         case 'w':
             wait_ms = atoi(optarg);
+            break;
+        case 'f':
+            fp = optarg;
+            break;
+        case 'b':
+            blocks = (uint32_t)atoi(optarg);
+            break;
+        case 'B':
+            black_hole = true;
             break;
         case 'l':
             listen_ms = atoi(optarg);
@@ -144,10 +154,10 @@ int main(int argc, char **argv)
     Kvrail__RegisterRequest q = KVRAIL__REGISTER_REQUEST__INIT;
     q.node_name = (char *)name;
     q.role = !strcmp(role, "decode") ? KVRAIL__ROLE__ROLE_DECODE : KVRAIL__ROLE__ROLE_PREFILL;
-    q.model_fingerprint = (char *)"rogue";
+    q.model_fingerprint = (char *)fp;
     q.layout = &l;
     q.transport = (char *)"ucx";
-    q.total_blocks = 64;
+    q.total_blocks = blocks;
     q.protocol_version = KVR_PROTO_VERSION;
     q.incarnation = 0xbad;
     kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, KVRAIL__METHOD__REGISTER, 1};
@@ -155,15 +165,29 @@ int main(int argc, char **argv)
 
     bool replied = false;
     uint64_t end = kvr_now_ns() + (uint64_t)wait_ms * 1000000ull;
-    uint64_t listen_end = 0;
+    uint64_t listen_end = 0, next_hb = 0;
     for (;;) {
         uint64_t now = kvr_now_ns();
+        if (black_hole && replied && now >= next_hb) {
+            Kvrail__Heartbeat hb = KVRAIL__HEARTBEAT__INIT;
+            hb.node_name = (char *)name;
+            hb.total_blocks = blocks;
+            hb.free_blocks = blocks;
+            hb.incarnation = 0xbad;
+            kvr_proto_hdr_t hh = {KVR_PROTO_VERSION, 0, KVRAIL__METHOD__HEARTBEAT, 2};
+            kvr_proto_send(s, NULL, 0, &hh, &hb.base);
+            next_hb = now + 200000000ull;
+        }
         if (!replied && now >= end)
             break;
         if (replied && now >= listen_end)
             break;
         zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
         uint64_t until = replied ? listen_end : end;
+        if (black_hole && replied && next_hb < until)
+            until = next_hb;
+        if (until < now)
+            until = now;
         zmq_poll(&it, 1, (long)((until - now) / 1000000u) + 1);
         kvr_proto_frame_t f;
         while (kvr_proto_recv(s, false, &f, err, sizeof(err)) != KVR_ERR_NO_RESOURCE) {
