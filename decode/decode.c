@@ -153,6 +153,9 @@ struct decode {
     uint32_t headroom;
     uint64_t preemptions, grown_blocks, lease_renewals;
     int batch_max;
+    /* the pool's background pre-fault: the horizon reached when the router
+     * first accepted the registration (UINT32_MAX: not yet registered) */
+    uint32_t faulted_at_register;
 };
 
 /* ---- block events ---- */
@@ -1065,9 +1068,22 @@ static void send_register(void *arg)
     kvr_node_send(&d->node, KVRAIL__METHOD__REGISTER, &r.base);
 }
 
+/* Lets the block table hand out the blocks the pool's pre-fault thread has
+ * made resident since the last call (pool.h); true while it goes on. */
+static bool sync_horizon(struct decode *d)
+{
+    uint32_t f = kvr_node_pool_faulted(&d->npool), h = kvr_blocktab_horizon(d->bt);
+    if (f > h && kvr_blocktab_set_horizon(d->bt, f) == KVR_OK)
+        kvr_node_stats_dirty(&d->node);
+    if (d->faulted_at_register == UINT32_MAX && kvr_node_registered(&d->node))
+        d->faulted_at_register = kvr_blocktab_horizon(d->bt);
+    return f < (uint32_t)d->npool.kv.n_blocks && kvr_node_pool_fault_status(&d->npool) == KVR_OK;
+}
+
 static void send_heartbeat(void *arg)
 {
     struct decode *d = arg;
+    (void)sync_horizon(d);
     Kvrail__Heartbeat h = KVRAIL__HEARTBEAT__INIT;
     struct kvr_blocktab_counts c;
     kvr_blocktab_counts(d->bt, &c);
@@ -1117,7 +1133,8 @@ static void role_stats(void *arg, struct kvr_sbuf *b)
         ", \"prefill_chunk_tokens\": %d, \"chunks\": %" PRIu64 ", \"mixed_steps\": %" PRIu64
         ", \"chunk_ns_max\": %" PRIu64 ", \"decode_step_ns_max\": %" PRIu64
         ", \"step_ns_last\": %" PRIu64 ", \"itl_ns_max\": %" PRIu64 ", \"pool_setup_ns\": %" PRIu64
-        ", \"pool_huge_pages\": %s"
+        ", \"pool_huge_pages\": %s, \"pool_faulted_blocks\": %u, \"pool_fault_ns\": %" PRIu64
+        ", \"pool_faulted_at_register\": %lld, \"pool_fault_status\": \"%s\""
         ", \"reservation\": \"%s\", \"preemptions\": %" PRIu64 ", \"preempted\": %d"
         ", \"grown_blocks\": %" PRIu64 ", \"batch_max\": %d, \"lease_renewals\": %" PRIu64
         ", \"cached_hashes\": [",
@@ -1127,8 +1144,10 @@ static void role_stats(void *arg, struct kvr_sbuf *b)
         kvr_kv_block_bytes(&d->node.layout), d->node.layout.n_layers, d->bad_notifs, d->chunk,
         d->chunks, d->mixed_steps, d->chunk_ns_max, d->decode_ns_max, d->step_ns_last,
         d->itl_ns_max, d->npool.setup_ns, d->npool.huge ? "true" : "false",
-        d->paged ? "paged" : "whole", d->preemptions, npre, d->grown_blocks, d->batch_max,
-        d->lease_renewals);
+        kvr_blocktab_horizon(d->bt), kvr_node_pool_fault_ns(&d->npool),
+        d->faulted_at_register == UINT32_MAX ? -1ll : (long long)d->faulted_at_register,
+        kvr_status_str(kvr_node_pool_fault_status(&d->npool)), d->paged ? "paged" : "whole",
+        d->preemptions, npre, d->grown_blocks, d->batch_max, d->lease_renewals);
     if (b->p)
         kvr_blocktab_foreach_cached(d->bt, stats_hash, b);
     kvr_sbuf_printf(b, "]");
@@ -1137,16 +1156,18 @@ static void role_stats(void *arg, struct kvr_sbuf *b)
 static int turn(void *arg)
 {
     struct decode *d = arg;
+    /* while the pool is pre-faulted, look at its horizon every 20 ms */
+    int cap = sync_horizon(d) ? 20 : 1000;
     check_leases(d);
     if (!d->busy)
         start_step(d);
     flush_events(d);
     if (d->busy)
-        return 1000; /* the step's DONE wakes the loop */
+        return cap; /* the step's DONE wakes the loop */
     for (struct dreq *r = d->reqs; r; r = r->next)
         if (r->state == DR_RESERVED || r->state == DR_QUARANTINE)
             return 5; /* the event fd wakes it; leases are checked often */
-    return 1000;      /* idle: the next timer (heartbeat, stats) or an event wakes it */
+    return cap;       /* idle: the next timer (heartbeat, stats) or an event wakes it */
 }
 
 static const struct kvr_node_ops decode_ops = {
@@ -1194,16 +1215,21 @@ int main(int argc, char **argv)
         goto out;
     }
     /* memory the transport reaches fastest (with UCX on one host: shared
-     * memory the prefill node maps, so its puts are one-sided copies) */
-    s = kvr_node_pool_create(d->node.xfer, L, nblocks, true, &d->npool, err, sizeof err);
+     * memory the prefill node maps, so its puts are one-sided copies),
+     * pre-faulted on a thread: the node registers at once and hands out
+     * only blocks below the faulted horizon (sync_horizon) */
+    d->faulted_at_register = UINT32_MAX;
+    s = kvr_node_pool_create_async(d->node.xfer, L, nblocks, true, &d->npool, err, sizeof err);
     if (s != KVR_OK) {
         fprintf(stderr, "kvrail-decode: KV pool: %s\n", err);
         goto out;
     }
-    if (kvr_blocktab_create((uint32_t)nblocks, on_block_event, d, &d->bt) != KVR_OK) {
+    if (kvr_blocktab_create((uint32_t)nblocks, on_block_event, d, &d->bt) != KVR_OK ||
+        kvr_blocktab_set_horizon(d->bt, 0) != KVR_OK) {
         fprintf(stderr, "kvrail-decode: out of memory\n");
         goto out;
     }
+    (void)sync_horizon(d);
     struct kvr_ctx_opts co = {0};
     co.n_threads = d->node.self->threads > 0 ? d->node.self->threads : 1;
     co.max_batch = d->max_batch;

@@ -6,6 +6,8 @@
  * flat arrays sized at create.  The hash -> block map is open addressing with
  * linear probing (capacity a power of two >= 2 * nblocks) and backward-shift
  * deletion, so no tombstones accumulate.  Nothing allocates after create.
+ * A block at or above the horizon is withheld: is_free 0, refcount 0, no
+ * hash, on no list; moving the horizon flips is_free over the range.
  */
 #include "blocktab.h"
 
@@ -28,6 +30,7 @@ struct kvr_blocktab {
     uint32_t lru_head;     /* oldest */
     uint32_t lru_tail;     /* newest */
     uint32_t nfree, nevictable, ncached, nref;
+    uint32_t horizon; /* blocks [horizon, n) are withheld */
     uint64_t *mkeys;
     uint32_t *mvals; /* NIL = empty slot */
     uint32_t mmask;
@@ -147,6 +150,7 @@ kvr_status_t kvr_blocktab_create(uint32_t nblocks, kvr_blocktab_event_cb_t cb, v
     bt->mmask = cap - 1;
     bt->lru_head = bt->lru_tail = NIL;
     bt->nfree = nblocks;
+    bt->horizon = nblocks;
     bt->cb = cb;
     bt->cb_arg = cb_arg;
     *bt_p = bt;
@@ -167,6 +171,27 @@ void kvr_blocktab_destroy(kvr_blocktab_t *bt)
     free(bt->mvals);
     free(bt->runs);
     free(bt);
+}
+
+kvr_status_t kvr_blocktab_set_horizon(kvr_blocktab_t *bt, uint32_t h)
+{
+    if (h > bt->n)
+        return KVR_ERR_INVALID;
+    for (uint32_t b = h; b < bt->horizon; b++)
+        if (!bt->is_free[b])
+            return KVR_ERR_BUSY;
+    for (uint32_t b = h; b < bt->horizon; b++)
+        bt->is_free[b] = 0;
+    for (uint32_t b = bt->horizon; b < h; b++)
+        bt->is_free[b] = 1;
+    bt->nfree = bt->nfree + h - bt->horizon; /* the range was free when lowering */
+    bt->horizon = h;
+    return KVR_OK;
+}
+
+uint32_t kvr_blocktab_horizon(const kvr_blocktab_t *bt)
+{
+    return bt->horizon;
 }
 
 uint32_t kvr_blocktab_available(const kvr_blocktab_t *bt)
@@ -216,13 +241,13 @@ kvr_status_t kvr_blocktab_alloc(kvr_blocktab_t *bt, uint32_t n, uint32_t *ids)
 
     /* enumerate free runs; first fit of one run covering n */
     uint32_t nruns = 0;
-    for (uint32_t i = 0; i < bt->n;) {
+    for (uint32_t i = 0; i < bt->horizon;) {
         if (!bt->is_free[i]) {
             i++;
             continue;
         }
         uint32_t s = i;
-        while (i < bt->n && bt->is_free[i])
+        while (i < bt->horizon && bt->is_free[i])
             i++;
         if (i - s >= n) {
             for (uint32_t k = 0; k < n; k++) {
@@ -330,6 +355,7 @@ void kvr_blocktab_counts(const kvr_blocktab_t *bt, struct kvr_blocktab_counts *c
     c_p->referenced = bt->nref;
     c_p->cached = bt->ncached;
     c_p->evictable = bt->nevictable;
+    c_p->withheld = bt->n - bt->horizon;
 }
 
 uint32_t kvr_blocktab_runs(const uint32_t *ids, uint32_t n)
@@ -357,7 +383,9 @@ kvr_status_t kvr_blocktab_check(const kvr_blocktab_t *bt)
             if (map_find(bt, bt->hash[b]) != b)
                 return KVR_ERR_INTERNAL;
         }
-        if (!bt->is_free[b] && !bt->ref[b] && !bt->hashed[b])
+        if (b >= bt->horizon && (bt->is_free[b] || bt->ref[b] || bt->hashed[b]))
+            return KVR_ERR_INTERNAL; /* a withheld block in use */
+        if (b < bt->horizon && !bt->is_free[b] && !bt->ref[b] && !bt->hashed[b])
             return KVR_ERR_INTERNAL; /* leaked */
     }
     for (uint32_t b = bt->lru_head; b != NIL; b = bt->next[b]) {
@@ -369,7 +397,7 @@ kvr_status_t kvr_blocktab_check(const kvr_blocktab_t *bt)
         if (bt->mvals[i] != NIL)
             nm++;
     if (nf != bt->nfree || nr != bt->nref || nc != bt->ncached || ne != bt->nevictable ||
-        nm != nc || nf + nr + ne != bt->n)
+        nm != nc || nf + nr + ne + (bt->n - bt->horizon) != bt->n)
         return KVR_ERR_INTERNAL;
     return KVR_OK;
 }

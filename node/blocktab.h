@@ -17,6 +17,12 @@
  * Allocation prefers contiguous runs: first fit of one run covering the whole
  * request, else the longest free runs first, so that a layer of a request is
  * as few one-sided writes as possible.  Everything is allocated at create.
+ *
+ * The allocation horizon (kvr_blocktab_set_horizon) withholds the blocks at
+ * and above it: they are in none of the three states, never handed out and
+ * not counted as free.  The decode node keeps it at the KV pool's faulted
+ * horizon (pool.h) while the pool is pre-faulted in the background, so no
+ * request is given a block whose pages were never touched.
  */
 #ifndef KVR_BLOCKTAB_H
 #define KVR_BLOCKTAB_H
@@ -44,12 +50,23 @@ struct kvr_blocktab_counts {
     uint32_t referenced; /* refcount > 0 */
     uint32_t cached;     /* carrying a hash (referenced or evictable) */
     uint32_t evictable;  /* cached and refcount 0 */
+    uint32_t withheld;   /* at or above the horizon: total - withheld are usable */
 };
 
 /** @return KVR_OK; KVR_ERR_INVALID (nblocks 0); KVR_ERR_NO_MEMORY. */
 kvr_status_t kvr_blocktab_create(uint32_t nblocks, kvr_blocktab_event_cb_t cb, void *cb_arg,
                                  kvr_blocktab_t **bt_p);
 void kvr_blocktab_destroy(kvr_blocktab_t *bt);
+
+/** Sets the allocation horizon: only blocks [0, h) are handed out (it
+ *  starts at nblocks).  Raising it makes the blocks it uncovers free;
+ *  lowering it is allowed over free blocks only.
+ *  @return KVR_OK; KVR_ERR_INVALID (h > nblocks); KVR_ERR_BUSY (a block of
+ *          [h, horizon) is referenced or cached; nothing changed). */
+kvr_status_t kvr_blocktab_set_horizon(kvr_blocktab_t *bt, uint32_t h);
+
+/** The allocation horizon (nblocks unless set lower). */
+uint32_t kvr_blocktab_horizon(const kvr_blocktab_t *bt);
 
 /** Blocks that an allocation could obtain now (free + evictable). */
 uint32_t kvr_blocktab_available(const kvr_blocktab_t *bt);

@@ -125,6 +125,41 @@ void kvr_xfer_mem_dereg(kvr_xfer_mem_t *mem);
 kvr_status_t kvr_xfer_mem_alloc(kvr_xfer_engine_t *engine, size_t len, enum kvr_mem_kind kind,
                                 int device, kvr_xfer_mem_t **mem_p);
 
+/** Flags of kvr_xfer_mem_reg_flags / kvr_xfer_mem_alloc_flags (0: as
+ *  kvr_xfer_mem_reg / kvr_xfer_mem_alloc). */
+enum kvr_xfer_mem_flags {
+    /* Register without faulting the pages in (huge pages are still advised):
+     * the caller pre-faults the region itself with kvr_xfer_mem_populate,
+     * piece by piece and from any thread, and must not let a put or its own
+     * code touch a piece before that (a first touch on the data path costs
+     * a fault per page).  Lets a large pool be registered - and announced -
+     * at once and be faulted in the background.  A backend that pins memory
+     * at registration (verbs) faults it there regardless. */
+    KVR_XFER_MEM_DEFER_PREFAULT = 1u << 0,
+};
+
+/** kvr_xfer_mem_reg with flags (enum kvr_xfer_mem_flags); KVR_ERR_INVALID
+ *  for an unknown flag. */
+kvr_status_t kvr_xfer_mem_reg_flags(kvr_xfer_engine_t *engine, void *addr, size_t len,
+                                    enum kvr_mem_kind kind, int device, unsigned flags,
+                                    kvr_xfer_mem_t **mem_p);
+
+/** kvr_xfer_mem_alloc with flags (enum kvr_xfer_mem_flags); KVR_ERR_INVALID
+ *  for an unknown flag. */
+kvr_status_t kvr_xfer_mem_alloc_flags(kvr_xfer_engine_t *engine, size_t len, enum kvr_mem_kind kind,
+                                      int device, unsigned flags, kvr_xfer_mem_t **mem_p);
+
+/** Faults [offset, offset+len) of a host region in, writable, keeping its
+ *  contents (MADV_POPULATE_WRITE; the pages around the range's ends are
+ *  whole pages).  For a region registered with KVR_XFER_MEM_DEFER_PREFAULT.
+ *  Touches no engine state: may run on any thread, concurrently with the
+ *  engine's use of the rest of the region (not with its dereg), and with
+ *  other populates.
+ *  @return KVR_OK; KVR_ERR_INVALID (NULL, not host memory, range outside
+ *          the region); KVR_ERR_NO_MEMORY (the host has no memory for it);
+ *          KVR_ERR_IO (the mapping cannot be populated; logged). */
+kvr_status_t kvr_xfer_mem_populate(kvr_xfer_mem_t *mem, size_t offset, size_t len);
+
 /** Start of a registered region (the address given to kvr_xfer_mem_reg, or
  *  the memory kvr_xfer_mem_alloc allocated). */
 void *kvr_xfer_mem_addr(const kvr_xfer_mem_t *mem);

@@ -424,7 +424,27 @@ void kvr_xfer_engine_stats(const kvr_xfer_engine_t *e, struct kvr_xfer_engine_st
 kvr_status_t kvr_xfer_mem_reg(kvr_xfer_engine_t *e, void *addr, size_t len, enum kvr_mem_kind kind,
                               int device, kvr_xfer_mem_t **mem_p)
 {
-    if (!e || !mem_p)
+    return kvr_xfer_mem_reg_flags(e, addr, len, kind, device, 0, mem_p);
+}
+
+/* KVR_XFER_MEM_DEFER_PREFAULT: huge pages advised, nothing faulted */
+static kvr_status_t prepare_host(void *addr, size_t len, unsigned flags, const char *who,
+                                 struct kvr_xfer_prefault *pf)
+{
+    if (!kvr_xfer_prefault_enabled())
+        return KVR_OK;
+    if (flags & KVR_XFER_MEM_DEFER_PREFAULT) {
+        pf->thp = kvr_xfer_mem_advise_huge(addr, len);
+        return KVR_OK;
+    }
+    return kvr_xfer_mem_prefault(addr, len, who, pf);
+}
+
+kvr_status_t kvr_xfer_mem_reg_flags(kvr_xfer_engine_t *e, void *addr, size_t len,
+                                    enum kvr_mem_kind kind, int device, unsigned flags,
+                                    kvr_xfer_mem_t **mem_p)
+{
+    if (!e || !mem_p || (flags & ~(unsigned)KVR_XFER_MEM_DEFER_PREFAULT))
         return KVR_ERR_INVALID;
     if (!addr || len == 0) {
         KVR_LOG_ERROR(COMP, "%s: mem_reg: %s", e->name, !addr ? "NULL address" : "zero length");
@@ -445,8 +465,8 @@ kvr_status_t kvr_xfer_mem_reg(kvr_xfer_engine_t *e, void *addr, size_t len, enum
     uint64_t t0 = kvr_now_ns();
     struct kvr_xfer_prefault pf = {0};
     kvr_status_t s = KVR_OK;
-    if (kind == KVR_MEM_HOST && kvr_xfer_prefault_enabled())
-        s = kvr_xfer_mem_prefault(addr, len, e->name, &pf);
+    if (kind == KVR_MEM_HOST)
+        s = prepare_host(addr, len, flags, e->name, &pf);
     if (s == KVR_OK)
         s = e->ops->mem_reg(m);
     if (s != KVR_OK) {
@@ -473,9 +493,17 @@ void kvr_xfer_mem_dereg(kvr_xfer_mem_t *m)
 kvr_status_t kvr_xfer_mem_alloc(kvr_xfer_engine_t *e, size_t len, enum kvr_mem_kind kind,
                                 int device, kvr_xfer_mem_t **mem_p)
 {
-    if (!e || !mem_p || len == 0) {
+    return kvr_xfer_mem_alloc_flags(e, len, kind, device, 0, mem_p);
+}
+
+kvr_status_t kvr_xfer_mem_alloc_flags(kvr_xfer_engine_t *e, size_t len, enum kvr_mem_kind kind,
+                                      int device, unsigned flags, kvr_xfer_mem_t **mem_p)
+{
+    if (!e || !mem_p || len == 0 || (flags & ~(unsigned)KVR_XFER_MEM_DEFER_PREFAULT)) {
         KVR_LOG_ERROR(COMP, "%s: mem_alloc: %s", e ? e->name : "?",
-                      len == 0 ? "zero length" : "NULL argument");
+                      len == 0 ? "zero length"
+                      : mem_p  ? "unknown flag"
+                               : "NULL argument");
         return KVR_ERR_INVALID;
     }
     if (!e->ops->mem_alloc) {
@@ -487,7 +515,7 @@ kvr_status_t kvr_xfer_mem_alloc(kvr_xfer_engine_t *e, size_t len, enum kvr_mem_k
         void *p = aligned_alloc(align, rounded);
         if (!p)
             return KVR_ERR_NO_MEMORY;
-        kvr_status_t s = kvr_xfer_mem_reg(e, p, len, kind, device, mem_p);
+        kvr_status_t s = kvr_xfer_mem_reg_flags(e, p, len, kind, device, flags, mem_p);
         if (s != KVR_OK) {
             free(p);
             return s;
@@ -510,8 +538,7 @@ kvr_status_t kvr_xfer_mem_alloc(kvr_xfer_engine_t *e, size_t len, enum kvr_mem_k
     }
     uint64_t t1 = kvr_now_ns();
     struct kvr_xfer_prefault pf = {0};
-    if (kind == KVR_MEM_HOST && kvr_xfer_prefault_enabled() &&
-        (s = kvr_xfer_mem_prefault(m->addr, len, e->name, &pf)) != KVR_OK) {
+    if (kind == KVR_MEM_HOST && (s = prepare_host(m->addr, len, flags, e->name, &pf)) != KVR_OK) {
         e->ops->mem_dereg(m);
         free(m);
         return s;

@@ -20,6 +20,11 @@ struct kvr_xfer_prefault {
 /** false when KVR_XFER_PREFAULT=0 is in the environment. */
 bool kvr_xfer_prefault_enabled(void);
 
+/** Advises MADV_HUGEPAGE over the 2 MiB-aligned interior of [addr,
+ *  addr+len) (step 1 alone: what KVR_XFER_MEM_DEFER_PREFAULT keeps);
+ *  returns whether the kernel accepted it. */
+bool kvr_xfer_mem_advise_huge(void *addr, size_t len);
+
 /** Advises huge pages over [addr, addr+len) and faults every page in
  *  writable (readable for a read-only mapping), keeping the contents.  who
  *  names the region in log lines.  A mapping that cannot be populated is
