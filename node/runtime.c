@@ -20,6 +20,7 @@
 
 #include "kvr_clock.h"
 #include "kvr_log.h"
+#include "node_metrics.h"
 
 #define COMP "node"
 
@@ -175,6 +176,9 @@ kvr_status_t kvr_node_init(kvr_node_t *node, int argc, char **argv, enum kvr_nod
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGPIPE, SIG_IGN);
+    s = kvr_node_metrics_start(node, err, err_len);
+    if (s != KVR_OK)
+        return s;
     KVR_LOG_INFO(COMP, "%s node '%s': router %s, transport %s", kvr_node_role_name(role),
                  node->name, node->cluster->node_endpoint, kvr_xfer_engine_backend(node->xfer));
     return KVR_OK;
@@ -182,6 +186,7 @@ kvr_status_t kvr_node_init(kvr_node_t *node, int argc, char **argv, enum kvr_nod
 
 void kvr_node_fini(kvr_node_t *node)
 {
+    kvr_node_metrics_stop();
     kvr_worker_destroy(node->worker);
     if (node->sock)
         zmq_close(node->sock);
@@ -461,6 +466,9 @@ void kvr_node_run(kvr_node_t *node, const struct kvr_node_ops *ops, void *arg)
             if (s_until < timeout)
                 timeout = (int)s_until;
         }
+        int m_until = kvr_node_metrics_update(node, now); /* Prometheus mirror, once a second */
+        if (m_until < timeout)
+            timeout = m_until;
         poll_once(node, timeout);
         now = kvr_now_ns();
         if (node->stats_path && (node->stats_dirty || now - node->last_stats_ns > 500000000ull) &&

@@ -31,6 +31,7 @@
 #include "kvr_json.h"
 #include "kvr_log.h"
 #include "router.h"
+#include "rt_metrics.h"
 
 static volatile sig_atomic_t stop_flag;
 
@@ -204,6 +205,8 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    if (!rt_metrics_start(r))
+        goto out_ctx;
     KVR_LOG_INFO("router", "cluster %s: %d prefill/decode nodes, block size %u, ready", r->cl->name,
                  r->n_nodes, r->cl->block_size);
     while (!stop_flag) {
@@ -240,12 +243,14 @@ int main(int argc, char **argv)
         }
         if (now >= r->next_deadline)
             rt_loop_timers(r, now);
+        rt_metrics_update(r, now); /* Prometheus mirror, at most once a second */
     }
     KVR_LOG_INFO("router", "shutting down");
     rc = 0;
     rt_requests_fini(r);
 
 out_ctx:
+    rt_metrics_stop();
     rt_auth_fini(r);
     if (r->mon_sock)
         zmq_close(r->mon_sock);

@@ -16,6 +16,7 @@
 #include "kvr_clock.h"
 #include "kvr_log.h"
 #include "router.h"
+#include "rt_metrics.h"
 
 bool rt_requests_init(rt_t *r)
 {
@@ -216,6 +217,7 @@ void rt_req_finish(rt_t *r, struct rt_req *q, kvr_status_t code, Kvrail__FinishR
     }
     rt_samples_add(&r->st.overhead, q->overhead_ns);
     rt_samples_add(&r->st.overhead_cpu, q->overhead_cpu_ns);
+    rt_metrics_request_done(r, q, code, now);
     if (code == KVR_OK)
         r->st.completed++;
     else if (code == KVR_ERR_CANCELED)
