@@ -276,8 +276,10 @@ kvr_status_t kvr_proto_recv(void *sock, bool routed, kvr_proto_frame_t *frame_p,
         more = zmq_msg_more(&m);
         if (routed && frame_p->src_fd < 0)
             frame_p->src_fd = zmq_msg_get(&m, ZMQ_SRCFD); /* set on the parts from the wire */
-        if (part == 0) {
-            const char *uid = zmq_msg_gets(&m, "User-Id"); /* NULL without ZAP */
+        if (!frame_p->user_id[0]) {
+            /* on the parts from the wire (not a ROUTER's routing-id part);
+             * NULL without ZAP */
+            const char *uid = zmq_msg_gets(&m, "User-Id");
             if (uid)
                 snprintf(frame_p->user_id, sizeof(frame_p->user_id), "%s", uid);
         }
