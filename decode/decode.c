@@ -14,8 +14,13 @@
  * answer is Reserved{block ids, cached tokens} or Rejected{NO_RESOURCE when
  * the pool is full now, OVERLOAD when the request can never fit}.  The
  * prefill node writes the uncached blocks one-sidedly and then notifies
- * KV_READY{request, first token} on the same peer, so the data is there when
- * the notification arrives; with local_prefill the node prefills itself.
+ * KV_READY{request, attempt, first token} on the same peer, so the data is
+ * there when the notification arrives; this node streams that token as
+ * token 0 (the only path by which it reaches the client).  With
+ * local_prefill the node prefills itself.  A Reserve with attempt > 0 is
+ * the router retrying the prefill on another prefill node: the same
+ * reservation (same id and blocks) gets a renewed lease and a new writer;
+ * notifications of an earlier attempt are ignored from then on.
  *
  * Continuous batching: at every step the sequences whose KV has arrived join
  * the running batch (up to max_batch), one token each is computed for all of
@@ -84,6 +89,7 @@ struct dreq {
     char prefill_node[KVR_CLUSTER_NAME_MAX];
     uint64_t t_reserve, t_ready, deadline;
     uint64_t lease_ns; /* KV_PROGRESS from the prefill node renews this much */
+    uint32_t attempt;  /* the prefill attempt whose KV is taken (Reserve.attempt) */
     /* local prefill: prompt tokens whose K/V is in the blocks */
     uint32_t n_computed;
     uint64_t prefill_ns; /* the worker's time on its chunks */
@@ -152,6 +158,9 @@ struct decode {
     bool paged;
     uint32_t headroom;
     uint64_t preemptions, grown_blocks, lease_renewals;
+    uint64_t reservations;     /* new reservations made */
+    uint64_t reserve_renewals; /* prefill retries on a reservation (Reserve.attempt > 0) */
+    uint64_t stale_notifs;     /* notifications of an earlier attempt, ignored */
     int batch_max;
     /* the pool's background pre-fault: the horizon reached when the router
      * first accepted the registration (UINT32_MAX: not yet registered) */
@@ -269,13 +278,20 @@ static struct dreq *find_req(struct decode *d, uint64_t id)
 }
 
 /* The request a notification is about: same id and the same first
- * uncached block (two dispatches of one request never share it). */
-static struct dreq *find_req_notif(struct decode *d, uint64_t id, uint32_t first_block)
+ * uncached block (two dispatches of one request never share it); *stale_p
+ * is set when that is an earlier prefill attempt's (a retry on the same
+ * reservation counts the attempt up: the dead or slow writer is ignored). */
+static struct dreq *find_req_notif(struct decode *d, uint64_t id, uint32_t first_block,
+                                   uint32_t attempt, bool *stale_p)
 {
+    *stale_p = false;
     for (struct dreq *r = d->reqs; r; r = r->next)
         if (r->id == id && r->n_cached_blocks < r->n_blocks &&
-            r->blocks[r->n_cached_blocks] == first_block)
-            return r;
+            r->blocks[r->n_cached_blocks] == first_block) {
+            if (r->attempt == attempt)
+                return r;
+            *stale_p = true;
+        }
     return NULL;
 }
 
@@ -401,7 +417,9 @@ static bool finished(struct decode *d, struct dreq *r, int32_t tok, Kvrail__Fini
     return false;
 }
 
-/* The first token (sampled by the prefill) is here: stream it, then run. */
+/* The first token (sampled by the prefill, or by this node after a local
+ * prefill) is here: stream it as token 0 - the one path by which it
+ * reaches the client - then run. */
 static void start_decoding(struct decode *d, struct dreq *r, int32_t tok, float logprob)
 {
     r->tokens[r->n_tokens++] = tok;
@@ -413,10 +431,6 @@ static void start_decoding(struct decode *d, struct dreq *r, int32_t tok, float 
     bool done = finished(d, r, tok, &fin);
     send_token(d, r, tok, logprob, fin, KVR_OK, NULL, false);
     if (done) {
-        /* token 0 may also reach the client through PrefillDone, in which
-         * case the router drops this Token as a duplicate: the finish goes
-         * again on its own */
-        send_token(d, r, 0, 0, fin, KVR_OK, NULL, true);
         d->n_done++;
         req_end(d, r, true);
         return;
@@ -430,15 +444,41 @@ static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
     uint32_t bs = (uint32_t)L->block_size;
     uint32_t lease = m->lease_ms ? m->lease_ms : d->node.cluster->timeouts.lease_ms;
     struct dreq *r = find_req(d, m->request_id);
-    if (r) { /* a renewal (e.g. the router retries the prefill elsewhere) */
-        if (r->state == DR_RESERVED) {
-            r->lease_ns = (uint64_t)lease * 1000000ull;
-            r->deadline = kvr_now_ns() + r->lease_ns;
-            snprintf(r->prefill_node, sizeof r->prefill_node, "%s",
-                     m->prefill_node ? m->prefill_node : "");
-            r->aborted = false;
-            send_reserved(d, r);
+    if (m->attempt > 0 || r) {
+        /* the router retries the prefill on another prefill node: the same
+         * reservation, a renewed lease, a new writer (its attempt number
+         * tells its notifications from the old one's, whose partial writes
+         * it overwrites) */
+        if (!r) {
+            send_rejected(d, m->request_id, KVR_ERR_NOT_FOUND,
+                          "no reservation %" PRIu64 " to renew for prefill attempt %u (its lease "
+                          "expired or it was canceled)",
+                          m->request_id, m->attempt);
+            return;
         }
+        if (r->state != DR_RESERVED || m->attempt <= r->attempt) {
+            /* the KV is here already (the old writer finished), or an old
+             * renewal: the router learns it from the stream */
+            KVR_LOG_INFO(COMP,
+                         "request %" PRIu64 ": renewal for prefill attempt %u ignored (attempt "
+                         "%u, %s)",
+                         r->id, m->attempt, r->attempt,
+                         r->state == DR_RESERVED ? "not newer" : "KV already here");
+            return;
+        }
+        r->lease_ns = (uint64_t)lease * 1000000ull;
+        r->deadline = kvr_now_ns() + r->lease_ns;
+        snprintf(r->prefill_node, sizeof r->prefill_node, "%s",
+                 m->prefill_node ? m->prefill_node : "");
+        r->attempt = m->attempt;
+        r->aborted = false;
+        d->reserve_renewals++;
+        KVR_LOG_INFO(COMP,
+                     "request %" PRIu64 ": prefill attempt %u from '%s' on the same %u blocks; "
+                     "lease renewed for %u ms",
+                     r->id, r->attempt, r->prefill_node, r->n_blocks, lease);
+        send_reserved(d, r);
+        kvr_node_stats_dirty(&d->node);
         return;
     }
     size_t np = m->n_token_ids;
@@ -542,6 +582,7 @@ static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
     r->n_computed = r->n_cached_blocks * bs;
     r->next = d->reqs;
     d->reqs = r;
+    d->reservations++;
     d->cached_tokens += (uint64_t)r->n_cached_blocks * bs;
     send_reserved(d, r);
     kvr_node_stats_dirty(&d->node);
@@ -656,9 +697,18 @@ static void on_notif(void *arg, const void *msg, size_t len)
         on_hello(d, &n);
         return;
     }
-    struct dreq *r = find_req_notif(d, n.request_id, n.first_block);
+    bool stale = false;
+    struct dreq *r = find_req_notif(d, n.request_id, n.first_block, n.attempt, &stale);
     if (!r) {
-        KVR_LOG_DEBUG(COMP, "notification for unknown request %" PRIu64, n.request_id);
+        if (stale) {
+            d->stale_notifs++;
+            KVR_LOG_INFO(COMP,
+                         "request %" PRIu64 ": notification of kind %u from '%s' for prefill "
+                         "attempt %u, which was retried elsewhere: ignored",
+                         n.request_id, n.kind, n.node, n.attempt);
+        } else {
+            KVR_LOG_DEBUG(COMP, "notification for unknown request %" PRIu64, n.request_id);
+        }
         return;
     }
     if (n.kind == KVR_NOTIF_KV_PROGRESS) {
@@ -937,8 +987,6 @@ static void chunk_done(struct decode *d, struct djob *j)
     st.message = s == KVR_OK ? "" : "local prefill failed";
     m.request_id = r->id;
     m.status = &st;
-    m.first_token = (uint32_t)tok;
-    m.logprob = lp;
     m.compute_us = r->prefill_ns / 1000;
     m.total_us = (kvr_now_ns() - r->t_reserve) / 1000;
     m.computed_tokens = r->n_prompt - n_cached;
@@ -1137,7 +1185,8 @@ static void role_stats(void *arg, struct kvr_sbuf *b)
         ", \"pool_faulted_at_register\": %lld, \"pool_fault_status\": \"%s\""
         ", \"reservation\": \"%s\", \"preemptions\": %" PRIu64 ", \"preempted\": %d"
         ", \"grown_blocks\": %" PRIu64 ", \"batch_max\": %d, \"lease_renewals\": %" PRIu64
-        ", \"cached_hashes\": [",
+        ", \"reservations\": %" PRIu64 ", \"reserve_renewals\": %" PRIu64
+        ", \"stale_notifications\": %" PRIu64 ", \"cached_hashes\": [",
         c.total, c.free, c.evictable, c.cached, c.referenced, nres, nq, nready, nlocal, d->n_batch,
         d->n_done, d->n_failed, d->n_canceled, d->n_expired, d->n_rejected, d->n_local, d->n_remote,
         d->kv_bytes, d->tokens_out, d->steps, d->cached_tokens, d->ev_seq,
@@ -1147,7 +1196,8 @@ static void role_stats(void *arg, struct kvr_sbuf *b)
         kvr_blocktab_horizon(d->bt), kvr_node_pool_fault_ns(&d->npool),
         d->faulted_at_register == UINT32_MAX ? -1ll : (long long)d->faulted_at_register,
         kvr_status_str(kvr_node_pool_fault_status(&d->npool)), d->paged ? "paged" : "whole",
-        d->preemptions, npre, d->grown_blocks, d->batch_max, d->lease_renewals);
+        d->preemptions, npre, d->grown_blocks, d->batch_max, d->lease_renewals, d->reservations,
+        d->reserve_renewals, d->stale_notifs);
     if (b->p)
         kvr_blocktab_foreach_cached(d->bt, stats_hash, b);
     kvr_sbuf_printf(b, "]");

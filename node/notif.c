@@ -89,6 +89,7 @@ size_t kvr_notif_encode(const struct kvr_notif *n, void *buf, size_t cap)
     put_u32(&w, n->cached_tokens);
     put_u32(&w, (uint32_t)n->status);
     put_u32(&w, n->first_block);
+    put_u32(&w, n->attempt);
     put_u16(&w, (uint16_t)name_len);
     memcpy(w.p + w.n, n->node, name_len);
     w.n += name_len;
@@ -167,6 +168,7 @@ kvr_status_t kvr_notif_decode(const void *buf, size_t len, struct kvr_notif *n_p
     n.cached_tokens = get_u32(p, &off);
     n.status = (int32_t)get_u32(p, &off);
     n.first_block = get_u32(p, &off);
+    n.attempt = get_u32(p, &off);
     uint16_t name_len = get_u16(p, &off);
     if (name_len >= sizeof n.node)
         return bad(KVR_ERR_INVALID, err, err_len,

@@ -21,7 +21,8 @@
  *                block_size i32, dtype i32, proto_version u32,
  *                first_token i32, logprob f32 (IEEE bits), n_tokens u32,
  *                cached_tokens u32, status i32, first_block u32,
- *                node name length u16, node name bytes (no NUL)
+ *                attempt u32, node name length u16, node name bytes
+ *                (no NUL)
  *
  * The decoder checks every one of these (magic, marker, version, kind,
  * that the body length is what the buffer holds and what the fields need,
@@ -37,10 +38,10 @@
 #include "kvr_status.h"
 
 #define KVR_NOTIF_MAGIC    0x4e52564bu /* "KVRN" */
-#define KVR_NOTIF_VERSION  2           /* 1 was the raw C struct */
+#define KVR_NOTIF_VERSION  3           /* 1 was the raw C struct; 2 had no attempt */
 #define KVR_NOTIF_ENDIAN   0x01020304u
 #define KVR_NOTIF_HDR_LEN  16
-#define KVR_NOTIF_BODY_MIN 82 /* the fixed fields, before the name */
+#define KVR_NOTIF_BODY_MIN 86 /* the fixed fields, before the name */
 #define KVR_NOTIF_WIRE_MAX (KVR_NOTIF_HDR_LEN + KVR_NOTIF_BODY_MIN + KVR_CLUSTER_NAME_MAX)
 
 enum kvr_notif_kind {
@@ -69,6 +70,9 @@ struct kvr_notif {
     int32_t status;       /* KV_ABORT: why */
     uint32_t first_block; /* KV_READY/KV_ABORT: the decode node's block id of the first
                              uncached block: tells two dispatches of one request apart */
+    uint32_t attempt;     /* KV_READY/KV_ABORT/KV_PROGRESS: the Prefill's attempt on this
+                             reservation (a retry elsewhere counts it up; an older
+                             attempt's notification is ignored) */
 };
 
 /** Encodes n into buf (at least KVR_NOTIF_WIRE_MAX bytes are always enough).

@@ -16,10 +16,14 @@
  * the engine reports layer l done, its slices of every block the decode node
  * does not already hold are posted as one prepared descriptor list (runs of
  * blocks adjacent on both sides coalesced into one write).  After the last
- * layer the first token is sampled and a KV_READY notification {request,
- * first token} is sent on the same transport peer, so it arrives after the
- * data, and PrefillDone to the router; the staging blocks are reused once
- * the writes have completed.
+ * layer the first token is sampled; PrefillDone goes to the router (load
+ * accounting, no token) and a KV_READY notification {request, attempt,
+ * first token} on the same transport peer, so it arrives after the data:
+ * the decode node streams that token, the one path it takes to the client.
+ * Every message about a request carries the Prefill's attempt number, so
+ * that after a retry of the prefill on another node (same reservation on
+ * the decode node) the old attempt's late messages are told apart.  The
+ * staging blocks are reused once the writes have completed.
  *
  * The model runs on the node's engine worker thread (node/worker.h); this
  * thread, the loop, hands it one prefill job at a time and receives its
@@ -80,6 +84,7 @@ struct dinfo {
 struct preq {
     struct preq *next; /* queue or active list */
     uint64_t id;
+    uint32_t attempt; /* Prefill.attempt: echoed in PrefillDone and the notifications */
     enum preq_state state;
     int32_t *tokens;
     int32_t n_tokens;
@@ -402,9 +407,8 @@ static void send_done(struct prefill *p, struct preq *r, kvr_status_t code, cons
     st.code = code;
     st.message = (char *)(msg ? msg : "");
     d.request_id = r->id;
+    d.attempt = r->attempt;
     d.status = &st;
-    d.first_token = code == KVR_OK ? (uint32_t)r->first_token : 0;
-    d.logprob = r->logprob;
     d.bytes_moved = r->bytes;
     d.descriptors_posted = r->ndesc_posted;
     d.descriptors_raw = r->ndesc_raw;
@@ -434,6 +438,7 @@ static void notify_abort(struct prefill *p, struct preq *r, kvr_status_t why)
     struct kvr_notif n = {0};
     n.kind = KVR_NOTIF_KV_ABORT;
     n.request_id = r->id;
+    n.attempt = r->attempt;
     n.incarnation = p->node.incarnation;
     snprintf(n.node, sizeof n.node, "%s", p->node.name);
     n.status = why;
@@ -537,6 +542,7 @@ static kvr_status_t send_ready(struct prefill *p, struct preq *r)
     struct kvr_notif n = {0};
     n.kind = KVR_NOTIF_KV_READY;
     n.request_id = r->id;
+    n.attempt = r->attempt;
     n.incarnation = p->node.incarnation;
     snprintf(n.node, sizeof n.node, "%s", p->node.name);
     n.first_token = r->first_token;
@@ -623,7 +629,7 @@ static void queue_remove(struct prefill *p, struct preq *r)
 static void on_prefill(struct prefill *p, const Kvrail__Prefill *m)
 {
     const int32_t vocab = p->vocab, maxpos = kvr_model_max_pos(p->node.model);
-    struct preq tmp = {.id = m->request_id, .t_recv = kvr_now_ns()};
+    struct preq tmp = {.id = m->request_id, .attempt = m->attempt, .t_recv = kvr_now_ns()};
     char msg[200];
     struct preq *old = find_req(p, m->request_id);
     if (old) {
@@ -669,6 +675,7 @@ static void on_prefill(struct prefill *p, const Kvrail__Prefill *m)
         return;
     }
     r->id = m->request_id;
+    r->attempt = m->attempt;
     r->t_recv = tmp.t_recv;
     r->n_tokens = (int32_t)m->n_token_ids;
     for (size_t i = 0; i < m->n_token_ids; i++)
@@ -692,9 +699,10 @@ static void on_prefill(struct prefill *p, const Kvrail__Prefill *m)
 static void on_target(struct prefill *p, const Kvrail__PrefillTarget *t)
 {
     struct preq *r = find_req(p, t->request_id);
-    if (!r || r->have_target || r->canceled) {
-        KVR_LOG_DEBUG(COMP, "request %" PRIu64 ": PrefillTarget for no waiting request",
-                      t->request_id);
+    if (!r || r->have_target || r->canceled || r->attempt != t->attempt) {
+        KVR_LOG_DEBUG(COMP,
+                      "request %" PRIu64 ": PrefillTarget (attempt %u) for no waiting request",
+                      t->request_id, t->attempt);
         return;
     }
     if (t->decode_address.len)
@@ -771,10 +779,10 @@ static void job_recheck(struct prefill *p)
 
 static void finish_computed(struct prefill *p, struct preq *r)
 {
-    /* PrefillDone first: the router streams the first token from it (the
-     * decode node gets the KV and the same token in KV_READY, after the
-     * last layer's writes that follow); a transfer that then fails leaves
-     * the decode node's lease to fail the request */
+    /* PrefillDone (load accounting only, no token) first; the first token
+     * goes to the decode node in KV_READY, after the last layer's writes
+     * that follow, and the decode node streams it as token 0.  A transfer
+     * that then fails leaves the decode node's lease to fail the request */
     if (kvr_xfer_peer_status(r->peer->peer) == KVR_OK) {
         r->t_done = kvr_now_ns();
         send_done(p, r, KVR_OK, "");
@@ -1166,6 +1174,7 @@ static void send_progress(struct prefill *p, struct preq *r, uint64_t now)
     struct kvr_notif n = {0};
     n.kind = KVR_NOTIF_KV_PROGRESS;
     n.request_id = r->id;
+    n.attempt = r->attempt;
     n.incarnation = p->node.incarnation;
     snprintf(n.node, sizeof n.node, "%s", p->node.name);
     n.n_tokens = (uint32_t)r->n_tokens;

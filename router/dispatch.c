@@ -6,7 +6,10 @@
  * chosen P at the same time.  Every dispatch has its own id on the node
  * protocol, so a late message about an earlier attempt is never taken for
  * this one.  D's Reserved is relayed to P as PrefillTarget; Rejected with
- * NO_RESOURCE sends the request back to the queue's front.
+ * NO_RESOURCE sends the request back to the queue's front.  A prefill retry
+ * keeps the dispatch (its id and D's blocks): Reserve with attempt + 1
+ * renews D's lease and names the new P, Prefill goes to that P with the
+ * same attempt, and D's second Reserved is relayed as before.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -17,6 +20,21 @@
 #include "router.h"
 
 #define MS (1000000ull)
+
+static kvr_status_t send_prefill(rt_t *r, const struct rt_req *q, struct rt_node *p,
+                                 const struct rt_node *d)
+{
+    Kvrail__Prefill pf = KVRAIL__PREFILL__INIT;
+    pf.request_id = q->did;
+    pf.attempt = q->attempt;
+    pf.n_token_ids = q->n_ctx;
+    pf.token_ids = q->ctx;
+    pf.sampling = (Kvrail__SamplingParams *)&q->sp;
+    pf.seed = q->sp.seed;
+    pf.decode_node = (char *)d->name;
+    pf.lease_ms = r->cl->timeouts.lease_ms;
+    return rt_send_node(r, p, KVRAIL__METHOD__PREFILL, &pf.base);
+}
 
 static enum rt_dispatch_result send_pick(rt_t *r, struct rt_req *q, const struct rt_sched_pick *pk,
                                          uint64_t now)
@@ -35,6 +53,8 @@ static enum rt_dispatch_result send_pick(rt_t *r, struct rt_req *q, const struct
                       r->nodes[pk->p].name, d->name, pk->cached_tokens);
     }
     q->did = ++r->next_id;
+    q->attempt = 0;
+    q->d_held = false;
     if (!rt_u64map_put(&r->reqs, q->did, (uint64_t)(uintptr_t)q)) {
         q->did = 0;
         return RT_DISPATCH_SEND_FAILED;
@@ -58,15 +78,7 @@ static enum rt_dispatch_result send_pick(rt_t *r, struct rt_req *q, const struct
     }
     if (!pk->local) {
         struct rt_node *p = &r->nodes[pk->p];
-        Kvrail__Prefill pf = KVRAIL__PREFILL__INIT;
-        pf.request_id = q->did;
-        pf.n_token_ids = q->n_ctx;
-        pf.token_ids = q->ctx;
-        pf.sampling = &q->sp;
-        pf.seed = q->sp.seed;
-        pf.decode_node = d->name;
-        pf.lease_ms = r->cl->timeouts.lease_ms;
-        if (rt_send_node(r, p, KVRAIL__METHOD__PREFILL, &pf.base) != KVR_OK) {
+        if (send_prefill(r, q, p, d) != KVR_OK) {
             rt_send_node_cancel(r, pk->d, q->did, KVR_ERR_PEER_FAILURE, "prefill node unreachable");
             rt_u64map_del(&r->reqs, q->did);
             q->did = 0;
@@ -204,8 +216,10 @@ void rt_on_reserved(rt_t *r, struct rt_node *n, const Kvrail__Reserved *m, uint6
         rt_req_requeue(r, q, now);
         return;
     }
+    if (!q->attempt) /* a retry's Reserved repeats the first one's */
+        r->st.cached_tokens += m->cached_tokens;
     q->cached_tokens = m->cached_tokens;
-    r->st.cached_tokens += m->cached_tokens;
+    q->d_held = true;
     free(q->block_ids);
     q->block_ids = NULL;
     q->n_block_ids = 0;
@@ -224,6 +238,7 @@ void rt_on_reserved(rt_t *r, struct rt_node *n, const Kvrail__Reserved *m, uint6
         bool known = pn->sent_d_inc[n->idx] == n->incarnation;
         Kvrail__PrefillTarget t = KVRAIL__PREFILL_TARGET__INIT;
         t.request_id = q->did;
+        t.attempt = q->attempt;
         t.decode_node = n->name;
         t.decode_incarnation = n->incarnation;
         t.n_block_ids = m->n_block_ids;
@@ -271,6 +286,15 @@ void rt_on_rejected(rt_t *r, struct rt_node *n, const Kvrail__Rejected *m, uint6
     if (!q->local)
         rt_send_node_cancel(r, q->p, q->did, KVR_ERR_CANCELED,
                             "decode node rejected the reservation");
+    if (code == KVR_ERR_NOT_FOUND && q->attempt > 0) {
+        /* a retry found the reservation gone (its lease ran out first) */
+        KVR_LOG_WARN("router",
+                     "request %" PRIu64 ": %s no longer holds its reservation (%s); "
+                     "dispatched again",
+                     q->id, n->name, why);
+        rt_req_requeue(r, q, now);
+        return;
+    }
     if (code == KVR_ERR_NO_RESOURCE) {
         KVR_LOG_DEBUG("router", "request %" PRIu64 ": %s has no room (%s); queued", q->id, n->name,
                       why);
@@ -280,4 +304,58 @@ void rt_on_rejected(rt_t *r, struct rt_node *n, const Kvrail__Rejected *m, uint6
     }
     rt_req_finish(r, q, code ? code : KVR_ERR_INTERNAL, KVRAIL__FINISH_REASON__FINISH_ERROR, false,
                   now, "decode node %s rejected the request: %s", n->name, why);
+}
+
+bool rt_dispatch_retry_prefill(rt_t *r, struct rt_req *q, uint64_t now)
+{
+    if (q->local || !q->d_held || q->d < 0 || q->p < 0 || q->state != RQ_PREFILLING)
+        return false;
+    struct rt_node *d = &r->nodes[q->d];
+    if (!d->alive || d->incarnation != q->d_inc)
+        return false;
+    /* the least loaded live prefill node, the one that failed last only
+     * when it is the only one left (a timeout, not a death) */
+    int best = -1;
+    for (int i = 0; i < r->n_nodes; i++) {
+        const struct rt_node *n = &r->nodes[i];
+        if (n->role != KVR_NODE_ROLE_PREFILL || !n->alive)
+            continue;
+        if (best < 0 || (best == q->p && i != q->p) ||
+            (i != q->p && n->inflight_tokens < r->nodes[best].inflight_tokens))
+            best = i;
+    }
+    if (best < 0)
+        return false;
+    struct rt_node *old = &r->nodes[q->p], *p = &r->nodes[best];
+    rt_send_node_cancel(r, q->p, q->did, KVR_ERR_CANCELED, "prefill retried elsewhere");
+    if (!q->prefill_done)
+        old->inflight_tokens =
+            old->inflight_tokens > q->n_ctx ? old->inflight_tokens - q->n_ctx : 0;
+    if (old->active)
+        old->active--;
+    q->bad_p = q->p;
+    q->p = best;
+    q->attempt++;
+    q->prefill_done = false;
+    Kvrail__Reserve rs = KVRAIL__RESERVE__INIT;
+    rs.request_id = q->did;
+    rs.attempt = q->attempt;
+    rs.lease_ms = r->cl->timeouts.lease_ms;
+    rs.prefill_node = p->name;
+    if (rt_send_node(r, d, KVRAIL__METHOD__RESERVE, &rs.base) != KVR_OK ||
+        send_prefill(r, q, p, d) != KVR_OK) {
+        q->p = -1; /* its load is undone above */
+        return false;
+    }
+    p->inflight_tokens += q->n_ctx;
+    p->active++;
+    p->requests++;
+    rt_req_set_state(r, q, RQ_RESERVING);
+    q->prefill_deadline = now + (uint64_t)r->cl->timeouts.prefill_ms * MS;
+    rt_timer_arm(r, q->prefill_deadline + 1);
+    KVR_LOG_WARN("router",
+                 "request %" PRIu64 ": prefill attempt %u on %s, on the same reservation of %s "
+                 "(lease renewed)",
+                 q->id, q->attempt, p->name, d->name);
+    return true;
 }

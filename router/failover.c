@@ -1,7 +1,9 @@
 /*
  * failover.c - what the router does when something does not come back.  A
  * failed or timed-out prefill is retried on another prefill node (P that
- * failed it is avoided next; limits.prefill_retries).  A decode node that
+ * failed it is avoided next; limits.prefill_retries), on the same
+ * reservation of D when D holds one (its lease renewed, dispatch.c), else
+ * as a new dispatch.  A decode node that
  * dies or re-registers has its requests migrated: a new dispatch of prompt +
  * the tokens already streamed, continuing the stream where it stopped.  The
  * deadlines (request, queue, first token) are scanned here when the loop's
@@ -25,6 +27,8 @@ void rt_failover_prefill_failed(rt_t *r, struct rt_req *q, uint64_t now, kvr_sta
         r->st.retries++;
         KVR_LOG_WARN("router", "request %" PRIu64 ": prefill on %s failed (%s); retry %u of %u",
                      q->id, pname, why, q->retries, r->cl->prefill_retries);
+        if (rt_dispatch_retry_prefill(r, q, now))
+            return;
         if (!q->local)
             rt_send_node_cancel(r, q->p, q->did, KVR_ERR_CANCELED, "retrying elsewhere");
         rt_send_node_cancel(r, q->d, q->did, KVR_ERR_CANCELED, "prefill retried");

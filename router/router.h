@@ -24,7 +24,7 @@
  * Calls: main -> client_ep, node_ep, registry, failover, dispatch, requests;
  * client_ep -> status, dispatch, requests; node_ep -> registry, dirsync,
  * dispatch, streams; streams -> failover, requests; failover -> registry,
- * requests; dispatch -> scheduler, directory, registry, requests;
+ * requests, dispatch; dispatch -> scheduler, directory, registry, requests;
  * registry -> dirsync, directory; dirsync -> directory; status ->
  * directory; all -> send, util.  (Checked from the objects' symbols.)
  */
@@ -164,7 +164,9 @@ struct rt_req {
     uint32_t *block_ids;
     size_t n_block_ids;
     bool prefill_done;
-    uint32_t *out; /* tokens streamed to the client */
+    uint32_t attempt; /* prefill attempt on the current reservation (0 first) */
+    bool d_held;      /* D answered Reserved and still holds it: a retry reuses it */
+    uint32_t *out;    /* tokens streamed to the client */
     uint32_t n_out;
     uint32_t index_base; /* tokens streamed before the current dispatch */
     uint32_t next_local; /* next index expected from the current decode node */
@@ -321,6 +323,11 @@ enum rt_dispatch_result rt_dispatch(rt_t *r, struct rt_req *q, uint64_t now);
 void rt_dispatch_pump(rt_t *r, uint64_t now);
 void rt_on_reserved(rt_t *r, struct rt_node *n, const Kvrail__Reserved *m, uint64_t now);
 void rt_on_rejected(rt_t *r, struct rt_node *n, const Kvrail__Rejected *m, uint64_t now);
+/** Retries q's prefill on another prefill node on the same reservation of
+ *  D (Reserve with attempt + 1 renews its lease; Prefill to the new P).
+ *  false when that cannot be done (local prefill, no reservation held, no
+ *  live prefill node, a send failed): the caller dispatches afresh. */
+bool rt_dispatch_retry_prefill(rt_t *r, struct rt_req *q, uint64_t now);
 
 /* failover.c */
 /** A node died or re-registered: retry, migrate or fail what it held. */

@@ -1,13 +1,13 @@
 /*
- * streams.c - the token stream from the nodes to the client.  The first
- * token comes from P's PrefillDone or D's token 0, whichever arrives first;
- * D's later tokens follow in order (index per dispatch, offset by the tokens
- * streamed before a migration).  Each token is detokenized incrementally and
- * sent as a GenerateChunk.  Stop strings are the router's (the last bytes
- * of text kept in a small tail); EOS, stop ids and max_tokens are D's, which
- * marks the token that ends the stream (or sends a finish without a token
- * when token 0 came through PrefillDone).  The router still cuts a stream
- * at max_tokens: the bound of what it streams, should a node run past it.
+ * streams.c - the token stream from the decode node to the client.  Every
+ * token, the first included, comes from D's Token messages, in order (index
+ * per dispatch, offset by the tokens streamed before a migration); P's
+ * PrefillDone is load accounting (and failure) only.  Each token is
+ * detokenized incrementally and sent as a GenerateChunk.  Stop strings are
+ * the router's (the last bytes of text kept in a small tail); EOS, stop ids
+ * and max_tokens are D's, which marks the token that ends the stream.  The
+ * router still cuts a stream at max_tokens: the bound of what it streams,
+ * should a node run past it.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -110,6 +110,11 @@ void rt_on_prefill_done(rt_t *r, struct rt_node *n, const Kvrail__PrefillDone *m
     struct rt_req *q = rt_req_find(r, m->request_id);
     if (!q || (q->p != n->idx && q->d != n->idx))
         return;
+    if (!m->local && m->attempt != q->attempt) {
+        KVR_LOG_DEBUG("router", "request %" PRIu64 ": PrefillDone of attempt %u from %s, now at %u",
+                      q->id, m->attempt, n->name, q->attempt);
+        return; /* an earlier attempt, retried since */
+    }
     if (m->status && m->status->code) {
         if (q->p == n->idx && q->d >= 0)
             n->sent_d_inc[q->d] = 0; /* the retry carries D's address and rkeys again */
@@ -133,10 +138,6 @@ void rt_on_prefill_done(rt_t *r, struct rt_node *n, const Kvrail__PrefillDone *m
     }
     q->overhead_ns += kvr_now_ns() - t0;
     q->overhead_cpu_ns += rt_cpu_ns() - c0;
-    if (q->next_local == 0) {
-        q->next_local = 1;
-        emit(r, q, m->first_token, m->logprob, KVRAIL__FINISH_REASON__FINISH_NONE, now);
-    }
 }
 
 void rt_on_token(rt_t *r, struct rt_node *n, const Kvrail__Token *m, uint64_t now)
@@ -157,6 +158,7 @@ void rt_on_token(rt_t *r, struct rt_node *n, const Kvrail__Token *m, uint64_t no
             kvr_status_t code = m->status && m->status->code ? m->status->code : KVR_ERR_INTERNAL;
             const char *why = m->status && m->status->message ? m->status->message : "";
             if (q->n_out == q->index_base && !q->prefill_done) {
+                q->d_held = false; /* D ended it: a retry reserves again */
                 rt_failover_prefill_failed(r, q, now, code, why);
                 return;
             }
@@ -169,14 +171,23 @@ void rt_on_token(rt_t *r, struct rt_node *n, const Kvrail__Token *m, uint64_t no
                       false, now, "finished");
         return;
     }
-    if (m->index < q->next_local)
-        return; /* token 0 already delivered by PrefillDone */
+    if (m->index < q->next_local) {
+        r->st.bad_frames++; /* D streams each index once */
+        if (rt_bad_log_ok(r))
+            KVR_LOG_WARN("router", "request %" PRIu64 ": token %u from %s again: dropped", q->id,
+                         m->index, n->name);
+        return;
+    }
     if (m->index > q->next_local)
         KVR_LOG_WARN("router", "request %" PRIu64 ": token %u from %s, expected %u", q->id,
                      m->index, n->name, q->next_local);
     q->next_local = m->index + 1;
     if (!q->prefill_done) {
         q->prefill_done = true; /* local prefill, or D overtook PrefillDone */
+        if (q->p >= 0 && !q->local && q->attempt > 0)
+            /* the KV of an attempt that was retried reached D after all:
+             * the retry's prefill is not needed */
+            rt_send_node_cancel(r, q->p, q->did, KVR_ERR_CANCELED, "decode node has the KV");
         if (q->p >= 0) {
             struct rt_node *p = &r->nodes[q->p];
             p->inflight_tokens = p->inflight_tokens > q->n_ctx ? p->inflight_tokens - q->n_ctx : 0;

@@ -138,7 +138,6 @@ static void prefill_done(int route, uint64_t did, int code)
     Kvrail__PrefillDone m = KVRAIL__PREFILL_DONE__INIT;
     m.request_id = did;
     m.status = code ? &s : NULL;
-    m.first_token = 5;
     m.bytes_moved = 1024;
     rec(1, route, 0, KVRAIL__METHOD__PREFILL_DONE, 0, &m.base);
 }

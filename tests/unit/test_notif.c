@@ -33,6 +33,7 @@ static struct kvr_notif sample(uint16_t kind)
     n.bytes = 0x123456789aull;
     n.status = -11;
     n.first_block = 4000000000u;
+    n.attempt = 0x80000002u;
     return n;
 }
 
@@ -56,6 +57,7 @@ static void same(const struct kvr_notif *a, const struct kvr_notif *b)
     KVR_CHECK(a->bytes == b->bytes);
     KVR_CHECK_EQ(a->status, b->status);
     KVR_CHECK_EQ(a->first_block, b->first_block);
+    KVR_CHECK_EQ(a->attempt, b->attempt);
 }
 
 static void put32(uint8_t *p, uint32_t v)
