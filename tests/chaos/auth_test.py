@@ -121,8 +121,10 @@ def main():
     model = make_model(bins, wd)
     control(args, bins, model)
 
-    c = KeyedCluster(bins, wd, model, n_prefill=1, n_decode=1,
+    # decode1: a slot of the file with a key and no process (a free name)
+    c = KeyedCluster(bins, wd, model, n_prefill=1, n_decode=2,
                      extra_yaml="auth: curve\nkeys: keys\n")
+    c.decodes = ["decode0"]
     r = run([bins.kvrail, "keygen", "--config", c.config, "--client", "tester"], timeout=30)
     check(r.returncode == 0, "kvrail keygen failed: %s %s" % (r.stdout, r.stderr))
     keys = os.path.join(wd, "keys")
@@ -151,6 +153,8 @@ def main():
              dict(name="decode0", role="decode", key=os.path.join(keys, "prefill0.key"))),
             ("decode0's key, as prefill0 (stolen name)",
              dict(name="prefill0", key=os.path.join(keys, "decode0.key"))),
+            ("prefill0's key, as decode1 (a free name)",
+             dict(name="decode1", role="decode", key=os.path.join(keys, "prefill0.key"))),
         ]
         for what, kw in cases:
             out = rogue(args, c, **kw)
@@ -160,6 +164,11 @@ def main():
             check(not any(l.startswith("RECEIVED") for l in got),
                   "rogue with %s received node messages: %s" % (what, got))
             print("rogue with %s: %s" % (what, " | ".join(got)))
+            if kw["name"] == "decode1":
+                # the connection is up (the key is a node's), the name is not
+                # its key's: refused with an answer saying so
+                check(got and got[0].startswith("REPLY ") and "not node decode1's key" in got[0],
+                      "a node's key under a free name was not refused by name: %s" % got)
         text = log_text(c, "router")
         check("is not in the nodes' keys" in text,
               "the router did not log the refused unknown key:\n%s" % c.tail("router"))
