@@ -358,13 +358,27 @@ static kvr_status_t parse_normalizer(struct loader *L, const kvr_json_t *n)
             return KVR_ERR_NO_MEMORY;
     } else if (!strcmp(ty, "Replace")) {
         const kvr_json_t *pat = kvr_json_get(kvr_json_get(n, "pattern"), "String");
+        const kvr_json_t *rx = kvr_json_get(kvr_json_get(n, "pattern"), "Regex");
         const kvr_json_t *c = kvr_json_get(n, "content");
+        if (rx && rx->type == KVR_JSON_STRING && !pat)
+            pat = rx;
         if (!pat || pat->type != KVR_JSON_STRING || pat->len == 0 || !c ||
             c->type != KVR_JSON_STRING)
             return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
-                        "%s: normalizer Replace: only a non-empty {\"String\": ...} pattern "
-                        "and a \"content\" string are supported",
+                        "%s: normalizer Replace: only a non-empty {\"String\": ...} or "
+                        "{\"Regex\": ...} pattern and a \"content\" string are supported",
                         L->file);
+        if (pat == rx) {
+            char rerr[256] = "";
+            kvr_status_t rst = kvr_pretok_regex_new(rx->str, rx->len, &o->re, rerr, sizeof(rerr));
+            if (rst == KVR_ERR_INVALID)
+                return fail(L->err, L->err_len, KVR_ERR_UNSUPPORTED,
+                            "%s: normalizer Replace regex %.200s does not compile in "
+                            "Oniguruma: %s",
+                            L->file, rx->str, rerr);
+            if (rst != KVR_OK)
+                return rst;
+        }
         o->op = NORM_REPLACE;
         o->a = dupn(pat->str, pat->len);
         o->alen = pat->len;
@@ -1112,6 +1126,7 @@ void kvr_tokenizer_destroy(kvr_tokenizer_t *t)
     for (size_t i = 0; i < t->n_norms; i++) {
         free(t->norms[i].a);
         free(t->norms[i].b);
+        kvr_pretok_regex_free(t->norms[i].re);
     }
     free(t->norms);
     free(t->eos_ids);

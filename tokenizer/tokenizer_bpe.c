@@ -381,6 +381,16 @@ static kvr_status_t encode_section(struct bpe *b, const char *s, size_t len)
             memcpy(o, nm->a, nm->alen);
             memcpy(o + nm->alen, src, cur_len);
             ol = cur_len + nm->alen;
+        } else if (nm->re) {
+            struct buf r = {0};
+            kvr_status_t rst =
+                kvr_pretok_regex_replace(nm->re, src, cur_len, nm->b, nm->blen, &r.p, &r.n);
+            if (rst != KVR_OK) {
+                free(cur);
+                return rst;
+            }
+            o = r.p;
+            ol = r.n;
         } else {
             struct buf r = {0};
             for (size_t i = 0; i < cur_len;) {

@@ -24,6 +24,7 @@ struct norm {
     enum norm_op op;
     enum kvr_uni_form form; /* NORM_UNICODE */
     bool left, right;       /* NORM_STRIP */
+    kvr_pretok_regex_t *re; /* NORM_REPLACE with a Regex pattern (a unused) */
     char *a;                /* prepend text / replace pattern */
     char *b;                /* replace content */
     size_t alen, blen;

@@ -53,4 +53,11 @@ void kvr_pretok_regex_free(kvr_pretok_regex_t *re);
 kvr_status_t kvr_pretok_regex_split(const kvr_pretok_regex_t *re, const char *s, size_t len,
                                     kvr_pretok_piece_fn fn, void *ctx);
 
+/** s[0..len) with every non-empty match replaced by repl (the Replace
+ *  normalizer's Regex pattern); *out_p malloc'd and NUL-terminated.
+ *  @return KVR_OK; KVR_ERR_NO_MEMORY; KVR_ERR_INTERNAL (Oniguruma failed). */
+kvr_status_t kvr_pretok_regex_replace(const kvr_pretok_regex_t *re, const char *s, size_t len,
+                                      const char *repl, size_t repl_len, char **out_p,
+                                      size_t *out_len_p);
+
 #endif

@@ -178,3 +178,74 @@ out:
     free(off);
     return st;
 }
+
+struct repl_ctx {
+    char *o;
+    size_t n, cap;
+};
+
+static bool repl_put(struct repl_ctx *r, const char *s, size_t n)
+{
+    if (r->n + n + 1 > r->cap) {
+        size_t cap = (r->n + n + 1) * 2;
+        char *p = realloc(r->o, cap);
+        if (!p)
+            return false;
+        r->o = p;
+        r->cap = cap;
+    }
+    memcpy(r->o + r->n, s, n);
+    r->n += n;
+    r->o[r->n] = 0;
+    return true;
+}
+
+kvr_status_t kvr_pretok_regex_replace(const kvr_pretok_regex_t *r, const char *s, size_t len,
+                                      const char *repl, size_t repl_len, char **out_p,
+                                      size_t *out_len_p)
+{
+    /* the text must be valid UTF-8 here: normalizers run on text that the
+     * JSON parser or the caller gave; invalid bytes are kept, unmatched */
+    struct repl_ctx rc = {0};
+    kvr_status_t st = KVR_OK;
+    OnigRegion *reg = onig_region_new();
+    if (!reg || !repl_put(&rc, "", 0)) {
+        st = KVR_ERR_NO_MEMORY;
+        goto out;
+    }
+    const OnigUChar *str = (const OnigUChar *)s, *end = str + len;
+    size_t pos = 0, prev = 0;
+    bool valid = valid_utf8(s, len);
+    while (valid && pos < len) {
+        int rc2 = onig_search(r->re, str, end, str + pos, end, reg, ONIG_OPTION_NONE);
+        if (rc2 == ONIG_MISMATCH)
+            break;
+        if (rc2 < 0) {
+            st = rc2 == ONIGERR_MEMORY ? KVR_ERR_NO_MEMORY : KVR_ERR_INTERNAL;
+            goto out;
+        }
+        size_t ms = (size_t)reg->beg[0], me = (size_t)reg->end[0];
+        if (me == ms) {
+            uint32_t cp;
+            pos = ms + kvr_utf8_next(str + ms, len - ms, &cp);
+            continue;
+        }
+        if (!repl_put(&rc, s + prev, ms - prev) || !repl_put(&rc, repl, repl_len)) {
+            st = KVR_ERR_NO_MEMORY;
+            goto out;
+        }
+        prev = pos = me;
+    }
+    if (!repl_put(&rc, s + prev, len - prev))
+        st = KVR_ERR_NO_MEMORY;
+out:
+    if (reg)
+        onig_region_free(reg, 1);
+    if (st != KVR_OK) {
+        free(rc.o);
+        return st;
+    }
+    *out_p = rc.o;
+    *out_len_p = rc.n;
+    return KVR_OK;
+}

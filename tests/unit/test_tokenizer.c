@@ -77,6 +77,10 @@ static void test_broken(void)
                  KVR_ERR_INVALID, "merges[0]");
     expect_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": {}}}",
                  KVR_ERR_INVALID, "merges");
+    expect_error("{\"normalizer\": {\"type\": \"Replace\", \"pattern\": {\"Regex\": \"(a\"}, "
+                 "\"content\": \"b\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, "
+                 "\"merges\": []}}",
+                 KVR_ERR_UNSUPPORTED, "Replace regex");
     /* any regex Oniguruma compiles is taken; one it does not is refused */
     expect_error("{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\\\\w+\"}, "
                  "\"behavior\": \"Isolated\"}, \"decoder\": {\"type\": \"ByteLevel\"}, "
