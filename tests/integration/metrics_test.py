@@ -260,6 +260,44 @@ def main():
         wait_for("Prometheus scraped kvrail series", prom_has, timeout=60)
         print("ok prometheus scraped 3 targets (up == 1): kvrail_router_requests_total{result=ok} "
               "== %d, kvrail:time_to_first_token_seconds_count == %d" % (n_req + 1, n_req + 1))
+
+        # the CLI: token-id prompts, --usage's final line, --n choices, --stop
+        def gen(*a):
+            r = cl.run([bins.kvrail, "generate", "--router", c.client_ep, "--timeout", "60000",
+                        *a], timeout=90)
+            check(r.returncode == 0, "kvrail generate %s: rc %d: %s" % (a, r.returncode, r.stderr))
+            return r
+        r = gen("--max-tokens", "5", "--ignore-eos", "--json", "--usage", "--prompt-tokens",
+                "5,6,7,8,9,10")
+        lines = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
+        check(lines[0] == {"prompt_tokens": [5, 6, 7, 8, 9, 10]}, "prompt line %s" % lines[0])
+        check(len(lines) == 7 and all("token_id" in x for x in lines[1:6]), r.stdout)
+        check(lines[-1]["finish_reason"] == "length" and lines[-1]["usage"]["prompt_tokens"] == 6
+              and lines[-1]["usage"]["completion_tokens"] == 5, "usage line %s" % lines[-1])
+        r = gen("--max-tokens", "4", "--ignore-eos", "--json", "--usage", "--n", "3",
+                "--temperature", "1", "--seed", "11", "--prompt-tokens", "5,6,7")
+        lines = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
+        toks = [x for x in lines if "token_id" in x]
+        ends = [x for x in lines if "finish_reason" in x]
+        check(sorted(x["index"] for x in toks) == [0] * 4 + [1] * 4 + [2] * 4, r.stdout)
+        check(sorted(x["index"] for x in ends) == [0, 1, 2] and
+              all(x["usage"]["completion_tokens"] == 4 for x in ends), r.stdout)
+        full = gen("--max-tokens", "12", "--ignore-eos", "--json", "--prompt-tokens", "5,6,7,8,9")
+        ids = [json.loads(x) for x in full.stdout.splitlines()[1:]]
+        # a stop text: the first token text (after the first) not seen before it
+        cands = [j for j in range(1, len(ids)) if ids[j]["text"].strip() and
+                 ids[j]["text"] not in "".join(x["text"] for x in ids[:j])]
+        check(cands, "no usable stop text in %s" % full.stdout)
+        j = cands[0]
+        stop = ids[j]["text"]
+        r = gen("--max-tokens", "12", "--ignore-eos", "--json", "--usage", "--stop", stop,
+                "--prompt-tokens", "5,6,7,8,9")
+        last = json.loads(r.stdout.splitlines()[-1])
+        check(last["finish_reason"] == "stop" and last["usage"]["completion_tokens"] <= j + 1,
+              "--stop %r (token %d): %s" % (stop, j, last))
+        print("ok kvrail generate --stop %r: finish_reason stop after %d tokens" %
+              (stop, last["usage"]["completion_tokens"]))
+        print("ok kvrail generate: --prompt-tokens, --usage final line, --n 3 (4 tokens each)")
     finally:
         if prom:
             cl.stop_group(prom)

@@ -5,7 +5,10 @@
  *   kvrail generate [--router ENDPOINT] [--config FILE] [--max-tokens N]
  *                   [--temperature T] [--top-p P] [--top-k K] [--seed S]
  *                   [--ignore-eos] [--timeout MS] [--json] [--stats]
- *                   (PROMPT | --chat MESSAGES.json | --message role:content ...)
+ *                   [--stop TEXT]... [--repetition-penalty R] [--n N] [--no-stream]
+ *                   [--usage]
+ *                   (PROMPT | --prompt-tokens ID,ID,... | --chat MESSAGES.json |
+ *                    --message role:content ...)
  *                   [--chat-template NAME] [--model DIR]
  *
  * The router endpoint comes from --router, else the cluster file's
@@ -18,6 +21,15 @@
  * model directory from --model, else the cluster file's model), print it
  * ({"chat_prompt": ...} with --json), and send its tokens (encoded here
  * without special tokens: the template writes bos) instead of text.
+ * --stop TEXT (up to 16) ends generation at that text, which is not
+ * printed; --prompt-tokens sends token ids instead of text.  --n N runs N
+ * requests of the same prompt at once (seed, when given, is seed + i for
+ * choice i); with --json every token line then carries "index", and
+ * without it each choice is printed whole at the end as "[i] text".
+ * --no-stream prints the text once at the end.  --usage ends the output
+ * with one line per choice: {"index", "finish_reason", "usage":
+ * {"prompt_tokens", "completion_tokens", "cached_tokens"}} (on stdout with
+ * --json, else on stderr).
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -54,24 +66,51 @@ const char *kvr_cmd_router_endpoint(const char *router, const char *config, char
     return DEFAULT_ENDPOINT;
 }
 
+#define GEN_MAX_N    16
+#define GEN_MAX_STOP 16
+
 struct gen_out {
     bool json;
     bool first;
+    bool buffer; /* text mode: keep the text, print it at the end */
+    int index;   /* choice, printed with --json when n > 1; -1 = not printed */
+    char *text;  /* buffered text */
+    size_t n_text, cap_text;
 };
+
+static void buf_text(struct gen_out *o, const char *t, size_t n)
+{
+    if (o->n_text + n + 1 > o->cap_text) {
+        size_t cap = (o->cap_text + n + 1) * 2;
+        char *p = realloc(o->text, cap);
+        if (!p)
+            return; /* the text is cut; generation goes on */
+        o->text = p;
+        o->cap_text = cap;
+    }
+    memcpy(o->text + o->n_text, t, n);
+    o->n_text += n;
+    o->text[o->n_text] = 0;
+}
 
 static int on_token(void *arg, const struct kvr_gen_token *t)
 {
     struct gen_out *o = arg;
     if (o->json) {
-        if (o->first) {
+        if (o->first && (o->index < 0 || t->n_prompt_token_ids)) {
             printf("{\"prompt_tokens\": [");
             for (size_t i = 0; i < t->n_prompt_token_ids; i++)
                 printf("%s%u", i ? ", " : "", t->prompt_token_ids[i]);
             printf("]}\n");
         }
-        printf("{\"token_id\": %u, \"text\": ", t->token_id);
+        if (o->index >= 0)
+            printf("{\"index\": %d, \"token_id\": %u, \"text\": ", o->index, t->token_id);
+        else
+            printf("{\"token_id\": %u, \"text\": ", t->token_id);
         kvr_json_fput_str(stdout, t->text, t->text_len);
         printf(", \"logprob\": %.6f}\n", (double)t->logprob);
+    } else if (o->buffer) {
+        buf_text(o, t->text, t->text_len);
     } else {
         fwrite(t->text, 1, t->text_len, stdout);
     }
@@ -86,7 +125,10 @@ static void usage(FILE *f)
             "usage: kvrail generate [--router ENDPOINT] [--config FILE] [--max-tokens N]\n"
             "                       [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
             "                       [--ignore-eos] [--timeout MS] [--json] [--stats]\n"
-            "                       (PROMPT | --chat MESSAGES.json | --message role:content ...)\n"
+            "                       [--stop TEXT]... [--repetition-penalty R] [--n N]\n"
+            "                       [--no-stream] [--usage]\n"
+            "                       (PROMPT | --prompt-tokens ID,ID,... | --chat MESSAGES.json |\n"
+            "                        --message role:content ...)\n"
             "                       [--chat-template NAME] [--model DIR]\n");
 }
 
@@ -153,6 +195,137 @@ static int chat_tokens(const struct kvr_chat_prompt_opts *chat, const char *mode
     return rc;
 }
 
+/* "1,2, 3" -> ids; every id a decimal < 2^32, at least one */
+static int parse_ids(const char *s, uint32_t **ids_p, size_t *n_p)
+{
+    size_t cap = 1;
+    for (const char *q = s; *q; q++)
+        cap += *q == ',';
+    uint32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids)
+        return -1;
+    size_t n = 0;
+    const char *q = s;
+    for (;;) {
+        while (*q == ' ')
+            q++;
+        char *end;
+        unsigned long long v = strtoull(q, &end, 10);
+        if (end == q || v > 0xffffffffull || *q == '-') {
+            fprintf(stderr,
+                    "kvrail generate: --prompt-tokens '%s': want token ids separated by commas "
+                    "(e.g. 1,15043,3186)\n",
+                    s);
+            free(ids);
+            return -1;
+        }
+        ids[n++] = (uint32_t)v;
+        q = end;
+        while (*q == ' ')
+            q++;
+        if (!*q)
+            break;
+        if (*q++ != ',') {
+            fprintf(stderr, "kvrail generate: --prompt-tokens '%s': unexpected '%c'\n", s, q[-1]);
+            free(ids);
+            return -1;
+        }
+    }
+    *ids_p = ids;
+    *n_p = n;
+    return 0;
+}
+
+static const char *finish_name(enum kvr_finish f)
+{
+    switch (f) {
+    case KVR_FINISH_LENGTH:
+        return "length";
+    case KVR_FINISH_STOP:
+        return "stop";
+    case KVR_FINISH_CANCELED:
+        return "canceled";
+    case KVR_FINISH_ERROR:
+        return "error";
+    default:
+        return "none";
+    }
+}
+
+static void print_usage_line(FILE *f, int index, const struct kvr_gen_result *r)
+{
+    fprintf(f,
+            "{\"index\": %d, \"request_id\": %" PRIu64
+            ", \"finish_reason\": \"%s\", \"usage\": {\"prompt_tokens\": %u, "
+            "\"completion_tokens\": %u, \"cached_tokens\": %u}}\n",
+            index, r->request_id, finish_name(r->finish), r->prompt_tokens, r->completion_tokens,
+            r->cached_tokens);
+}
+
+/* n streams of one prompt at once on one client; every token is handed to
+ * its choice's gen_out as it arrives.  res[i] gets each result.  Returns
+ * KVR_OK when every choice ended ok, else the first failure. */
+static kvr_status_t run_many(kvr_client_t *cl, const struct kvr_gen_params *p, int n,
+                             struct gen_out *o, int timeout_ms, struct kvr_gen_result *res)
+{
+    kvr_gen_stream_t *ss[GEN_MAX_N] = {0};
+    bool open[GEN_MAX_N] = {0};
+    kvr_status_t first_err = KVR_OK;
+    int n_open = 0;
+    for (int i = 0; i < n; i++) {
+        struct kvr_gen_params pi = *p;
+        if (p->has_seed)
+            pi.seed = p->seed + (uint64_t)i;
+        pi.return_prompt_tokens = p->return_prompt_tokens && i == 0;
+        memset(&res[i], 0, sizeof res[i]);
+        kvr_status_t st = kvr_client_generate_start(cl, &pi, &ss[i]);
+        if (st != KVR_OK) {
+            res[i].status = st;
+            snprintf(res[i].message, sizeof res[i].message, "cannot start choice %d: %s", i,
+                     kvr_client_error(cl));
+            if (first_err == KVR_OK)
+                first_err = st;
+            continue;
+        }
+        open[i] = true;
+        n_open++;
+    }
+    int waited = 0;
+    while (n_open > 0) {
+        if (waited >= timeout_ms) {
+            for (int i = 0; i < n; i++)
+                if (open[i]) {
+                    res[i].status = KVR_ERR_TIMEOUT;
+                    snprintf(res[i].message, sizeof res[i].message,
+                             "no end within --timeout %d ms (canceled)", timeout_ms);
+                    if (first_err == KVR_OK)
+                        first_err = KVR_ERR_TIMEOUT;
+                }
+            break;
+        }
+        if (kvr_client_wait(cl, 100) == KVR_ERR_TIMEOUT)
+            waited += 100;
+        for (int i = 0; i < n; i++) {
+            if (!open[i])
+                continue;
+            struct kvr_gen_token t;
+            kvr_status_t st;
+            while ((st = kvr_gen_stream_next(ss[i], 0, &t)) == KVR_OK)
+                on_token(&o[i], &t);
+            if (st == KVR_ERR_CLOSED) {
+                res[i] = *kvr_gen_stream_result(ss[i]);
+                if (res[i].status != KVR_OK && first_err == KVR_OK)
+                    first_err = res[i].status;
+                open[i] = false;
+                n_open--;
+            }
+        }
+    }
+    for (int i = 0; i < n; i++)
+        kvr_gen_stream_destroy(ss[i]); /* cancels what is still open */
+    return first_err;
+}
+
 int kvr_cmd_generate(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -171,6 +344,12 @@ int kvr_cmd_generate(int argc, char **argv)
         {"message", required_argument, NULL, 'M'},
         {"chat-template", required_argument, NULL, 'N'},
         {"model", required_argument, NULL, 'm'},
+        {"stop", required_argument, NULL, 'x'},
+        {"prompt-tokens", required_argument, NULL, 'P'},
+        {"repetition-penalty", required_argument, NULL, 'R'},
+        {"n", required_argument, NULL, 'i'},
+        {"no-stream", no_argument, NULL, 'B'},
+        {"usage", no_argument, NULL, 'U'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -182,8 +361,12 @@ int kvr_cmd_generate(int argc, char **argv)
     p.max_tokens = 64;
     double v;
     int timeout_ms = 300000;
-    bool stats = false;
-    struct gen_out o = {.json = false, .first = true};
+    bool stats = false, no_stream = false, want_usage = false;
+    struct gen_out o = {.json = false, .first = true, .index = -1};
+    const char *stops[GEN_MAX_STOP];
+    size_t n_stops = 0;
+    const char *prompt_tokens = NULL;
+    int n_choices = 1;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "r:c:n:t:p:k:s:eT:jSh", opts, NULL)) != -1) {
@@ -249,6 +432,41 @@ int kvr_cmd_generate(int argc, char **argv)
             }
             chat.messages[chat.n_messages++] = optarg;
             break;
+        case 'x':
+            if (n_stops == GEN_MAX_STOP) {
+                fprintf(stderr, "kvrail generate: more than %d --stop options\n", GEN_MAX_STOP);
+                return 2;
+            }
+            if (!*optarg) {
+                fprintf(stderr, "kvrail generate: --stop '' : a stop text cannot be empty\n");
+                return 2;
+            }
+            stops[n_stops++] = optarg;
+            break;
+        case 'P':
+            prompt_tokens = optarg;
+            break;
+        case 'R':
+            if (parse_num("--repetition-penalty", optarg, 0.01, 100, &v))
+                return 2;
+            p.repetition_penalty = (float)v;
+            break;
+        case 'i':
+            if (parse_num("--n", optarg, 1, GEN_MAX_N, &v))
+                return 2;
+            if (v != (int)v) {
+                fprintf(stderr, "kvrail generate: --n wants a whole number of choices, 1..%d\n",
+                        GEN_MAX_N);
+                return 2;
+            }
+            n_choices = (int)v;
+            break;
+        case 'B':
+            no_stream = true;
+            break;
+        case 'U':
+            want_usage = true;
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -258,12 +476,23 @@ int kvr_cmd_generate(int argc, char **argv)
         }
     }
     bool want_chat = kvr_chat_prompt_wanted(&chat);
-    if (optind + (want_chat ? 0 : 1) != argc) {
+    if (want_chat && prompt_tokens) {
+        fprintf(stderr,
+                "kvrail generate: --prompt-tokens and --chat/--message exclude each other\n");
+        return 2;
+    }
+    if (optind + (want_chat || prompt_tokens ? 0 : 1) != argc) {
         usage(stderr);
         return 2;
     }
+    p.stop = stops;
+    p.n_stop = n_stops;
     uint32_t *chat_ids = NULL;
-    if (want_chat) {
+    if (prompt_tokens) {
+        if (parse_ids(prompt_tokens, &chat_ids, &p.n_token_ids) != 0)
+            return 2;
+        p.token_ids = chat_ids;
+    } else if (want_chat) {
         if (chat_tokens(&chat, model, config, o.json, &chat_ids, &p.n_token_ids) != 0)
             return 1;
         p.token_ids = chat_ids;
@@ -292,10 +521,36 @@ int kvr_cmd_generate(int argc, char **argv)
         free(chat_ids);
         return 1;
     }
-    struct kvr_gen_result res;
-    st = kvr_client_generate(cl, &p, on_token, &o, timeout_ms, &res);
+    struct kvr_gen_result res, many[GEN_MAX_N];
+    struct gen_out outs[GEN_MAX_N];
+    if (n_choices == 1) {
+        o.buffer = no_stream;
+        st = kvr_client_generate(cl, &p, on_token, &o, timeout_ms, &res);
+        many[0] = res;
+        if (o.buffer && o.text)
+            fputs(o.text, stdout);
+        free(o.text);
+    } else {
+        for (int i = 0; i < n_choices; i++) {
+            outs[i] = o;
+            outs[i].index = i;
+            outs[i].buffer = true; /* text mode: each choice whole at the end */
+        }
+        st = run_many(cl, &p, n_choices, outs, timeout_ms, many);
+        res = many[0];
+        for (int i = 0; i < n_choices; i++) {
+            if (!o.json)
+                printf("%s[%d] %s", i ? "\n" : "", i, outs[i].text ? outs[i].text : "");
+            free(outs[i].text);
+            if (many[i].status != KVR_OK && st != KVR_OK && res.status == KVR_OK)
+                res = many[i];
+        }
+    }
     if (!o.json)
         printf("\n");
+    if (want_usage && st == KVR_OK)
+        for (int i = 0; i < n_choices; i++)
+            print_usage_line(o.json ? stdout : stderr, i, &many[i]);
     if (stats || (st != KVR_OK))
         fflush(stdout);
     if (st != KVR_OK) {
