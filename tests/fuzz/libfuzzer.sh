@@ -39,7 +39,7 @@ for t in $TARGETS; do
     router)
         srcs="$SRC/tests/fuzz/fuzz_router.c $SRC/proto/frame.c $BUILD/proto/kvrail_common.pb-c.c
               $BUILD/proto/kvrail_client.pb-c.c $BUILD/proto/kvrail_node.pb-c.c $SRC/common/json.c"
-        for f in loop client_ep node_ep status registry dirsync streams failover dispatch requests \
+        for f in loop auth client_ep node_ep status registry dirsync streams failover dispatch requests \
                  send util directory scheduler; do
             srcs="$srcs $SRC/router/$f.c"
         done ;;
