@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kvr_clock.h"
 #include "kvr_json.h"
 #include "kvr_log.h"
 #include "kvr_metrics.h"
@@ -118,7 +119,7 @@ static struct {
     kvr_metrics_t *reg;
     kvr_metrics_http_t *http;
     kvr_metric_t *m[N_FIELDS];
-    kvr_metric_t *usage, *up;
+    kvr_metric_t *usage, *up, *cost;
     uint64_t last_ns;
 } g;
 
@@ -139,6 +140,10 @@ kvr_status_t kvr_node_metrics_start(kvr_node_t *node, char *err, size_t err_len)
     }
     g.up = kvr_metrics_gauge(g.reg, "kvrail_process_start_time_seconds",
                              "Start time of the process since the Unix epoch", NULL);
+    g.cost = kvr_metrics_gauge(g.reg, "kvrail_metrics_update_seconds",
+                               "Loop time the last copy of the figures into the registry took "
+                               "(once a second)",
+                               NULL);
     s = kvr_metrics_http_start(g.reg, node->self->host, node->self->metrics_port, &g.http, err,
                                err_len);
     if (s != KVR_OK) {
@@ -199,6 +204,7 @@ int kvr_node_metrics_update(kvr_node_t *node, uint64_t now_ns)
     }
     kvr_json_free(doc);
     free(b.p);
+    kvr_metric_set(g.cost, (double)(kvr_now_ns() - now_ns) / 1e9);
     kvr_metrics_http_set_ready(g.http, node->registered,
                                node->registered ? "ready" : "not registered with the router");
     return KVR_NODE_METRICS_PERIOD_MS;

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kvr_clock.h"
 #include "kvr_log.h"
 #include "kvr_metrics.h"
 #include "kvr_metrics_http.h"
@@ -33,7 +34,7 @@ static struct {
     kvr_metric_t *ttft, *e2e, *tpot, *prompt_hist, *gen_hist;
     kvr_metric_t *requests, *completed, *failed, *canceled, *overloaded, *bad_frames, *bad_requests,
         *local, *disagg, *retries, *disconnects, *resyncs, *dead, *cached, *prompt, *refused,
-        *running, *waiting, *dir_blocks, *start;
+        *running, *waiting, *dir_blocks, *start, *cost;
     struct node_m nodes[RT_MAX_NODES];
 } g;
 
@@ -107,6 +108,9 @@ bool rt_metrics_start(rt_t *r)
     g.dir_blocks = gauge("kvrail_router_directory_blocks", "Blocks in the block directory", NULL);
     g.start = gauge("kvrail_process_start_time_seconds",
                     "Start time of the process since the Unix epoch", NULL);
+    g.cost = gauge("kvrail_metrics_update_seconds",
+                   "Loop time the last copy of the figures into the registry took (once a second)",
+                   NULL);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     kvr_metric_set(g.start, (double)ts.tv_sec + ts.tv_nsec / 1e9);
@@ -193,6 +197,7 @@ void rt_metrics_update(rt_t *r, uint64_t now)
     }
     kvr_metrics_http_set_ready(g.http, decode_alive,
                                decode_alive ? "ready" : "no live decode node registered");
+    kvr_metric_set(g.cost, (double)(kvr_now_ns() - now) / 1e9);
 }
 
 void rt_metrics_request_done(rt_t *r, const struct rt_req *q, kvr_status_t code, uint64_t now)

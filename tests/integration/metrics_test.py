@@ -199,6 +199,11 @@ def main():
             check(val(rm, "kvrail_node_up", peer=peer,
                       peer_role=peer.rstrip("0")) == 1, "router sees %s up" % peer)
         check(0 <= val(dm, "kvrail:kv_cache_usage_perc") <= 1, "kv_cache_usage_perc")
+        cost = {n: val(m, "kvrail_metrics_update_seconds")
+                 for n, m in (("router", rm), ("prefill0", pm), ("decode0", dm))}
+        check(all(v is not None and v > 0 for v in cost.values()), "update cost %s" % cost)
+        print("note: one copy into the registry (once a second) took: %s" %
+              ", ".join("%s %.1f us" % (n, v * 1e6) for n, v in cost.items()))
         print("ok router: %d requests, TTFT/e2e histograms count %d, prefills remote %d local %d "
               "== decode node's" % (n_req, n_req, remote, local))
 
