@@ -37,7 +37,8 @@ EXTRA=$(pkg-config --libs libutf8proc oniguruma 2>/dev/null || echo "-lutf8proc 
 for t in $TARGETS; do
     case $t in
     router)
-        srcs="$SRC/tests/fuzz/fuzz_router.c $SRC/proto/frame.c $BUILD/proto/kvrail_common.pb-c.c
+        srcs="$SRC/tests/fuzz/fuzz_router.c $SRC/proto/frame.c $SRC/proto/curve.c
+              $BUILD/proto/kvrail_common.pb-c.c
               $BUILD/proto/kvrail_client.pb-c.c $BUILD/proto/kvrail_node.pb-c.c $SRC/common/json.c"
         for f in loop auth client_ep node_ep status registry dirsync streams failover dispatch requests \
                  send util directory scheduler; do
