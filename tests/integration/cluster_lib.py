@@ -363,13 +363,18 @@ class Cluster:
         return r.returncode, outs, r.stdout + r.stderr
 
     def wait_idle(self, timeout=15):
-        """Waits until every decode node holds no reservation and every
-        prefill node no request; returns the decode stats."""
+        """Waits until every decode node holds no reservation and has its
+        whole pool faulted in (a pool is pre-faulted in the background after
+        registration; blocks above its faulted horizon are neither free nor
+        usable yet), and every prefill node no request; returns the decode
+        stats."""
         deadline = time.time() + timeout
         while True:
             ds = {n: self.stats(n) for n in self.decodes}
             ps = {n: self.stats(n) for n in self.prefills}
-            idle = all(s.get("requests") == 0 and s.get("reserved_blocks") == 0 for s in ds.values()) \
+            idle = all(s.get("requests") == 0 and s.get("reserved_blocks") == 0 and
+                       s.get("pool_faulted_blocks", s.get("total_blocks")) == s.get("total_blocks")
+                       for s in ds.values()) \
                 and all(s.get("active") == 0 and s.get("queued") == 0 for s in ps.values())
             if idle:
                 return ds
