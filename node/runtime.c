@@ -168,6 +168,10 @@ kvr_status_t kvr_node_init(kvr_node_t *node, int argc, char **argv, enum kvr_nod
     zmq_setsockopt(node->sock, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(node->sock, ZMQ_RCVHWM, &hwm, sizeof hwm);
     zmq_setsockopt(node->sock, ZMQ_ROUTING_ID, node->name, strlen(node->name));
+    /* auth: curve: this node's key pair and the router's public key */
+    s = kvr_proto_curve_client(node->sock, node->cluster, node->name, err, err_len);
+    if (s != KVR_OK)
+        return s;
     if (zmq_connect(node->sock, node->cluster->node_endpoint) != 0) {
         snprintf(err, err_len, "cannot connect to the router's node endpoint '%s': %s",
                  node->cluster->node_endpoint, zmq_strerror(errno));
