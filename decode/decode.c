@@ -1195,7 +1195,7 @@ static void role_stats(void *arg, struct kvr_sbuf *b)
         d->itl_ns_max, d->npool.setup_ns, d->npool.huge ? "true" : "false",
         kvr_blocktab_horizon(d->bt), kvr_node_pool_fault_ns(&d->npool),
         d->faulted_at_register == UINT32_MAX ? -1ll : (long long)d->faulted_at_register,
-        kvr_status_str(kvr_node_pool_fault_status(&d->npool)), d->paged ? "paged" : "whole",
+        kvr_status_name(kvr_node_pool_fault_status(&d->npool)), d->paged ? "paged" : "whole",
         d->preemptions, npre, d->grown_blocks, d->batch_max, d->lease_renewals, d->reservations,
         d->reserve_renewals, d->stale_notifs);
     if (b->p)
