@@ -116,6 +116,8 @@ void rt_on_prefill_done(rt_t *r, struct rt_node *n, const Kvrail__PrefillDone *m
         return; /* an earlier attempt, retried since */
     }
     if (m->status && m->status->code) {
+        if (q->n_out > q->index_base)
+            return; /* D streams already: it has the KV (e.g. P canceled after all) */
         if (q->p == n->idx && q->d >= 0)
             n->sent_d_inc[q->d] = 0; /* the retry carries D's address and rkeys again */
         rt_failover_prefill_failed(r, q, now, m->status->code,

@@ -289,7 +289,28 @@ int main(int argc, char **argv)
     reserve(30, toks + 200, 100, 860, false, 5000, 0);
     rs = (Kvrail__Reserved *)expect(KVRAIL__METHOD__RESERVED, 5000);
     KVR_CHECK(rs && rs->request_id == 30);
+    uint32_t ids30[16];
+    size_t n30 = rs->n_block_ids < 16 ? rs->n_block_ids : 16;
+    memcpy(ids30, rs->block_ids, n30 * sizeof *ids30);
     protobuf_c_message_free_unpacked(&rs->base, NULL);
+    /* a prefill retry on another prefill node: the same reservation, its
+     * lease renewed (Reserved again, same block ids); a renewal of a
+     * reservation that does not exist is refused with NOT_FOUND */
+    Kvrail__Reserve rn = KVRAIL__RESERVE__INIT;
+    rn.request_id = 30;
+    rn.attempt = 1;
+    rn.lease_ms = 9000;
+    rn.prefill_node = (char *)"p1";
+    send_msg(KVRAIL__METHOD__RESERVE, &rn.base);
+    rs = (Kvrail__Reserved *)expect(KVRAIL__METHOD__RESERVED, 5000);
+    KVR_CHECK(rs && rs->request_id == 30);
+    KVR_CHECK_EQ(rs->n_block_ids, n30);
+    KVR_CHECK(memcmp(rs->block_ids, ids30, n30 * sizeof *ids30) == 0);
+    KVR_CHECK(rs->lease_ms >= 9000); /* was 5000 */
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    rn.request_id = 77;
+    send_msg(KVRAIL__METHOD__RESERVE, &rn.base);
+    expect_rejected(77, KVR_ERR_NOT_FOUND, "no reservation 77 to renew");
     reserve(31, toks + 300, 100, 60, false, 5000, 0);
     expect_rejected(31, KVR_ERR_NO_RESOURCE, "KV pool full");
     Kvrail__NodeCancel nc = KVRAIL__NODE_CANCEL__INIT;
