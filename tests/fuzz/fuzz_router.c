@@ -163,6 +163,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         pos += len;
         rt_loop_frame(r, op == 0 ? r->client_sock : r->node_sock, op == 0, &f, st, err, now);
         kvr_proto_frame_clear(&f);
+        /* the bounds on what peers feed the router hold after every frame */
+        for (int i = 0; i < r->n_nodes; i++) {
+            const struct rt_node *n = &r->nodes[i];
+            if (n->n_ev_buf > 4096 || n->ev_buf_bytes > RT_HELD_EVENT_BYTES ||
+                rt_dir_node_blocks(&r->dir, i) > r->dir.limit[i])
+                abort();
+        }
+        if (r->n_queued > r->cl->max_queue)
+            abort();
     }
     rt_requests_fini(r);
     rt_registry_fini(r);
