@@ -132,6 +132,7 @@ def main():
     ports = {n: cl.free_port() for n in ("router", "prefill0", "decode0")}
     add_ports(c.config, ports)
     prom = None
+    ok = False
     try:
         c.start()
         for n, p in ports.items():
@@ -303,10 +304,13 @@ def main():
         print("ok kvrail generate --stop %r: finish_reason stop after %d tokens" %
               (stop, last["usage"]["completion_tokens"]))
         print("ok kvrail generate: --prompt-tokens, --usage final line, --n 3 (4 tokens each)")
+        ok = True
     finally:
         if prom:
             cl.stop_group(prom)
         c.stop()
+        if ok and not args.keep:
+            shutil.rmtree(wd, ignore_errors=True)
     print("PASS metrics")
     return 0
 
