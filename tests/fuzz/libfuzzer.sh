@@ -32,8 +32,12 @@ fi
 CFLAGS="-g -O1 -std=gnu11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
 INC="-I$SRC/common -I$BUILD/common -I$SRC/proto -I$BUILD/proto -I$SRC/router -I$SRC/tokenizer -I$SRC/sample -I$BUILD"
 PKG=$(pkg-config --cflags --libs libprotobuf-c libzmq libxxhash yaml-0.1)
-LIBS="$BUILD/tokenizer/libkvr_tokenizer.a $BUILD/sample/libkvr_sample.a $BUILD/common/libkvr_common.a"
+# the meson-built router core last: only what the instrumented sources do not
+# define comes from it (metrics hooks, and whatever module is added later)
+LIBS="$BUILD/router/libkvr_router_core.a $BUILD/common/libkvr_metrics_http.a
+      $BUILD/tokenizer/libkvr_tokenizer.a $BUILD/sample/libkvr_sample.a $BUILD/common/libkvr_common.a"
 EXTRA=$(pkg-config --libs libutf8proc oniguruma 2>/dev/null || echo "-lutf8proc -lonig")
+EXTRA="$EXTRA $(pkg-config --libs libmicrohttpd 2>/dev/null || true)"
 for t in $TARGETS; do
     case $t in
     router)
