@@ -47,6 +47,11 @@ void rt_status_reply(rt_t *r, const kvr_proto_frame_t *f, uint64_t now)
     rs.client_disconnects = r->st.client_disconnects;
     rs.resyncs = r->st.resyncs;
     rs.dead_nodes = r->st.dead_nodes;
+    rs.auth_refused = r->st.auth_refused;
+    rs.refused_registrations = r->st.refused_registrations;
+    rs.held_event_drops = r->st.held_event_drops;
+    for (int i = 0; i < r->n_nodes; i++)
+        rs.unresponsive_nodes += r->nodes[i].unresponsive;
     rs.directory_blocks = rt_dir_entries(&r->dir);
     rs.cached_tokens = r->st.cached_tokens;
     rs.prompt_tokens = r->st.prompt_tokens;

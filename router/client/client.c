@@ -652,6 +652,10 @@ kvr_status_t kvr_client_status(kvr_client_t *c, int timeout_ms, struct kvr_clust
         o->client_disconnects = s->client_disconnects;
         o->resyncs = s->resyncs;
         o->dead_nodes = s->dead_nodes;
+        o->auth_refused = s->auth_refused;
+        o->refused_registrations = s->refused_registrations;
+        o->held_event_drops = s->held_event_drops;
+        o->unresponsive_nodes = s->unresponsive_nodes;
     }
     for (size_t i = 0; i < r->n_nodes && i < 64; i++) {
         Kvrail__NodeStatus *n = r->nodes[i];

@@ -167,6 +167,9 @@ struct kvr_cluster_status {
     uint64_t client_disconnects, resyncs, dead_nodes;
     size_t n_nodes;
     struct kvr_node_info nodes[64];
+    /* refused by auth: curve; REGISTERs refused; BlockEvents dropped during
+     * a resync; decode nodes declared unresponsive (a Reserve unanswered) */
+    uint64_t auth_refused, refused_registrations, held_event_drops, unresponsive_nodes;
 };
 
 /** Fetches the router's status.  @return KVR_OK; KVR_ERR_TIMEOUT; an error
