@@ -215,6 +215,7 @@ static kvr_status_t create(kvr_xfer_engine_t *xfer, const struct kvr_kv_layout *
             return KVR_ERR_IO;
         }
         F->started = true;
+        pthread_setname_np(F->thread, "kvr-prefault"); /* for top -H; best effort */
     }
     *pool_p = P;
     return KVR_OK;
