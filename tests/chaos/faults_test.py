@@ -1,4 +1,5 @@
-"""faults_test.py - streams always end: the router is killed (SIGKILL) while
+"""faults_test.py - a 100 kB text prompt is refused by its length before it is
+tokenized; streams always end: the router is killed (SIGKILL) while
 clients have streams open, and restarted; a decode node that accepts
 reservations and never answers (a black hole) is found and routed around.
 
@@ -149,6 +150,14 @@ def main():
     c.decodes = ["decode0"]
     try:
         c.start()
+        # a text prompt far longer than the context can take is refused by its
+        # length before the router tokenizes it (16 bytes per context token)
+        huge = "word " * 20000
+        r = run([bins.kvrail, "generate", "--router", c.client_ep, "--max-tokens", "4",
+                 "--timeout", "30000", huge], timeout=60)
+        check(r.returncode != 0 and "bytes; at most" in r.stderr,
+              "a %d-byte prompt was not refused by its length: rc %d, %s" %
+              (len(huge), r.returncode, r.stderr[-300:]))
         texts = ["stream number %d keeps going and going" % i for i in range(4)]
         clients = []
         for i, t in enumerate(texts):
