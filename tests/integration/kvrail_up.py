@@ -6,8 +6,8 @@ cluster file.
 --case basic: `up` starts the three nodes and prints "ready" once they
 registered; `generate --json` gives the same tokens as `kvrail run --json` for
 the same prompt (a short prompt prefilled locally on the decode node, a long
-one disaggregated; token ids and texts exactly, logprobs within 1e-4
-relative); `status --json` shows both nodes alive, the disaggregated prefill
+one disaggregated; token ids, texts and logprobs
+exactly); `status --json` shows both nodes alive, the disaggregated prefill
 and the KV bytes moved prefill -> decode with a rate; bad input to `generate`
 exits 1 with the router's message; SIGTERM stops every node and exits 0.
 
@@ -46,13 +46,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster_lib import Fail, free_port, reap_all, spawn, stop_group  # noqa: E402
 from cluster_lib import run as run_group  # noqa: E402
 
-# Logprobs: `kvrail run` and the cluster are not yet proven bit-exact against
-# each other (a cached prefix, a different batch shape or chunking changes the
-# float summation order; the engine work on bit-exactness is under way), so
-# the honest comparison is token ids and texts exactly and logprobs within
-# this relative tolerance.  A cached prefix was seen to change the 6th digit.
-LOGPROB_RTOL = 1e-4
-LOGPROB_ATOL = 2e-6  # the JSON prints 6 decimals
+# Logprobs compare exactly: every engine path (full or chunked prefill, a
+# cached prefix, batched prefill, decode in any batch) is bit-identical
+# (tests/unit/test_engine_invariant.c), so the cluster's logprobs equal
+# `kvrail run`'s to the last printed digit.  A difference is a bug, not noise.
 
 
 class Up:
@@ -125,8 +122,8 @@ def parse_json_lines(out):
 
 
 def same_generation(ref_out, got_out):
-    """'' when `generate --json` equals `run --json` (ids and texts exactly,
-    logprobs within LOGPROB_RTOL), else what differs."""
+    """'' when `generate --json` equals `run --json` (ids, texts and
+    logprobs exactly), else what differs."""
     ref, got = parse_json_lines(ref_out), parse_json_lines(got_out)
     if len(ref) != len(got):
         return "%d lines vs %d" % (len(ref), len(got))
@@ -135,9 +132,9 @@ def same_generation(ref_out, got_out):
     for i, (a, b) in enumerate(zip(ref[1:], got[1:])):
         if set(a) != set(b) or a["token_id"] != b["token_id"] or a["text"] != b["text"]:
             return "token %d: %s vs %s" % (i, a, b)
-        la, lb = a["logprob"], b["logprob"]
-        if abs(la - lb) > LOGPROB_RTOL * max(abs(la), abs(lb)) + LOGPROB_ATOL:
-            return "token %d logprob %.6f vs %.6f (over %g relative)" % (i, la, lb, LOGPROB_RTOL)
+        if a["logprob"] != b["logprob"]:
+            return "token %d logprob %.6f vs %.6f (the paths must be bit-identical)" % (
+                i, a["logprob"], b["logprob"])
     return ""
 
 
