@@ -24,7 +24,6 @@
 
 #define COMP "metrics"
 
-#if KVR_HAVE_MHD
 #include <microhttpd.h>
 
 struct kvr_metrics_http {
@@ -153,34 +152,3 @@ void kvr_metrics_http_stop(kvr_metrics_http_t *srv)
     pthread_mutex_destroy(&srv->mu);
     free(srv);
 }
-
-#else /* built without libmicrohttpd: asking for a metrics port is an error */
-
-struct kvr_metrics_http {
-    int unused;
-};
-
-kvr_status_t kvr_metrics_http_start(kvr_metrics_t *reg, const char *host, uint16_t port,
-                                    kvr_metrics_http_t **out, char *err, size_t err_len)
-{
-    (void)reg;
-    (void)out;
-    snprintf(err, err_len,
-             "metrics: metrics_port %u on %s asked for, but kvrail was built without "
-             "libmicrohttpd (apt-get install libmicrohttpd-dev, then rebuild)",
-             (unsigned)port, host);
-    return KVR_ERR_UNSUPPORTED;
-}
-
-void kvr_metrics_http_set_ready(kvr_metrics_http_t *srv, bool ready, const char *why)
-{
-    (void)srv;
-    (void)ready;
-    (void)why;
-}
-
-void kvr_metrics_http_stop(kvr_metrics_http_t *srv)
-{
-    (void)srv;
-}
-#endif

@@ -8,8 +8,8 @@
  * tokenizer is loaded.  The rendered text already holds what the template
  * puts there (bos_token included), so it is encoded without adding special
  * tokens, as Hugging Face's apply_chat_template(tokenize=True) does.  When
- * the model has no template, or the build lacks the renderer, chat is off
- * and every chat request is answered 501 with the reason.
+ * the model has no template, chat is off and every chat request is
+ * answered 501 with the reason.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,18 +18,14 @@
 #include "kvr_log.h"
 #include "frontend.h"
 
-#if FE_HAVE_CHAT
 #include "kvr_chat.h"
 #include "kvr_tokenizer.h"
 
 static kvr_chat_template_t *tpl;
 static char *bos, *eos;
 static kvr_tokenizer_t *tok;
-#endif
 
-static char why_off[1024] =
-    "chat completions (messages) need the tokenizer library's chat template "
-    "renderer (kvr_chat_render), which this build lacks";
+static char why_off[1024] = "chat completions are not set up yet (fe_chat_init not called)";
 
 const char *fe_chat_unavailable(void)
 {
@@ -38,7 +34,6 @@ const char *fe_chat_unavailable(void)
 
 void fe_chat_init(const char *model_dir)
 {
-#if FE_HAVE_CHAT
     char err[512];
     char *src = NULL;
     if (!model_dir) {
@@ -70,15 +65,11 @@ void fe_chat_init(const char *model_dir)
     }
     fe_cfg.have_chat = true;
     KVR_LOG_INFO(FE_COMP, "chat template of %s loaded", model_dir);
-#else
-    (void)model_dir;
-#endif
 }
 
 kvr_status_t fe_chat_prompt(const kvr_json_t *messages, const kvr_json_t *kwargs,
                             struct fe_prompt *p, char *msg, size_t msg_len)
 {
-#if FE_HAVE_CHAT
     if (!tpl)
         return KVR_ERR_UNSUPPORTED;
     struct kvr_chat_options o = {
@@ -110,11 +101,4 @@ kvr_status_t fe_chat_prompt(const kvr_json_t *messages, const kvr_json_t *kwargs
     p->ids = (uint32_t *)ids; /* same size and representation, ids are >= 0 */
     p->n_ids = n;
     return KVR_OK;
-#else
-    (void)messages;
-    (void)kwargs;
-    (void)p;
-    snprintf(msg, msg_len, "%s", why_off);
-    return KVR_ERR_UNSUPPORTED;
-#endif
 }

@@ -112,6 +112,14 @@ kvr_status_t kvr_node_init(kvr_node_t *node, int argc, char **argv, enum kvr_nod
                  kvr_node_role_name(node->self->role), kvr_node_role_name(role));
         return KVR_ERR_INVALID;
     }
+    if (node->self->device_index >= 0) {
+        /* never a silent CPU run: this build has no CUDA compute backend */
+        snprintf(err, err_len,
+                 "%s: node '%s' asks for device %s, but this build of kvrail has no CUDA "
+                 "compute backend; set `device: cpu` for this node",
+                 config, name, node->self->device);
+        return KVR_ERR_UNSUPPORTED;
+    }
     snprintf(node->name, sizeof node->name, "%s", name);
     kvr_log_set_process(node->name);
     node->incarnation = (kvr_now_ns() ^ ((uint64_t)getpid() << 40)) | 1;

@@ -87,18 +87,11 @@ static bool link_empty(const struct kvr_xfer_link *h)
 /* ------------------------------------------------------------------------ */
 /* backend registry                                                          */
 
-#ifdef KVR_XFER_BUILD_UCX
-extern const struct kvr_xfer_ops kvr_xfer_ucx_ops;
-#endif
-#ifdef KVR_XFER_BUILD_VERBS
-extern const struct kvr_xfer_ops kvr_xfer_verbs_ops;
-#endif
-
 static const struct kvr_xfer_ops *const registry[] = {
-#ifdef KVR_XFER_BUILD_UCX
+#if KVR_HAVE_UCX
     &kvr_xfer_ucx_ops,
 #endif
-#ifdef KVR_XFER_BUILD_VERBS
+#if KVR_HAVE_VERBS
     &kvr_xfer_verbs_ops,
 #endif
     &kvr_xfer_loop_ops,

@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvr_config.h"
 #include "kvr_xfer.h"
 
 #ifndef container_of
@@ -149,12 +150,13 @@ void kvr_xfer_peer_fail(kvr_xfer_peer_t *p, kvr_status_t s, const char *why);
 /** Delivers a received notification to the engine's callback. */
 void kvr_xfer_deliver_notif(kvr_xfer_engine_t *e, const void *msg, size_t len);
 
-/** Backends registered in this build (xfer.c, one #ifdef per backend). */
+/** Backends registered in this build (xfer.c, one #if KVR_HAVE_<NAME> per backend;
+ *  kvr_config.h says which meson built). */
 extern const struct kvr_xfer_ops kvr_xfer_loop_ops;
-#ifdef KVR_XFER_BUILD_UCX
+#if KVR_HAVE_UCX
 extern const struct kvr_xfer_ops kvr_xfer_ucx_ops;
 #endif
-#ifdef KVR_XFER_BUILD_VERBS
+#if KVR_HAVE_VERBS
 extern const struct kvr_xfer_ops kvr_xfer_verbs_ops;
 #endif
 

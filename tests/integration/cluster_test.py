@@ -21,6 +21,7 @@
 import argparse
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -318,7 +319,13 @@ def case_badargs(args, bins, wd):
     nomodel = os.path.join(wd, "nomodel.yaml")
     with open(nomodel, "w") as f:
         f.write(text.replace("model: %s" % model, "model: %s/missing" % wd))
+    # a device this build cannot drive is a start-up error, never a silent CPU run
+    cuda_yaml = os.path.join(wd, "cuda.yaml")
+    with open(cuda_yaml, "w") as f:
+        f.write(re.sub(r"(\n(\s*)- name: decode0\n)", r"\1\2  device: cuda:0\n", text, count=1))
+    check("device: cuda:0" in open(cuda_yaml).read(), "cuda.yaml: no device line written")
     cases = [
+        (bins.decode, ["--config", cuda_yaml, "--node", "decode0"], "no CUDA compute backend"),
         (bins.decode, [], "--config FILE and --node NAME are required"),
         (bins.prefill, ["--config", c.config], "--config FILE and --node NAME are required"),
         (bins.decode, ["--config", c.config, "--node", "nosuch"], "no node named 'nosuch'"),

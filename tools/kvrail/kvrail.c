@@ -1,6 +1,5 @@
 /*
  * kvrail.c - the `kvrail` operator tool: dispatches to its subcommands.
- * Subcommands whose source is not in this build say so instead of running.
  * `kvrail --version` prints the project version meson was configured with.
  */
 #include <stdio.h>
@@ -19,18 +18,10 @@ struct subcmd {
 };
 
 static const struct subcmd cmds[] = {
-#ifdef KVR_CMD_HAVE_RUN
     {"run", kvr_cmd_run, "single-process reference generation (no cluster)"},
-#endif
-#ifdef KVR_CMD_HAVE_GENERATE
     {"generate", kvr_cmd_generate, "generate text through the router, streaming"},
-#endif
-#ifdef KVR_CMD_HAVE_STATUS
     {"status", kvr_cmd_status, "nodes, load, cached blocks, KV bytes moved"},
-#endif
-#ifdef KVR_CMD_HAVE_UP
     {"up", kvr_cmd_up, "start every node a cluster file places on this host"},
-#endif
     {"cluster", kvr_cmd_cluster, "cluster file tools: `cluster render` fills in hosts"},
     {"keygen", kvr_cmd_keygen, "CURVE key pairs for auth: curve (docs/security.md)"},
     {NULL, NULL, NULL},
