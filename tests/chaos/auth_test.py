@@ -14,41 +14,13 @@ registers: the test would fail if the refusals came from anything but the
 keys; and the router warns at start.
 """
 import argparse
-import json
 import os
 import subprocess
 import sys
 import time
 
-from cluster_lib import (Bins, Cluster, Fail, add_bin_args, check, make_model, run, run_main,
-                         workdir)
-
-
-class KeyedCluster(Cluster):
-    """A Cluster whose status and generation go through libkvrail-client
-    (`kvrail status` / `kvrail generate`), which takes the CURVE keys from
-    KVRAIL_ROUTER_KEY / KVRAIL_CLIENT_KEY."""
-
-    def status(self, timeout_ms=3000):
-        r = run([self.bins.kvrail, "status", "--router", self.client_ep, "--json", "--timeout",
-                 str(timeout_ms)], timeout=timeout_ms / 1000 + 10)
-        if r.returncode != 0:
-            return None
-        try:
-            return json.loads(r.stdout)
-        except ValueError:
-            return None
-
-
-def tokens_of(out):
-    ids = []
-    for line in out.splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            o = json.loads(line)
-            if "token_id" in o:
-                ids.append(o["token_id"])
-    return ids
+from cluster_lib import (Bins, ClientCluster, Fail, add_bin_args, check, make_model, run,
+                         run_main, tokens_of, workdir)
 
 
 def generate(bins, c, text, max_tokens, env=None):
@@ -93,7 +65,7 @@ def log_text(c, name):
 def control(args, bins, model):
     """auth: none: the rogue registers (a fresh router, no node yet)."""
     wd = workdir("kvr-auth-none-")
-    c = KeyedCluster(bins, wd, model, extra_yaml="auth: none\n")
+    c = ClientCluster(bins, wd, model, extra_yaml="auth: none\n")
     try:
         c._start("router", [bins.router, "--config", c.config, "--node", "router"])
         wait_router(c)
@@ -122,7 +94,7 @@ def main():
     control(args, bins, model)
 
     # decode1: a slot of the file with a key and no process (a free name)
-    c = KeyedCluster(bins, wd, model, n_prefill=1, n_decode=2,
+    c = ClientCluster(bins, wd, model, n_prefill=1, n_decode=2,
                      extra_yaml="auth: curve\nkeys: keys\n")
     c.decodes = ["decode0"]
     r = run([bins.kvrail, "keygen", "--config", c.config, "--client", "tester"], timeout=30)

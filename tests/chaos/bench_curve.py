@@ -10,26 +10,13 @@ Prints a markdown table with curve/none ratios.
       --prefill-bin ... --decode-bin ... --kvrail ... --mkmodel ... --loadgen ... [-n 40]
 """
 import argparse
-import json
 import os
 import re
 import statistics
 
-from cluster_lib import Bins, Cluster, add_bin_args, check, make_model, run, workdir
+from cluster_lib import Bins, ClientCluster, add_bin_args, check, make_model, run, workdir
 
 STATS = re.compile(r"TTFT ([\d.]+) ms, total ([\d.]+) ms, router overhead ([\d.]+) us")
-
-
-class ClientCluster(Cluster):
-    def status(self, timeout_ms=3000):
-        r = run([self.bins.kvrail, "status", "--router", self.client_ep, "--json", "--timeout",
-                 str(timeout_ms)], timeout=timeout_ms / 1000 + 10)
-        if r.returncode != 0:
-            return None
-        try:
-            return json.loads(r.stdout)
-        except ValueError:
-            return None
 
 
 def pct(v, q):

@@ -23,44 +23,15 @@ kvrail run's tokens.
 """
 import re
 import argparse
-import json
 import os
 import signal
 import subprocess
 import time
 
-from cluster_lib import (Bins, Cluster, Fail, add_bin_args, check, make_model, run, run_main,
-                         spawn, stop_group, workdir)
+from cluster_lib import (Bins, ClientCluster, Fail, add_bin_args, check, make_model, run, run_main,
+                         spawn, stop_group, tokens_of, workdir)
 
 LOST = "connection to the router was lost"
-
-
-class ClientCluster(Cluster):
-    """Status through libkvrail-client (`kvrail status --json`)."""
-
-    def status(self, timeout_ms=3000):
-        r = run([self.bins.kvrail, "status", "--router", self.client_ep, "--json", "--timeout",
-                 str(timeout_ms)], timeout=timeout_ms / 1000 + 10)
-        if r.returncode != 0:
-            return None
-        try:
-            return json.loads(r.stdout)
-        except ValueError:
-            return None
-
-
-def tokens_of(text):
-    ids = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                o = json.loads(line)
-            except ValueError:
-                continue
-            if "token_id" in o:
-                ids.append(o["token_id"])
-    return ids
 
 
 def wait_nodes(c, want, timeout=40):

@@ -484,6 +484,37 @@ def workdir(prefix):
     return tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("TMPDIR", "/tmp"))
 
 
+class ClientCluster(Cluster):
+    """A Cluster whose status goes through libkvrail-client (`kvrail status
+    --json`), which also takes the CURVE keys from KVRAIL_ROUTER_KEY /
+    KVRAIL_CLIENT_KEY (kvrail-loadgen has no CURVE)."""
+
+    def status(self, timeout_ms=3000):
+        r = run([self.bins.kvrail, "status", "--router", self.client_ep, "--json", "--timeout",
+                 str(timeout_ms)], timeout=timeout_ms / 1000 + 10)
+        if r.returncode != 0:
+            return None
+        try:
+            return json.loads(r.stdout)
+        except ValueError:
+            return None
+
+
+def tokens_of(text):
+    """The token ids of `kvrail generate/run --json` output."""
+    ids = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                o = json.loads(line)
+            except ValueError:
+                continue
+            if "token_id" in o:
+                ids.append(o["token_id"])
+    return ids
+
+
 def run_main(fn):
     """Runs fn() -> exit code, mapping Fail to 1 with its message."""
     try:
