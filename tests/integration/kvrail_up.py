@@ -222,6 +222,22 @@ def case_basic(a, model, cfg, ep, work):
     txt = run([a.kvrail, "status", "--router", ep])
     if "decode0" not in txt.stdout or "GB/s" not in txt.stdout:
         raise Fail("status text: " + txt.stdout)
+    # with the cluster file, status names the nodes that never registered
+    # and where they are expected (none here; then one placed on another host)
+    st = run([a.kvrail, "status", "--config", cfg, "--json"])
+    if st.returncode or json.loads(st.stdout).get("unregistered") != []:
+        raise Fail("status --config: want no unregistered node: %s %s" % (st.stdout, st.stderr))
+    cfg9 = os.path.join(work, "cluster-plus-remote.yaml")
+    with open(cfg) as fi, open(cfg9, "w") as fo:
+        fo.write(fi.read() + "  - {name: decode9, role: decode, host: gpu-node-9}\n")
+    st = run([a.kvrail, "status", "--config", cfg9, "--json"])
+    want = [{"name": "decode9", "role": "decode", "host": "gpu-node-9"}]
+    if st.returncode or json.loads(st.stdout).get("unregistered") != want:
+        raise Fail("status --config: want %s unregistered: %s %s" % (want, st.stdout, st.stderr))
+    txt = run([a.kvrail, "status", "--config", cfg9])
+    if "never registered" not in txt.stdout or "expected on gpu-node-9" not in txt.stdout:
+        raise Fail("status text names no unregistered node: " + txt.stdout)
+    print("status --config: decode9 never registered, expected on gpu-node-9")
     sigterm_stops(up, pids)
 
 

@@ -7,15 +7,20 @@
  * bad frames, its own per-request overhead p50/p99), then one line per node:
  * role, alive, load (batch, in-flight prefill tokens), blocks (free/total,
  * cached in the directory) and the KV bytes moved prefill -> decode with the
- * rate.  --json prints one JSON object with the same fields.
+ * rate.  With a cluster file (--config or KVRAIL_CONFIG), the nodes it
+ * places that the router has never seen register are listed with the host
+ * where they are expected.  --json prints one JSON object with the same
+ * fields.
  */
 #include <getopt.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kvr_client.h"
+#include "kvr_cluster.h"
 #include "kvr_cmd.h"
 #include "kvr_json.h"
 
@@ -71,7 +76,44 @@ static void print_json(const struct kvr_cluster_status *s)
                n->batch_size, n->inflight_prefill_tokens, n->queued_prefill_tokens, n->requests,
                n->kv_bytes_moved, n->kv_transfer_ns, n->kv_gbps, n->block_event_seq, n->resyncs);
     }
-    printf("]}\n");
+    printf("]");
+}
+
+/* The file's prefill/decode nodes that the router does not know: never
+ * registered (a node that registered and died is listed by the router, not
+ * alive).  Returns how many; prints them as JSON or text. */
+static size_t print_unregistered(const kvr_cluster_t *cf, const struct kvr_cluster_status *s,
+                                 bool json)
+{
+    size_t n = 0;
+    if (json)
+        printf(", \"unregistered\": [");
+    for (size_t i = 0; cf && i < cf->n_nodes; i++) {
+        const kvr_cluster_node_t *cn = &cf->nodes[i];
+        if (cn->role == KVR_NODE_ROLE_ROUTER)
+            continue;
+        bool seen = false;
+        for (size_t j = 0; j < s->n_nodes && !seen; j++)
+            seen = !strcmp(s->nodes[j].name, cn->name);
+        if (seen)
+            continue;
+        if (json) {
+            printf("%s{\"name\": ", n ? ", " : "");
+            jstr(cn->name);
+            printf(", \"role\": \"%s\", \"host\": ", kvr_node_role_name(cn->role));
+            jstr(cn->host);
+            printf("}");
+        } else {
+            if (!n)
+                printf("\nnever registered (start them there, e.g. `kvrail up FILE` on that "
+                       "host):\n");
+            printf("%-12s %-8s expected on %s\n", cn->name, kvr_node_role_name(cn->role), cn->host);
+        }
+        n++;
+    }
+    if (json)
+        printf("]");
+    return n;
 }
 
 static void print_text(const char *ep, const struct kvr_cluster_status *s)
@@ -178,10 +220,23 @@ int kvr_cmd_status(int argc, char **argv)
         kvr_client_close(cl);
         return 1;
     }
-    if (json)
+    /* the cluster file, when there is one, says which nodes never registered */
+    kvr_cluster_t *cf = NULL;
+    const char *cfg = config ? config : getenv("KVRAIL_CONFIG");
+    char err[512];
+    if (cfg && kvr_cluster_load(cfg, &cf, err, sizeof(err)) != KVR_OK) {
+        fprintf(stderr, "kvrail status: %s\n", err);
+        cf = NULL;
+    }
+    if (json) {
         print_json(&s);
-    else
+        print_unregistered(cf, &s, true);
+        printf("}\n");
+    } else {
         print_text(ep, &s);
+        print_unregistered(cf, &s, false);
+    }
+    kvr_cluster_free(cf);
     kvr_client_close(cl);
     return 0;
 }
