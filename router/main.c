@@ -28,6 +28,7 @@
 #include <zmq.h>
 
 #include "kvr_clock.h"
+#include "kvr_endpoint.h"
 #include "kvr_json.h"
 #include "kvr_log.h"
 #include "router.h"
@@ -94,8 +95,14 @@ static void *make_router_socket(rt_t *r, const char *bind, const char *what, boo
         zmq_close(s);
         return NULL;
     }
-    if (zmq_bind(s, bind) != 0) {
-        KVR_LOG_ERROR("router", "cannot bind the %s endpoint %s: %s", what, bind,
+    char addr[512];
+    if (kvr_endpoint_bind_form(bind, addr, sizeof(addr), err, sizeof(err)) != KVR_OK) {
+        KVR_LOG_ERROR("router", "cannot bind the %s endpoint: %s", what, err);
+        zmq_close(s);
+        return NULL;
+    }
+    if (zmq_bind(s, addr) != 0) {
+        KVR_LOG_ERROR("router", "cannot bind the %s endpoint %s (%s): %s", what, bind, addr,
                       zmq_strerror(zmq_errno()));
         zmq_close(s);
         return NULL;

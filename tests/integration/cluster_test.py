@@ -50,7 +50,12 @@ def case_e2e(args, bins, wd):
     t0 = time.time()
     ref = reference(bins, model, prompts)
     print("reference: %d prompts in %.1f s" % (len(prompts), time.time() - t0))
-    c = Cluster(bins, wd, model, n_prefill=args.prefill, n_decode=args.decode)
+    # Both router endpoints as tcp://localhost:PORT: the router binds a host
+    # name, not just an IP (issue 11 item 6; zmq_bind alone says "No such device").
+    c = Cluster(bins, wd, model, n_prefill=args.prefill, n_decode=args.decode,
+                hosts={"router": "localhost"})
+    check("localhost" in c.client_ep and "localhost" in c.node_ep, "endpoints: %s %s"
+          % (c.client_ep, c.node_ep))
     try:
         c.start()
         t0 = time.time()
