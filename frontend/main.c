@@ -24,6 +24,7 @@
 
 #include "kvr_cluster.h"
 #include "kvr_log.h"
+#include "kvr_version.h"
 #include "frontend.h"
 
 struct fe_config fe_cfg = {
@@ -229,7 +230,7 @@ int main(int argc, char **argv)
             fe_cfg.idle_timeout_s = (int)v;
             break;
         case O_VERSION:
-            printf("kvrail-frontend %s\n", KVR_VERSION);
+            kvr_version_print("kvrail-frontend");
             return 0;
         case O_HELP:
             usage(stdout);

@@ -20,6 +20,7 @@
 
 #include "kvr_clock.h"
 #include "kvr_log.h"
+#include "kvr_version.h"
 #include "node_metrics.h"
 
 #define COMP "node"
@@ -44,7 +45,8 @@ static void usage(FILE *f, const char *prog)
             "  --config FILE      the cluster file (docs/cluster-file.md)\n"
             "  --node NAME        this node's name in the cluster file\n"
             "  --stats-file PATH  write the node's counters there as JSON (for tests)\n"
-            "  --log-level LEVEL  error|warn|info|debug|trace (or KVR_LOG_LEVEL)\n",
+            "  --log-level LEVEL  error|warn|info|debug|trace (or KVR_LOG_LEVEL)\n"
+            "  --version          print the version and git revision\n",
             prog);
 }
 
@@ -61,6 +63,7 @@ kvr_status_t kvr_node_init(kvr_node_t *node, int argc, char **argv, enum kvr_nod
         {"stats-file", required_argument, 0, 's'},
         {"log-level", required_argument, 0, 'l'},
         {"help", no_argument, 0, 'h'},
+        {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0},
     };
     int c;
@@ -87,6 +90,9 @@ kvr_status_t kvr_node_init(kvr_node_t *node, int argc, char **argv, enum kvr_nod
         }
         case 'h':
             usage(stdout, argv[0]);
+            exit(0);
+        case 'V':
+            kvr_version_print(role == KVR_NODE_ROLE_PREFILL ? "kvrail-prefill" : "kvrail-decode");
             exit(0);
         default:
             usage(stderr, argv[0]);

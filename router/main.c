@@ -31,6 +31,7 @@
 #include "kvr_endpoint.h"
 #include "kvr_json.h"
 #include "kvr_log.h"
+#include "kvr_version.h"
 #include "router.h"
 #include "rt_metrics.h"
 
@@ -116,17 +117,16 @@ static void usage(FILE *f)
     fprintf(f, "usage: kvrail-router --config FILE [--node NAME] [--log-level LEVEL]\n"
                "  --config FILE   cluster file (docs/cluster-file.md)\n"
                "  --node NAME     this router's node in the file (default: the first with "
-               "role router)\n");
+               "role router)\n"
+               "  --version       print the version and git revision\n");
 }
 
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"config", required_argument, NULL, 'c'},
-        {"node", required_argument, NULL, 'n'},
-        {"log-level", required_argument, NULL, 'l'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        {"config", required_argument, NULL, 'c'},    {"node", required_argument, NULL, 'n'},
+        {"log-level", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},         {NULL, 0, NULL, 0},
     };
     const char *config = NULL, *node = NULL;
     int c;
@@ -149,6 +149,9 @@ int main(int argc, char **argv)
         }
         case 'h':
             usage(stdout);
+            return 0;
+        case 'V':
+            kvr_version_print("kvrail-router");
             return 0;
         default:
             usage(stderr);

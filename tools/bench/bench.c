@@ -19,6 +19,7 @@
 
 #include "kvr_clock.h"
 #include "kvr_log.h"
+#include "kvr_version.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -240,6 +241,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"mem", required_argument, NULL, 'M'},
         {"target-wait", required_argument, NULL, 'E'},
         {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
     static const uint64_t def_sizes[] = {4u << 10, 16u << 10, 64u << 10, 256u << 10,
@@ -402,6 +404,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
             break;
         case 'h':
             usage(stdout);
+            exit(0);
+        case 'V':
+            kvr_version_print("kvrail-bench");
             exit(0);
         default:
             usage(stderr);

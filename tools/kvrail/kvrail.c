@@ -10,6 +10,7 @@
 #endif
 
 #include "kvr_cmd.h"
+#include "kvr_version.h"
 
 struct subcmd {
     const char *name;
@@ -47,7 +48,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
-        printf("kvrail %s\n", KVR_VERSION);
+        kvr_version_print("kvrail");
         return 0;
     }
     for (const struct subcmd *c = cmds; c->name; c++)

@@ -38,6 +38,7 @@
 #include "kvr_json.h"
 #include "kvr_log.h"
 #include "kvr_proto.h"
+#include "kvr_version.h"
 
 #define COMP "loadgen"
 
@@ -814,6 +815,7 @@ int main(int argc, char **argv)
         {"shared-frac", required_argument, 0, O_SHARED_FRAC},
         {"label", required_argument, 0, O_LABEL},
         {"help", no_argument, 0, 'h'},
+        {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0},
     };
     int c;
@@ -908,6 +910,9 @@ int main(int argc, char **argv)
             break;
         case 'h':
             usage(stdout);
+            return 0;
+        case 'V':
+            kvr_version_print("kvrail-loadgen");
             return 0;
         default:
             usage(stderr);

@@ -23,6 +23,7 @@
 
 #include "kvr_json.h"
 #include "kvr_tokgen.h"
+#include "kvr_version.h"
 
 enum { DT_F32, DT_F16, DT_BF16 };
 
@@ -335,6 +336,7 @@ int main(int argc, char **argv)
                                        {"seed", 1, 0, 'S'},
                                        {"out", 1, 0, 'o'},
                                        {"help", 0, 0, 'h'},
+                                       {"version", 0, 0, 'V'},
                                        {0, 0, 0, 0}};
     int c, rc = 1;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -402,6 +404,9 @@ int main(int argc, char **argv)
             break;
         case 'h':
             usage(stdout);
+            return 0;
+        case 'V':
+            kvr_version_print("kvrail-mkmodel");
             return 0;
         default:
             usage(stderr);
