@@ -174,7 +174,8 @@ static void usage(FILE *f)
                "  --cancel-after K         cancel each request after K tokens\n"
                "  --disconnect-after K     drop the connection once a request has K tokens\n"
                "  --status                 print the router's status as JSON and exit\n"
-               "  --quiet                  no table on stdout\n");
+               "  --quiet                  no table on stdout\n"
+               "  --version                print the version and git revision\n");
 }
 
 /* ---- zmq helpers ---- */

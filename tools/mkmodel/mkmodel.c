@@ -288,7 +288,8 @@ static void usage(FILE *f)
                "  --rope-theta X               default 10000 (llama), 1e6 (qwen2, mistral)\n"
                "  --rope-scaling llama3        llama3 rope_scaling (factor 8)\n"
                "  --sliding-window N           mistral/qwen2 sliding window (default none)\n"
-               "  --seed S                     default 0\n");
+               "  --seed S                     default 0\n"
+               "  --version                    print the version and git revision\n");
 }
 
 static int parse_int(const char *s, const char *flag, int lo, int hi, int *out)
