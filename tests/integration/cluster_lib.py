@@ -17,6 +17,7 @@ the router reports every node alive, and stops everything at the end
 (SIGTERM, then SIGKILL).  Requests go through kvrail-loadgen (--prompts FILE
 --outputs FILE); references come from `kvrail run --json`.  Stdlib only.
 """
+import argparse
 import atexit
 import ctypes
 import json
@@ -210,6 +211,17 @@ class Bins:
         self.kvrail = args.kvrail
         self.mkmodel = args.mkmodel
         self.loadgen = args.loadgen
+
+    @classmethod
+    def from_build(cls, build):
+        """The binaries of a meson build directory (for the benchmark scripts)."""
+        return cls(argparse.Namespace(
+            router=os.path.join(build, "router", "kvrail-router"),
+            prefill_bin=os.path.join(build, "prefill", "kvrail-prefill"),
+            decode_bin=os.path.join(build, "decode", "kvrail-decode"),
+            kvrail=os.path.join(build, "tools", "kvrail", "kvrail"),
+            mkmodel=os.path.join(build, "tools", "mkmodel", "kvrail-mkmodel"),
+            loadgen=os.path.join(build, "tools", "loadgen", "kvrail-loadgen")))
 
 
 def add_bin_args(ap):

@@ -33,16 +33,7 @@ import cluster_lib as cl  # noqa: E402
 
 
 def bins_from_build(build):
-    class A:
-        pass
-    a = A()
-    a.router = os.path.join(build, "router", "kvrail-router")
-    a.prefill_bin = os.path.join(build, "prefill", "kvrail-prefill")
-    a.decode_bin = os.path.join(build, "decode", "kvrail-decode")
-    a.kvrail = os.path.join(build, "tools", "kvrail", "kvrail")
-    a.mkmodel = os.path.join(build, "tools", "mkmodel", "kvrail-mkmodel")
-    a.loadgen = os.path.join(build, "tools", "loadgen", "kvrail-loadgen")
-    return cl.Bins(a)
+    return cl.Bins.from_build(build)
 
 
 def run_one(bins, wd, model, mode, args, rep):
