@@ -169,11 +169,7 @@ int kvr_node_metrics_update(kvr_node_t *node, uint64_t now_ns)
         kvr_metric_set(g.up, (double)ts.tv_sec + ts.tv_nsec / 1e9);
     }
     struct kvr_sbuf b = {0};
-    kvr_sbuf_printf(&b, "{\"registered\": %d, \"bad_frames\": %llu", node->registered ? 1 : 0,
-                    (unsigned long long)node->bad_frames);
-    if (node->ops && node->ops->stats)
-        node->ops->stats(node->ops_arg, &b);
-    kvr_sbuf_printf(&b, "}");
+    kvr_node_stats_render(node, &b);
     kvr_json_doc_t *doc = NULL;
     char err[128];
     if (!b.failed && b.p && kvr_json_parse(b.p, b.n, &doc, err, sizeof err) == KVR_OK) {

@@ -140,6 +140,10 @@ struct kvr_sbuf {
 void kvr_sbuf_printf(struct kvr_sbuf *b, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/** Renders the node's stats object (common fields, then ops->stats) into b:
+ *  what the stats file holds and what the metrics mirror copies. */
+void kvr_node_stats_render(kvr_node_t *node, struct kvr_sbuf *b);
+
 /** Sets *stop when SIGINT/SIGTERM arrived. */
 bool kvr_node_stopping(void);
 

@@ -429,19 +429,26 @@ void kvr_sbuf_printf(struct kvr_sbuf *b, const char *fmt, ...)
     }
 }
 
-/* The stats file: the common fields, then the role's; written to a
- * temporary file and renamed, so a reader never sees half of it. */
-static void write_stats(kvr_node_t *node)
+/* The node's stats object: the common fields, then the role's.  The one
+ * rendering that the stats file and the metrics mirror both read. */
+void kvr_node_stats_render(kvr_node_t *node, struct kvr_sbuf *b)
 {
-    struct kvr_sbuf b = {0};
-    kvr_sbuf_printf(&b,
+    kvr_sbuf_printf(b,
                     "{\"node\": \"%s\", \"role\": \"%s\", \"registered\": %s, \"incarnation\": "
                     "%" PRIu64 ", \"bad_frames\": %" PRIu64,
                     node->name, kvr_node_role_name(node->role), node->registered ? "true" : "false",
                     node->incarnation, node->bad_frames);
     if (node->ops && node->ops->stats)
-        node->ops->stats(node->ops_arg, &b);
-    kvr_sbuf_printf(&b, "}\n");
+        node->ops->stats(node->ops_arg, b);
+    kvr_sbuf_printf(b, "}\n");
+}
+
+/* The stats file, written to a temporary file and renamed, so a reader
+ * never sees half of it. */
+static void write_stats(kvr_node_t *node)
+{
+    struct kvr_sbuf b = {0};
+    kvr_node_stats_render(node, &b);
     if (b.failed || !b.p) {
         free(b.p);
         return;
