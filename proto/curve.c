@@ -13,7 +13,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,19 +21,7 @@
 #include <zmq.h>
 
 #include "kvr_proto.h"
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-{
-    if (!err || !err_len)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
+#include "proto_err.h"
 
 static bool z85_ok(const char *z)
 {
@@ -45,9 +32,10 @@ static bool z85_ok(const char *z)
 kvr_status_t kvr_proto_curve_available(char *err, size_t err_len)
 {
     if (!zmq_has("curve")) {
-        set_err(err, err_len,
-                "this libzmq has no CURVE (built without libsodium): auth: curve cannot work "
-                "here");
+        kvr_proto_set_err(
+            err, err_len,
+            "this libzmq has no CURVE (built without libsodium): auth: curve cannot work "
+            "here");
         return KVR_ERR_UNSUPPORTED;
     }
     return KVR_OK;
@@ -60,7 +48,7 @@ kvr_status_t kvr_proto_curve_keygen(const char *dir, const char *name, char *err
         return st;
     char pub[KVR_CURVE_Z85_LEN + 1], sec[KVR_CURVE_Z85_LEN + 1];
     if (zmq_curve_keypair(pub, sec) != 0) {
-        set_err(err, err_len, "zmq_curve_keypair: %s", zmq_strerror(zmq_errno()));
+        kvr_proto_set_err(err, err_len, "zmq_curve_keypair: %s", zmq_strerror(zmq_errno()));
         return KVR_ERR_IO;
     }
     char path[4096];
@@ -71,20 +59,20 @@ kvr_status_t kvr_proto_curve_keygen(const char *dir, const char *name, char *err
         /* created 0600 from the start: never readable by others, even briefly */
         fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
         if (fd < 0) {
-            set_err(err, err_len, "%s: %s%s", path, strerror(errno),
-                    errno == EEXIST ? " (remove it first to make a new key)" : "");
+            kvr_proto_set_err(err, err_len, "%s: %s%s", path, strerror(errno),
+                              errno == EEXIST ? " (remove it first to make a new key)" : "");
             return KVR_ERR_IO;
         }
         f = fdopen(fd, "w");
     }
     if (!f || fprintf(f, "%s\n%s\n", pub, sec) < 0 || fclose(f) != 0) {
-        set_err(err, err_len, "%s: cannot write: %s", path, strerror(errno));
+        kvr_proto_set_err(err, err_len, "%s: cannot write: %s", path, strerror(errno));
         return KVR_ERR_IO;
     }
     snprintf(path, sizeof(path), "%s/%s.pub", dir, name);
     f = fopen(path, "w");
     if (!f || fprintf(f, "%s\n", pub) < 0 || fclose(f) != 0) {
-        set_err(err, err_len, "%s: cannot write: %s", path, strerror(errno));
+        kvr_proto_set_err(err, err_len, "%s: cannot write: %s", path, strerror(errno));
         return KVR_ERR_IO;
     }
     return KVR_OK;
@@ -95,15 +83,16 @@ static kvr_status_t read_lines(const char *path, bool secret, char *l1, char *l2
 {
     FILE *f = fopen(path, "r");
     if (!f) {
-        set_err(err, err_len, "%s: %s (kvrail keygen writes key files)", path, strerror(errno));
+        kvr_proto_set_err(err, err_len, "%s: %s (kvrail keygen writes key files)", path,
+                          strerror(errno));
         return KVR_ERR_NOT_FOUND;
     }
     struct stat sb;
     if (secret && fstat(fileno(f), &sb) == 0 && (sb.st_mode & 077)) {
         fclose(f);
-        set_err(err, err_len,
-                "%s: a secret key readable by group or others (mode %03o): chmod 600 it", path,
-                (unsigned)(sb.st_mode & 0777));
+        kvr_proto_set_err(err, err_len,
+                          "%s: a secret key readable by group or others (mode %03o): chmod 600 it",
+                          path, (unsigned)(sb.st_mode & 0777));
         return KVR_ERR_INVALID;
     }
     char b1[128] = "", b2[128] = "";
@@ -112,9 +101,10 @@ static kvr_status_t read_lines(const char *path, bool secret, char *l1, char *l2
     b1[strcspn(b1, "\r\n")] = 0;
     b2[strcspn(b2, "\r\n")] = 0;
     if (!ok || !z85_ok(b1) || (secret && !z85_ok(b2))) {
-        set_err(err, err_len, "%s: not a kvrail key file (want %s of %d Z85 characters)", path,
-                secret ? "two lines, public and secret key," : "one line, the public key",
-                KVR_CURVE_Z85_LEN);
+        kvr_proto_set_err(err, err_len, "%s: not a kvrail key file (want %s of %d Z85 characters)",
+                          path,
+                          secret ? "two lines, public and secret key," : "one line, the public key",
+                          KVR_CURVE_Z85_LEN);
         return KVR_ERR_INVALID;
     }
     memcpy(l1, b1, KVR_CURVE_Z85_LEN + 1);
@@ -162,7 +152,7 @@ kvr_status_t kvr_proto_curve_server(void *sock, const kvr_cluster_t *cl, const c
     if (zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof(one)) != 0 ||
         zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sec, KVR_CURVE_Z85_LEN) != 0 ||
         zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, domain, strlen(domain)) != 0) {
-        set_err(err, err_len, "CURVE server options: %s", zmq_strerror(zmq_errno()));
+        kvr_proto_set_err(err, err_len, "CURVE server options: %s", zmq_strerror(zmq_errno()));
         return KVR_ERR_IO;
     }
     return KVR_OK;
@@ -174,7 +164,7 @@ kvr_status_t kvr_proto_curve_client_keys(void *sock, const char *server_pub, con
     if (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, server_pub, KVR_CURVE_Z85_LEN) != 0 ||
         zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, pub, KVR_CURVE_Z85_LEN) != 0 ||
         zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sec, KVR_CURVE_Z85_LEN) != 0) {
-        set_err(err, err_len, "CURVE client options: %s", zmq_strerror(zmq_errno()));
+        kvr_proto_set_err(err, err_len, "CURVE client options: %s", zmq_strerror(zmq_errno()));
         return KVR_ERR_IO;
     }
     return KVR_OK;
@@ -204,10 +194,11 @@ kvr_status_t kvr_proto_curve_client_env(void *sock, char *err, size_t err_len)
     if (!rk && !ck)
         return KVR_OK;
     if (!rk || !ck) {
-        set_err(err, err_len,
-                "KVRAIL_ROUTER_KEY (the router's .pub) and KVRAIL_CLIENT_KEY (this client's "
-                ".key) go together; %s is not set",
-                rk ? "KVRAIL_CLIENT_KEY" : "KVRAIL_ROUTER_KEY");
+        kvr_proto_set_err(
+            err, err_len,
+            "KVRAIL_ROUTER_KEY (the router's .pub) and KVRAIL_CLIENT_KEY (this client's "
+            ".key) go together; %s is not set",
+            rk ? "KVRAIL_CLIENT_KEY" : "KVRAIL_ROUTER_KEY");
         return KVR_ERR_INVALID;
     }
     kvr_status_t st = kvr_proto_curve_available(err, err_len);

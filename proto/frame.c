@@ -15,6 +15,7 @@
 #include <zmq.h>
 
 #include "kvr_proto.h"
+#include "proto_err.h"
 
 struct method_info {
     const char *name;
@@ -98,10 +99,7 @@ static uint64_t get_le64(const uint8_t *p)
     return v;
 }
 
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
+void kvr_proto_set_err(char *err, size_t err_len, const char *fmt, ...)
 {
     if (!err || !err_len)
         return;
@@ -128,11 +126,12 @@ kvr_status_t kvr_proto_hdr_unpack(const void *buf, size_t len, kvr_proto_hdr_t *
 {
     const uint8_t *p = buf;
     if (len != KVR_PROTO_HDR_LEN) {
-        set_err(err, err_len, "envelope is %zu bytes, want %d", len, KVR_PROTO_HDR_LEN);
+        kvr_proto_set_err(err, err_len, "envelope is %zu bytes, want %d", len, KVR_PROTO_HDR_LEN);
         return KVR_ERR_CORRUPT;
     }
     if (p[0] != KVR_PROTO_MAGIC0 || p[1] != KVR_PROTO_MAGIC1) {
-        set_err(err, err_len, "envelope has bad magic 0x%02x%02x (want 'KR')", p[0], p[1]);
+        kvr_proto_set_err(err, err_len, "envelope has bad magic 0x%02x%02x (want 'KR')", p[0],
+                          p[1]);
         return KVR_ERR_CORRUPT;
     }
     kvr_proto_hdr_t h = {
@@ -143,14 +142,14 @@ kvr_status_t kvr_proto_hdr_unpack(const void *buf, size_t len, kvr_proto_hdr_t *
     };
     *hdr_p = h;
     if (h.version != KVR_PROTO_VERSION) {
-        set_err(err, err_len, "protocol version %u not supported (this side speaks %d)", h.version,
-                KVR_PROTO_VERSION);
+        kvr_proto_set_err(err, err_len, "protocol version %u not supported (this side speaks %d)",
+                          h.version, KVR_PROTO_VERSION);
         return KVR_ERR_VERSION;
     }
     /* method 0 is used only by error replies to a message whose envelope
      * could not be read */
     if (!method_lookup(h.method) && !(h.method == 0 && (h.flags & KVR_PROTO_F_ERROR))) {
-        set_err(err, err_len, "unknown method %u", h.method);
+        kvr_proto_set_err(err, err_len, "unknown method %u", h.method);
         return KVR_ERR_UNSUPPORTED;
     }
     return KVR_OK;
@@ -270,7 +269,7 @@ kvr_status_t kvr_proto_recv(void *sock, bool routed, kvr_proto_frame_t *frame_p,
             zmq_msg_close(&m);
             if (part == 0)
                 return map_errno(e);
-            set_err(err, err_len, "message cut short after %zu parts", part);
+            kvr_proto_set_err(err, err_len, "message cut short after %zu parts", part);
             return KVR_ERR_IO;
         }
         more = zmq_msg_more(&m);
@@ -301,8 +300,9 @@ kvr_status_t kvr_proto_recv(void *sock, bool routed, kvr_proto_frame_t *frame_p,
             frame_p->nparts++;
             if (frame_p->nparts == 2 && st == KVR_OK) {
                 if (len > KVR_PROTO_MAX_PAYLOAD) {
-                    set_err(err, err_len, "payload of %zu bytes exceeds the %u-byte limit", len,
-                            KVR_PROTO_MAX_PAYLOAD);
+                    kvr_proto_set_err(err, err_len,
+                                      "payload of %zu bytes exceeds the %u-byte limit", len,
+                                      KVR_PROTO_MAX_PAYLOAD);
                     st = KVR_ERR_CORRUPT;
                 } else if (len) {
                     frame_p->payload = malloc(len);
@@ -319,9 +319,9 @@ kvr_status_t kvr_proto_recv(void *sock, bool routed, kvr_proto_frame_t *frame_p,
         part++;
     }
     if (st == KVR_OK && frame_p->nparts != 2) {
-        set_err(err, err_len,
-                "message has %zu frames after the routing id, want 2 (envelope, payload)",
-                frame_p->nparts);
+        kvr_proto_set_err(err, err_len,
+                          "message has %zu frames after the routing id, want 2 (envelope, payload)",
+                          frame_p->nparts);
         st = KVR_ERR_CORRUPT;
     }
     if (st != KVR_OK) {
@@ -343,16 +343,16 @@ kvr_status_t kvr_proto_decode(const kvr_proto_frame_t *frame,
             desc = kvr_proto_method_desc(frame->hdr.method);
     }
     if (!desc) {
-        set_err(err, err_len, "no payload type for method %u", frame->hdr.method);
+        kvr_proto_set_err(err, err_len, "no payload type for method %u", frame->hdr.method);
         return KVR_ERR_UNSUPPORTED;
     }
     static const uint8_t empty[1];
     ProtobufCMessage *msg = protobuf_c_message_unpack(desc, NULL, frame->payload_len,
                                                       frame->payload ? frame->payload : empty);
     if (!msg) {
-        set_err(err, err_len,
-                "payload (%zu bytes) is not a valid %s message (garbage or truncated)",
-                frame->payload_len, desc->name);
+        kvr_proto_set_err(err, err_len,
+                          "payload (%zu bytes) is not a valid %s message (garbage or truncated)",
+                          frame->payload_len, desc->name);
         return KVR_ERR_INVALID;
     }
     *msg_p = msg;
@@ -364,16 +364,16 @@ kvr_status_t kvr_proto_decode_request(const kvr_proto_frame_t *frame,
                                       ProtobufCMessage **msg_p, char *err, size_t err_len)
 {
     if (frame->hdr.flags & KVR_PROTO_F_ERROR) {
-        set_err(err, err_len,
-                "%s frame has the ERROR flag: only replies carry errors, a request or "
-                "notification never does",
-                kvr_proto_method_label(frame->hdr.method));
+        kvr_proto_set_err(err, err_len,
+                          "%s frame has the ERROR flag: only replies carry errors, a request or "
+                          "notification never does",
+                          kvr_proto_method_label(frame->hdr.method));
         return KVR_ERR_INVALID;
     }
     if (!desc)
         desc = kvr_proto_method_desc(frame->hdr.method);
     if (!desc) {
-        set_err(err, err_len, "no payload type for method %u", frame->hdr.method);
+        kvr_proto_set_err(err, err_len, "no payload type for method %u", frame->hdr.method);
         return KVR_ERR_UNSUPPORTED;
     }
     return kvr_proto_decode(frame, desc, msg_p, err, err_len);
