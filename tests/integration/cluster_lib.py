@@ -203,6 +203,20 @@ def free_port():
     return p
 
 
+def wait_for(what, cond, timeout=20.0, step=0.05):
+    """Polls cond() until it returns a true value, which it returns; Fail
+    naming what after timeout s (state, not time: the timeout only bounds a
+    hang)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise Fail("timed out after %.0f s waiting for %s" % (timeout, what))
+        time.sleep(step)
+
+
 class Bins:
     def __init__(self, args):
         self.router = args.router
@@ -379,22 +393,33 @@ class Cluster:
         whole pool faulted in (a pool is pre-faulted in the background after
         registration; blocks above its faulted horizon are neither free nor
         usable yet), and every prefill node no request; returns the decode
-        stats."""
+        stats.  Only stats files written after the call count: a node
+        rewrites its file periodically, and an older file may predate the
+        work the caller just finished."""
         deadline = time.time() + timeout
+        since_ns = time.time_ns()
         while True:
             ds = {n: self.stats(n) for n in self.decodes}
             ps = {n: self.stats(n) for n in self.prefills}
-            idle = all(s.get("requests") == 0 and s.get("reserved_blocks") == 0 and
+            fresh = all(self._stats_mtime_ns(n) >= since_ns for n in self.decodes + self.prefills)
+            idle = fresh and all(s.get("requests") == 0 and s.get("reserved_blocks") == 0 and
                        s.get("pool_faulted_blocks", s.get("total_blocks")) == s.get("total_blocks")
                        for s in ds.values()) \
                 and all(s.get("active") == 0 and s.get("queued") == 0 for s in ps.values())
             if idle:
                 return ds
             if time.time() > deadline:
-                raise Fail("nodes not idle after %d s: decode %s prefill %s" % (
-                    timeout, {n: (s.get("requests"), s.get("reserved_blocks")) for n, s in ds.items()},
+                raise Fail("nodes not idle after %d s (stats files rewritten since: %s): "
+                           "decode %s prefill %s" % (
+                    timeout, fresh, {n: (s.get("requests"), s.get("reserved_blocks")) for n, s in ds.items()},
                     {n: (s.get("active"), s.get("queued")) for n, s in ps.items()}))
             time.sleep(0.2)
+
+    def _stats_mtime_ns(self, name):
+        try:
+            return os.stat(self.stats_path(name)).st_mtime_ns
+        except OSError:
+            return 0
 
     def kill(self, name, sig=signal.SIGKILL):
         for n, p in self.procs:

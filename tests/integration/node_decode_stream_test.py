@@ -25,19 +25,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster_lib import (Bins, Cluster, add_bin_args, check, make_model, reference,  # noqa
-                         run_main, workdir)
+                         run_main, wait_for, workdir)
 
 CHUNK = 512
-
-
-def wait_for(fn, what, timeout=60):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting for " + what)
 
 
 def main():
@@ -66,10 +56,14 @@ def main():
     try:
         c.start()
         ha = c.loadgen_start([(a, 3000)], name="a", timeout=200)
-        wait_for(lambda: c.stats(dn).get("tokens_out", 0) >= 5, "sequence A to stream")
+        wait_for("sequence A to stream", lambda: c.stats(dn).get("tokens_out", 0) >= 5, timeout=60)
         rc, outs, log = c.loadgen([(b, 3)], ["--no-ignore-eos"], name="b", timeout=120)
         print(log)
-        s = c.stats(dn)
+        # the stats file is rewritten periodically: read the one that counts B
+        # finished (state, not time), so its chunk and step counters are B's
+        s = wait_for("the decode node's stats to count B finished",
+                     lambda: (lambda st: st if st.get("done", 0) >= 1 else None)(c.stats(dn)),
+                     timeout=30)
         check(ha[0].poll() is None, "sequence A ended before B's prefill was over")
         # A goes away: the router cancels it on the node
         ha[0].send_signal(signal.SIGTERM)
