@@ -29,21 +29,10 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
-from cluster_lib import Fail, check, free_port, reap_all, run, spawn  # noqa: E402
+from cluster_lib import Fail, check, free_port, reap_all, run, spawn, wait_for  # noqa: E402
 
 SKIP = 77
 TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol", "srun", "sinfo")
-
-
-def wait_for(what, cond, timeout, step=0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise Fail("timed out after %.0f s waiting for %s" % (timeout, what))
-        time.sleep(step)
 
 
 def tail(path, n=15):

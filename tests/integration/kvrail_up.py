@@ -43,7 +43,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_lib import Fail, free_port, reap_all, spawn, stop_group  # noqa: E402
+from cluster_lib import Fail, free_port, reap_all, spawn, stop_group, wait_for  # noqa: E402
 from cluster_lib import run as run_group  # noqa: E402
 
 # Logprobs compare exactly: every engine path (full or chunked prefill, a
@@ -99,18 +99,6 @@ def alive(pid):
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def wait_for(what, cond, timeout=20.0, step=0.05):
-    """Polls cond() until it is true; Fail naming what after timeout s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise Fail("timed out after %.0f s waiting for %s" % (timeout, what))
-        time.sleep(step)
 
 
 def run(cmd, timeout=60):

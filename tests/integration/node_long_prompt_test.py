@@ -14,29 +14,16 @@ taken during the prefill).  The output must be token for token that of
 re-registered).
 """
 import argparse
-import json
 import os
 import random
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_lib import (Bins, Cluster, add_bin_args, check, make_model, reference,  # noqa
+from cluster_lib import (Bins, ClientCluster, add_bin_args, check, make_model, reference,  # noqa
                          run_main, workdir)
 
 HEARTBEAT_MS = 1000  # the default of timeouts.heartbeat_ms
-
-
-def kvrail_status(bins, c):
-    r = subprocess.run([bins.kvrail, "status", "--router", c.client_ep, "--json",
-                        "--timeout", "2000"], capture_output=True, text=True, timeout=15)
-    if r.returncode != 0:
-        return None
-    try:
-        return json.loads(r.stdout)
-    except ValueError:
-        return None
 
 
 def main():
@@ -54,7 +41,7 @@ def main():
     ref = reference(bins, model, [(prompt, 4)], jobs=1)[0]
     t_ref = time.time() - t0
     print("reference: %d-token prompt in %.1f s" % (len(prompt), t_ref))
-    c = Cluster(bins, wd, model, n_prefill=1, n_decode=1, local_prefill_tokens=0)
+    c = ClientCluster(bins, wd, model, n_prefill=1, n_decode=1, local_prefill_tokens=0)
     # the default heartbeat settings: drop the test harness's fast ones
     with open(c.config) as f:
         lines = [ln for ln in f if "heartbeat_ms:" not in ln and "heartbeat_timeout_ms:" not in ln]
@@ -68,7 +55,7 @@ def main():
         ages, during, samples = [], 0, 0
         t_start = time.time()
         while h[0].poll() is None:
-            st = kvrail_status(bins, c)
+            st = c.status(timeout_ms=2000)
             computing = c.stats(pname).get("computing", False)
             if st is None:
                 continue

@@ -28,7 +28,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster_lib import (SKIP, Bins, Cluster, add_bin_args, check, make_model,  # noqa
-                         make_prompts, reference, run_main, workdir)
+                         make_prompts, reference, run_main, wait_for, workdir)
 
 OK = "KVR_OK"  # pool_fault_status when the pre-fault had no error
 
@@ -39,18 +39,6 @@ def mem_available():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def wait_for(what, fn, timeout):
-    """Polls fn() until it returns a true value (state, not time: the
-    timeout only bounds a hang)."""
-    deadline = time.time() + timeout
-    while True:
-        v = fn()
-        if v:
-            return v
-        check(time.time() < deadline, "%s not within %d s" % (what, timeout))
-        time.sleep(0.1)
 
 
 def stats_when(c, name, what, pred, timeout=30):
