@@ -455,6 +455,14 @@ static kvr_status_t parse_root(struct ctx *c, const yaml_node_t *root, kvr_clust
             st = get_str(c, v, k, model, sizeof(model));
         } else if (!strcmp(k, "block_size")) {
             st = get_u32(c, v, k, 1, 1024, &cl->block_size);
+        } else if (!strcmp(k, "kv_dtype")) {
+            st = get_str(c, v, k, cl->kv_dtype, sizeof(cl->kv_dtype));
+            if (st == KVR_OK && strcmp(cl->kv_dtype, "f32") && strcmp(cl->kv_dtype, "bf16") &&
+                strcmp(cl->kv_dtype, "f16"))
+                st = fail(c, v, k,
+                          "'%s' is not a KV dtype (want f32: full precision, the default; bf16 "
+                          "or f16: half the KV memory and transfer bytes)",
+                          cl->kv_dtype);
         } else if (!strcmp(k, "router")) {
             router = v;
             st = parse_router(c, v, cl);
@@ -516,9 +524,10 @@ static kvr_status_t parse_root(struct ctx *c, const yaml_node_t *root, kvr_clust
         } else if (!strcmp(k, "nodes")) {
             nodes = v;
         } else {
-            st = fail(c, v, k,
-                      "unknown top-level key (known: cluster, model, block_size, auth, keys, "
-                      "router, timeouts, thresholds, limits, nodes)");
+            st = fail(
+                c, v, k,
+                "unknown top-level key (known: cluster, model, block_size, kv_dtype, auth, keys, "
+                "router, timeouts, thresholds, limits, nodes)");
         }
         if (st != KVR_OK)
             return st;
@@ -571,6 +580,7 @@ static void set_defaults(kvr_cluster_t *cl)
 {
     strcpy(cl->name, "kvrail");
     cl->block_size = 16;
+    strcpy(cl->kv_dtype, "f32");
     cl->timeouts.lease_ms = 10000;
     cl->timeouts.queue_ms = 5000;
     cl->timeouts.heartbeat_ms = 1000;

@@ -1,21 +1,46 @@
 /*
  * kv.c - the paged KV pool's layout and the checks on pools and block
  * tables that prefill and decode run before touching any block, so a bad
- * block id from a caller is KVR_ERR_INVALID, never a stray write.
+ * block id from a caller is KVR_ERR_INVALID, never a stray write; the KV
+ * dtype names (f32, bf16, f16) that cluster files and flags use.
  */
+#include <string.h>
+
 #include "engine_internal.h"
 #include "kvr_log.h"
 
-kvr_status_t kvr_kv_layout_init(const kvr_model_t *m, int32_t block_size,
+static const char *const kv_dtype_names[] = {
+    [KVR_KV_F32] = "f32",
+    [KVR_KV_BF16] = "bf16",
+    [KVR_KV_F16] = "f16",
+};
+
+const char *kvr_kv_dtype_name(int32_t dtype)
+{
+    return dtype >= 0 && dtype <= KVR_KV_BF16 ? kv_dtype_names[dtype] : "?";
+}
+
+kvr_status_t kvr_kv_dtype_parse(const char *name, int32_t *dtype_p)
+{
+    for (int32_t d = KVR_KV_F32; name && d <= KVR_KV_BF16; d++) {
+        if (!strcmp(name, kv_dtype_names[d])) {
+            *dtype_p = d;
+            return KVR_OK;
+        }
+    }
+    return KVR_ERR_INVALID;
+}
+
+kvr_status_t kvr_kv_layout_init(const kvr_model_t *m, int32_t block_size, int32_t dtype,
                                 struct kvr_kv_layout *layout_p)
 {
-    if (!m || !layout_p || block_size < 1 || block_size > 1024)
+    if (!m || !layout_p || block_size < 1 || block_size > 1024 || kvr_kv_dtype_size(dtype) == 0)
         return KVR_ERR_INVALID;
     layout_p->n_layers = m->cfg.n_layers;
     layout_p->n_kv_heads = m->cfg.n_kv_heads;
     layout_p->head_dim = m->cfg.head_dim;
     layout_p->block_size = block_size;
-    layout_p->dtype = KVR_KV_F32;
+    layout_p->dtype = dtype;
     return KVR_OK;
 }
 
@@ -27,13 +52,14 @@ kvr_status_t kvr_kv_check_pool(const kvr_model_t *m, const struct kvr_kv_pool *p
     }
     const struct kvr_kv_layout *l = &pool->layout;
     if (l->n_layers != m->cfg.n_layers || l->n_kv_heads != m->cfg.n_kv_heads ||
-        l->head_dim != m->cfg.head_dim || l->dtype != KVR_KV_F32 || l->block_size < 1 ||
+        l->head_dim != m->cfg.head_dim || kvr_kv_dtype_size(l->dtype) == 0 || l->block_size < 1 ||
         pool->n_blocks < 1) {
         KVR_LOG_ERROR("engine",
-                      "KV pool layout (layers %d, kv heads %d, head dim %d, block %d, dtype %d, "
+                      "KV pool layout (layers %d, kv heads %d, head dim %d, block %d, dtype %s, "
                       "%d blocks) does not fit the model (layers %d, kv heads %d, head dim %d)",
-                      l->n_layers, l->n_kv_heads, l->head_dim, l->block_size, l->dtype,
-                      pool->n_blocks, m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim);
+                      l->n_layers, l->n_kv_heads, l->head_dim, l->block_size,
+                      kvr_kv_dtype_name(l->dtype), pool->n_blocks, m->cfg.n_layers,
+                      m->cfg.n_kv_heads, m->cfg.head_dim);
         return KVR_ERR_INVALID;
     }
     for (int32_t i = 0; i < l->n_layers; i++) {

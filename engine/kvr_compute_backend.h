@@ -56,7 +56,7 @@ struct kvr_attn_args {
     int32_t n_rows;
     const int32_t *pos;                /* [n_rows] */
     const int32_t *const *block_table; /* [n_rows] */
-    float *layer_base;                 /* this layer's slab */
+    void *layer_base;                  /* this layer's slab, layout->dtype elements */
     const struct kvr_kv_layout *layout;
     int32_t n_heads;
     int32_t window;
@@ -86,12 +86,15 @@ struct kvr_compute_ops {
      * pairs (i, i + head_dim/2) by angle pos[m] * inv_freq[i]. */
     void (*rope)(struct kvr_compute_backend *be, float *x, int32_t M, int32_t n_heads,
                  int32_t head_dim, const int32_t *pos, const float *inv_freq);
-    /* Writes k, v [n_rows][n_kv_heads][head_dim] at each row's position. */
+    /* Writes k, v [n_rows][n_kv_heads][head_dim] at each row's position,
+     * converted to the layout's dtype (bf16 / f16: rounded to nearest
+     * even, as the hardware conversions do). */
     void (*kv_store)(struct kvr_compute_backend *be, const struct kvr_attn_args *a, const float *k,
                      const float *v);
     /* out[n_rows][n_heads][head_dim] = softmax(q K^T * scale) V, causal;
-     * rows may belong to different sequences.  A row's result must not
-     * depend on the other rows (batch invariance). */
+     * rows may belong to different sequences.  K and V are read in the
+     * layout's dtype and widened to f32 (exact); every sum is in f32.  A
+     * row's result must not depend on the other rows (batch invariance). */
     void (*attention)(struct kvr_compute_backend *be, const struct kvr_attn_args *a, const float *q,
                       float *out);
     /* g[i] = silu(g[i]) * u[i] for i < n. */

@@ -11,7 +11,8 @@
  *    MistralForCausalLM.  Weights f32/f16/bf16, memory-mapped; read-only
  *    after load, shared by any number of contexts and threads.
  *  - struct kvr_kv_pool: the paged KV cache, memory the CALLER owns, one slab
- *    per layer, layout (DESIGN.md "KV blocks"), f32:
+ *    per layer, layout (DESIGN.md "KV blocks"), elements f32, bf16 or f16
+ *    (struct kvr_kv_layout's dtype; attention widens them to f32):
  *        slab[layer][block][k|v][kv_head][token][head_dim]
  *    A (layer, block) slice is contiguous (kvr_kv_block_bytes()), and so is a
  *    run of adjacent blocks within one layer.  A decode node allocates one
@@ -81,27 +82,47 @@ uint64_t kvr_model_fingerprint(const kvr_model_t *m);
 
 /* --------------------------------------------------------------- KV pool */
 
+/* The numbers are the weights' (enum kvr_dtype in safetensors.h). */
 enum kvr_kv_dtype {
-    KVR_KV_F32 = 0, /* the only dtype for now */
+    KVR_KV_F32 = 0,  /* the default */
+    KVR_KV_F16 = 1,  /* IEEE half: f32 rounded to nearest even (beyond 65504: inf) */
+    KVR_KV_BF16 = 2, /* bfloat16: f32 rounded to nearest even */
 };
+
+/** Bytes of one element of a KV dtype (4 or 2; 0 for an unknown dtype). */
+static inline size_t kvr_kv_dtype_size(int32_t dtype)
+{
+    return dtype == KVR_KV_F32 ? 4 : dtype == KVR_KV_BF16 || dtype == KVR_KV_F16 ? 2 : 0;
+}
+
+/** "f32", "bf16" or "f16"; "?" for an unknown dtype. */
+const char *kvr_kv_dtype_name(int32_t dtype);
+
+/** Parses a KV dtype name ("f32", "bf16", "f16") into *dtype_p.
+ *  @return KVR_OK; KVR_ERR_INVALID (not one of them; *dtype_p untouched). */
+kvr_status_t kvr_kv_dtype_parse(const char *name, int32_t *dtype_p);
 
 struct kvr_kv_layout {
     int32_t n_layers;
     int32_t n_kv_heads;
     int32_t head_dim;
     int32_t block_size; /* tokens per block, default 16 */
-    int32_t dtype;      /* enum kvr_kv_dtype */
+    int32_t dtype;      /* enum kvr_kv_dtype: the element type of the slabs */
 };
 
-/** Fills *layout_p for model with block_size tokens a block.
- *  @return KVR_OK; KVR_ERR_INVALID (block_size < 1 or > 1024). */
-kvr_status_t kvr_kv_layout_init(const kvr_model_t *m, int32_t block_size,
+/** Fills *layout_p for model with block_size tokens a block of dtype
+ *  elements.
+ *  @return KVR_OK; KVR_ERR_INVALID (block_size < 1 or > 1024, dtype not an
+ *          enum kvr_kv_dtype). */
+kvr_status_t kvr_kv_layout_init(const kvr_model_t *m, int32_t block_size, int32_t dtype,
                                 struct kvr_kv_layout *layout_p);
 
-/** Bytes of one (layer, block) slice: 2 * n_kv_heads * block_size * head_dim * 4. */
+/** Bytes of one (layer, block) slice:
+ *  2 * n_kv_heads * block_size * head_dim * kvr_kv_dtype_size(dtype). */
 static inline size_t kvr_kv_block_bytes(const struct kvr_kv_layout *l)
 {
-    return 2u * (size_t)l->n_kv_heads * (size_t)l->block_size * (size_t)l->head_dim * sizeof(float);
+    return 2u * (size_t)l->n_kv_heads * (size_t)l->block_size * (size_t)l->head_dim *
+           kvr_kv_dtype_size(l->dtype);
 }
 
 /** Bytes of one layer's slab of n_blocks blocks. */
@@ -110,7 +131,8 @@ static inline size_t kvr_kv_layer_bytes(const struct kvr_kv_layout *l, int32_t n
     return kvr_kv_block_bytes(l) * (size_t)n_blocks;
 }
 
-/** Float offset, within a layer slab, of (block, kv: 0 = K / 1 = V, head, token slot). */
+/** Element offset (in elements of the layout's dtype), within a layer slab,
+ *  of (block, kv: 0 = K / 1 = V, head, token slot). */
 static inline size_t kvr_kv_offset(const struct kvr_kv_layout *l, int32_t block, int kv,
                                    int32_t head, int32_t slot)
 {
@@ -120,12 +142,19 @@ static inline size_t kvr_kv_offset(const struct kvr_kv_layout *l, int32_t block,
            (size_t)l->head_dim;
 }
 
+/** Address of (block, kv, head, slot)'s head_dim elements in a layer slab. */
+static inline void *kvr_kv_ptr(const struct kvr_kv_layout *l, void *slab, int32_t block, int kv,
+                               int32_t head, int32_t slot)
+{
+    return (char *)slab + kvr_kv_offset(l, block, kv, head, slot) * kvr_kv_dtype_size(l->dtype);
+}
+
 /** The pool: caller-owned slabs, layer_base[l] points at n_blocks *
  *  kvr_kv_block_bytes() bytes (64-byte aligned recommended). */
 struct kvr_kv_pool {
     struct kvr_kv_layout layout;
     int32_t n_blocks;
-    float **layer_base; /* [n_layers] */
+    void **layer_base; /* [n_layers] slabs of layout.dtype elements */
 };
 
 /* --------------------------------------------------------------- context */

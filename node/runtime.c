@@ -136,7 +136,14 @@ kvr_status_t kvr_node_init(kvr_node_t *node, int argc, char **argv, enum kvr_nod
     s = kvr_model_load(node->cluster->model_dir, &node->model, err, err_len);
     if (s != KVR_OK)
         return s;
-    s = kvr_kv_layout_init(node->model, (int32_t)node->cluster->block_size, &node->layout);
+    int32_t kv_dtype;
+    if (kvr_kv_dtype_parse(node->cluster->kv_dtype, &kv_dtype) != KVR_OK) {
+        snprintf(err, err_len, "%s: kv_dtype '%s' is not f32, bf16 or f16", config,
+                 node->cluster->kv_dtype);
+        return KVR_ERR_INVALID;
+    }
+    s = kvr_kv_layout_init(node->model, (int32_t)node->cluster->block_size, kv_dtype,
+                           &node->layout);
     if (s != KVR_OK) {
         snprintf(err, err_len, "block_size %u is not usable with this model",
                  node->cluster->block_size);
@@ -240,7 +247,7 @@ void kvr_node_fill_register(kvr_node_t *node, Kvrail__RegisterRequest *r, Kvrail
     l->kv_heads = (uint32_t)node->layout.n_kv_heads;
     l->head_dim = (uint32_t)node->layout.head_dim;
     l->block_size = (uint32_t)node->layout.block_size;
-    l->dtype = "f32";
+    l->dtype = (char *)kvr_kv_dtype_name(node->layout.dtype);
     l->max_context = (uint32_t)kvr_model_max_pos(node->model);
     l->vocab_size = (uint32_t)kvr_model_vocab(node->model);
     r->node_name = node->name;

@@ -133,6 +133,13 @@ static kvr_status_t check_layout(rt_t *r, const struct rt_node *self,
                  r->cl->block_size);
         return KVR_ERR_MISMATCH;
     }
+    if (strcmp(l->dtype ? l->dtype : "", r->cl->kv_dtype)) {
+        snprintf(err, err_len,
+                 "register: KV dtype '%s', the cluster file says kv_dtype %s (every node must run "
+                 "with the router's cluster file)",
+                 l->dtype ? l->dtype : "", r->cl->kv_dtype);
+        return KVR_ERR_MISMATCH;
+    }
     if (q->transport_address.len > RT_MAX_ADDR_BYTES || q->n_layer_rkeys > RT_MAX_RKEYS ||
         q->n_layer_base > RT_MAX_RKEYS) {
         snprintf(err, err_len,

@@ -51,10 +51,11 @@ struct cpu_backend {
     struct kvr_backend_params p;
     float *conv; /* [n_threads][conv_per_thread] a widened weight panel */
     size_t conv_per_thread;
-    float *scores;     /* [n_threads][ATTN_RQ][max_seq_len] attention scores */
-    int32_t *grp;      /* [max_rows + 1] attention row groups */
-    float *qpad;       /* [n_threads][ATTN_RQ][head_dim rounded up to 16] */
-    kvr_tp_fn mm_task; /* the matmul kernel version for this CPU */
+    float *scores;       /* [n_threads][ATTN_RQ][max_seq_len] attention scores */
+    int32_t *grp;        /* [max_rows + 1] attention row groups */
+    float *qpad;         /* [n_threads][ATTN_RQ][head_dim rounded up to 16] */
+    kvr_tp_fn mm_task;   /* the matmul kernel version for this CPU */
+    kvr_tp_fn attn_task; /* the attention version, the same pick */
 };
 
 static struct cpu_backend *cpu(struct kvr_compute_backend *be)
@@ -431,22 +432,23 @@ static void mm_task_base(void *arg, int ith, int nth, int tid)
     mm_task_body(arg, ith, tid, KVR_DT_F16);
 }
 
-/* KVR_CPU_MATMUL=v3|base (a test knob: the versions must agree bit for
- * bit) takes a lower version than the CPU's best. */
-static kvr_tp_fn mm_task_pick(void)
+/* The kernel version for this CPU: 4 (x86-64-v4), 3 (x86-64-v3) or 0 (the
+ * baseline).  KVR_CPU_MATMUL=v3|base (a test knob: the versions must agree
+ * bit for bit) takes a lower version than the CPU's best. */
+#if defined(__OPTIMIZE__) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+static int cpu_version(void)
 {
     const char *want = getenv("KVR_CPU_MATMUL");
     if (want && strcmp(want, "base") == 0)
-        return mm_task_base;
-#if defined(__OPTIMIZE__) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+        return 0;
     __builtin_cpu_init();
     if (__builtin_cpu_supports("x86-64-v4") && !(want && strcmp(want, "v3") == 0))
-        return mm_task_v4;
+        return 4;
     if (__builtin_cpu_supports("x86-64-v3"))
-        return mm_task_v3;
-#endif
-    return mm_task_base;
+        return 3;
+    return 0;
 }
+#endif
 
 /* Threads split W's rows (multiples of 4), never K: batch-invariant at
  * every M, so there is one kernel for decode and prefill alike. */
@@ -548,6 +550,42 @@ static void cpu_rope(struct kvr_compute_backend *be, float *x, int32_t M, int32_
     }
 }
 
+/* f32 -> bf16, rounded to nearest even; a NaN stays a (quiet) NaN. */
+static inline uint16_t f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* f32 -> f16, rounded to nearest even (the C conversion: vcvtps2ph or
+ * libgcc's, the same bits); beyond 65504 -> inf. */
+static inline uint16_t f32_to_f16(float f)
+{
+    f16_t h = (f16_t)f;
+    uint16_t u;
+    memcpy(&u, &h, 2);
+    return u;
+}
+
+/* n floats of src into dst as dtype elements */
+static void kv_put(void *dst, const float *src, size_t n, int32_t dtype)
+{
+    if (dtype == KVR_KV_F32) {
+        memcpy(dst, src, n * 4);
+    } else if (dtype == KVR_KV_BF16) {
+        uint16_t *d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = f32_to_bf16(src[i]);
+    } else {
+        uint16_t *d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = f32_to_f16(src[i]);
+    }
+}
+
 static void cpu_kv_store(struct kvr_compute_backend *be, const struct kvr_attn_args *a,
                          const float *k, const float *v)
 {
@@ -557,10 +595,9 @@ static void cpu_kv_store(struct kvr_compute_backend *be, const struct kvr_attn_a
         int32_t p = a->pos[r];
         int32_t blk = a->block_table[r][p / l->block_size], slot = p % l->block_size;
         for (int32_t h = 0; h < l->n_kv_heads; h++) {
-            const float *src = (size_t)r * (size_t)l->n_kv_heads * hd + (size_t)h * hd + k;
-            memcpy(a->layer_base + kvr_kv_offset(l, blk, 0, h, slot), src, hd * 4);
-            src = (size_t)r * (size_t)l->n_kv_heads * hd + (size_t)h * hd + v;
-            memcpy(a->layer_base + kvr_kv_offset(l, blk, 1, h, slot), src, hd * 4);
+            size_t off = ((size_t)r * (size_t)l->n_kv_heads + (size_t)h) * hd;
+            kv_put(kvr_kv_ptr(l, a->layer_base, blk, 0, h, slot), k + off, hd, l->dtype);
+            kv_put(kvr_kv_ptr(l, a->layer_base, blk, 1, h, slot), v + off, hd, l->dtype);
         }
     }
 }
@@ -621,9 +658,25 @@ static inline __attribute__((always_inline)) v16f ldpad(const float *p, int32_t 
     return ldx(f);
 }
 
-KVR_CLONES static void attn_task(void *arg, int ith, int nth, int tid)
+/* Elements i..i+15 of a K or V row p in dtype dt (a weight dtype or an f16
+ * pseudo-dtype; enum kvr_kv_dtype has the same numbers), widened to f32, of
+ * which n valid (zeros after). */
+static inline __attribute__((always_inline)) v16f ldkv(const void *p, int32_t dt, int32_t i,
+                                                       int32_t n)
 {
-    const struct attn_job *j = arg;
+    if (n >= 16)
+        return ld16x(p, dt, (size_t)i);
+    if (dt == KVR_DT_F32)
+        return ldpad((const float *)p + i, n);
+    uint16_t h[16] = {0};
+    memcpy(h, (const uint16_t *)p + i, (size_t)n * 2);
+    return ld16x(h, dt, 0);
+}
+
+/* One attention task loop for KV elements of dtype dt (a constant). */
+static inline __attribute__((always_inline)) void attn_rows(const struct attn_job *j, int ith,
+                                                            int nth, int tid, const int32_t dt)
+{
     const struct kvr_attn_args *a = j->a;
     const struct kvr_kv_layout *l = a->layout;
     const int32_t H = a->n_heads, hd = l->head_dim, bs = l->block_size;
@@ -653,10 +706,10 @@ KVR_CLONES static void attn_task(void *arg, int ith, int nth, int tid)
         /* scores, 16 keys at a time */
         for (int32_t t0 = t_lo; t0 <= t_hi; t0 += 16) {
             int32_t nk = t_hi - t0 + 1 < 16 ? t_hi - t0 + 1 : 16;
-            const float *kp[16];
+            const void *kp[16];
             for (int32_t k = 0; k < 16; k++) {
                 int32_t t = k < nk ? t0 + k : t0;
-                kp[k] = a->layer_base + kvr_kv_offset(l, bt[t / bs], 0, kvh, t % bs);
+                kp[k] = kvr_kv_ptr(l, a->layer_base, bt[t / bs], 0, kvh, t % bs);
             }
             for (int32_t r = 0; r < g; r++) {
                 if (t0 + nk - 1 < lo[r] || t0 > hi[r])
@@ -668,7 +721,7 @@ KVR_CLONES static void attn_task(void *arg, int ith, int nth, int tid)
                 for (int32_t c = 0; c < hdv; c++) {
                     v16f qc = ldx(qp + c * 16);
                     for (int k = 0; k < 16; k++)
-                        acc[k] += qc * ldpad(kp[k] + c * 16, hd - c * 16);
+                        acc[k] += qc * ldkv(kp[k], dt, c * 16, hd - c * 16);
                 }
                 v16f sv = hsum16(acc) * a->scale;
                 float sf[16];
@@ -700,10 +753,10 @@ KVR_CLONES static void attn_task(void *arg, int ith, int nth, int tid)
                 for (int c = 0; c < 4; c++)
                     acc[r][c] = (v16f){0};
             for (int32_t t = t_lo; t <= t_hi; t++) {
-                const float *vv = a->layer_base + kvr_kv_offset(l, bt[t / bs], 1, kvh, t % bs);
+                const void *vv = kvr_kv_ptr(l, a->layer_base, bt[t / bs], 1, kvh, t % bs);
                 v16f vc[4];
                 for (int32_t c = 0; c < nv; c++)
-                    vc[c] = ldpad(vv + (c0 + c) * 16, hd - (c0 + c) * 16);
+                    vc[c] = ldkv(vv, dt, (c0 + c) * 16, hd - (c0 + c) * 16);
                 for (int32_t r = 0; r < g; r++) {
                     if (t < lo[r] || t > hi[r])
                         continue;
@@ -719,6 +772,45 @@ KVR_CLONES static void attn_task(void *arg, int ith, int nth, int tid)
                 }
         }
     }
+}
+
+/* attn_task in three versions like mm_task (cpu_create picks one): the KV
+ * dtype decides the loop's loads; f16 through vcvtph2ps where the version
+ * has it.  Every version computes the same bits. */
+static inline __attribute__((always_inline)) void attn_body(void *arg, int ith, int nth, int tid,
+                                                            int32_t f16)
+{
+    const struct attn_job *j = arg;
+    switch (j->a->layout->dtype) {
+    case KVR_KV_F32:
+        attn_rows(j, ith, nth, tid, KVR_DT_F32);
+        break;
+    case KVR_KV_BF16:
+        attn_rows(j, ith, nth, tid, KVR_DT_BF16);
+        break;
+    default:
+        attn_rows(j, ith, nth, tid, f16);
+        break;
+    }
+}
+
+#if defined(__OPTIMIZE__) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target("arch=x86-64-v4"))) static void attn_task_v4(void *arg, int ith, int nth,
+                                                                   int tid)
+{
+    attn_body(arg, ith, nth, tid, DT_F16_V4);
+}
+
+__attribute__((target("arch=x86-64-v3"))) static void attn_task_v3(void *arg, int ith, int nth,
+                                                                   int tid)
+{
+    attn_body(arg, ith, nth, tid, DT_F16_V3);
+}
+#endif
+
+static void attn_task_base(void *arg, int ith, int nth, int tid)
+{
+    attn_body(arg, ith, nth, tid, KVR_DT_F16);
 }
 
 static void cpu_attention(struct kvr_compute_backend *be, const struct kvr_attn_args *a,
@@ -743,7 +835,7 @@ static void cpu_attention(struct kvr_compute_backend *be, const struct kvr_attn_
     for (int32_t r = 0; r < a->n_rows; r++)
         work += (double)(a->pos[r] + 1);
     work *= 4.0 * a->n_heads * a->layout->head_dim;
-    kvr_tp_run(c->tp, attn_task, &j, chunks_for(c, work, n_groups * a->n_heads));
+    kvr_tp_run(c->tp, c->attn_task, &j, chunks_for(c, work, n_groups * a->n_heads));
 }
 
 struct swiglu_job {
@@ -819,7 +911,18 @@ static kvr_status_t cpu_create(const struct kvr_backend_params *p,
     c->base.ops = &kvr_cpu_ops;
     c->base.n_threads = p->n_threads;
     c->p = *p;
-    c->mm_task = mm_task_pick();
+    c->mm_task = mm_task_base;
+    c->attn_task = attn_task_base;
+#if defined(__OPTIMIZE__) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    int ver = cpu_version();
+    if (ver == 4) {
+        c->mm_task = mm_task_v4;
+        c->attn_task = attn_task_v4;
+    } else if (ver == 3) {
+        c->mm_task = mm_task_v3;
+        c->attn_task = attn_task_v3;
+    }
+#endif
     size_t nt = (size_t)p->n_threads;
     c->conv_per_thread = ((size_t)p->max_cols * 4 + 15) & ~(size_t)15;
     c->conv = aligned_alloc(64, nt * c->conv_per_thread * sizeof(float));

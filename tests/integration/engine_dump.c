@@ -9,6 +9,7 @@
  * is exercised.
  *
  *   engine_dump MODEL_DIR PROMPT_TOKENS(1,2,3) N_DECODE OUT [BLOCK_SIZE] [MAX_TOKENS]
+ *               [KV_DTYPE(f32|bf16|f16)]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,12 +20,19 @@
 int main(int argc, char **argv)
 {
     if (argc < 5) {
-        fprintf(stderr, "usage: %s MODEL TOKENS N_DECODE OUT [BLOCK_SIZE] [MAX_TOKENS]\n", argv[0]);
+        fprintf(stderr,
+                "usage: %s MODEL TOKENS N_DECODE OUT [BLOCK_SIZE] [MAX_TOKENS] [KV_DTYPE]\n",
+                argv[0]);
         return 2;
     }
     int n_dec = atoi(argv[3]);
     int bs = argc > 5 ? atoi(argv[5]) : 16;
     int max_tokens = argc > 6 ? atoi(argv[6]) : 0;
+    int32_t kv_dtype = KVR_KV_F32;
+    if (argc > 7 && kvr_kv_dtype_parse(argv[7], &kv_dtype) != KVR_OK) {
+        fprintf(stderr, "KV_DTYPE '%s' is not f32, bf16 or f16\n", argv[7]);
+        return 2;
+    }
     int32_t toks[8192];
     int n = 0;
     for (char *s = argv[2]; *s && n < 4096;) {
@@ -50,9 +58,9 @@ int main(int argc, char **argv)
     int nb = (total + bs - 1) / bs;
     int pool_blocks = 3 * nb + 1;
     struct kvr_kv_pool pool;
-    kvr_kv_layout_init(m, bs, &pool.layout);
+    kvr_kv_layout_init(m, bs, kv_dtype, &pool.layout);
     pool.n_blocks = pool_blocks;
-    pool.layer_base = calloc((size_t)L, sizeof(float *));
+    pool.layer_base = calloc((size_t)L, sizeof(*pool.layer_base));
     for (int l = 0; l < L; l++)
         pool.layer_base[l] = calloc(1, kvr_kv_layer_bytes(&pool.layout, pool_blocks));
     int32_t *bt = malloc((size_t)nb * sizeof(int32_t));

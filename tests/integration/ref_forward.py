@@ -97,7 +97,25 @@ def rope(x, pos, freq):
     return x * cos + rot * sin
 
 
-def forward(cfg, w, tokens):
+def round_kv(x, kv_dtype):
+    """x (float64) as the engine's KV pool holds it: f32, then bf16 or f16
+    rounded to nearest even (the engine rounds its f32 K/V once)."""
+    f = x.astype(np.float32)
+    if kv_dtype == "f32":
+        return f.astype(np.float64)
+    if kv_dtype == "f16":
+        return f.astype(np.float16).astype(np.float64)
+    if kv_dtype == "bf16":
+        u = f.view(np.uint32).astype(np.uint64)
+        u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+        return u.astype(np.uint32).view(np.float32).astype(np.float64)
+    raise ValueError(f"kv dtype {kv_dtype}")
+
+
+def forward(cfg, w, tokens, kv_dtype=None):
+    """The logits of every position; kv_dtype ("f32", "bf16", "f16") rounds
+    K (after RoPE) and V as a KV pool of that dtype stores them (None: kept
+    in float64)."""
     arch = cfg["architectures"][0]
     d = cfg["hidden_size"]
     H = cfg["num_attention_heads"]
@@ -135,6 +153,8 @@ def forward(cfg, w, tokens):
         q = rope(q.reshape(T, H, dh), pos, freq)
         k = rope(k.reshape(T, Hkv, dh), pos, freq)
         v = v.reshape(T, Hkv, dh)
+        if kv_dtype:
+            k, v = round_kv(k, kv_dtype), round_kv(v, kv_dtype)
         rep = H // Hkv
         k = np.repeat(k, rep, axis=1)
         v = np.repeat(v, rep, axis=1)

@@ -13,6 +13,7 @@ static const char *good =
     "cluster: t\n"
     "model: models/tiny\n"
     "block_size: 8\n"
+    "kv_dtype: bf16\n"
     "router:\n"
     "  client: tcp://127.0.0.1:7000\n"
     "  node: tcp://127.0.0.1:7001\n"
@@ -56,6 +57,7 @@ int main(int argc, char **argv)
     KVR_CHECK(!strcmp(cl->name, "t"));
     KVR_CHECK(!strcmp(cl->model_dir, "/etc/kvrail/models/tiny"));
     KVR_CHECK_EQ(cl->block_size, 8);
+    KVR_CHECK(!strcmp(cl->kv_dtype, "bf16"));
     KVR_CHECK(!strcmp(cl->client_endpoint, "tcp://127.0.0.1:7000"));
     KVR_CHECK(!strcmp(cl->node_bind, "tcp://127.0.0.1:7001"));
     KVR_CHECK_EQ(cl->timeouts.lease_ms, 500);
@@ -76,7 +78,7 @@ int main(int argc, char **argv)
     KVR_CHECK_EQ(d0->pool_bytes, 64ull << 20);
     KVR_CHECK_EQ(d0->pool_blocks, 0);
     KVR_CHECK(!strcmp(d0->transport, "loop"));
-    KVR_CHECK_EQ(d0->line, 18);
+    KVR_CHECK_EQ(d0->line, 19);
     KVR_CHECK(kvr_cluster_find(cl, "nope") == NULL);
     kvr_cluster_free(cl);
 
@@ -125,6 +127,8 @@ int main(int argc, char **argv)
         "heartbeat_timeout_ms", "larger");
     BAD("nodes:\n  - {name: d, role: decode}\ntimeouts: {lease: 1}\n", "key 'lease'", "unknown");
     BAD("nodes:\n  - {name: d, role: decode}\nblock_size: 0\n", "block_size", "out of range");
+    BAD("nodes:\n  - {name: d, role: decode}\nkv_dtype: fp8\n", "kv_dtype",
+        "'fp8' is not a KV dtype");
     BAD("nodes:\n  - {name: d, role: decode}\nlimits: {reservation: lazy}\n", "limits.reservation",
         "'lazy' is not a reservation policy");
     BAD("nodes:\n  - {name: d, role: decode}\nlimits: {prefill_chunk_tokens: -1}\n",
@@ -134,6 +138,7 @@ int main(int argc, char **argv)
     KVR_CHECK_STATUS(kvr_cluster_parse(buf, strlen(buf), "k.yaml", &cl, err, sizeof(err)), KVR_OK);
     KVR_CHECK(cl->reservation == KVR_RESERVE_PAGED && cl->prefill_chunk_tokens == 0 &&
               cl->reservation_headroom_blocks == 2);
+    KVR_CHECK(!strcmp(cl->kv_dtype, "f32")); /* the default */
     kvr_cluster_free(cl);
     snprintf(buf, sizeof(buf),
              "%snodes:\n  - {name: d, role: decode}\nlimits: {reservation: whole, "

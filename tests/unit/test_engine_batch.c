@@ -62,10 +62,10 @@ static kvr_status_t on_layer(void *arg, int32_t layer)
     for (int i = 0; i < NSEQ; i++) {
         int32_t p = s->seqs[i].n_tokens - 1;
         int32_t blk = s->seqs[i].block_table[p / BS];
-        const float *k = s->pool->layer_base[layer] + kvr_kv_offset(l, blk, 0, 0, p % BS);
+        const float *k = kvr_kv_ptr(l, s->pool->layer_base[layer], blk, 0, 0, p % BS);
         KVR_CHECK(k[0] != 0.0f || k[1] != 0.0f);
         if (layer + 1 < L) {
-            const float *k2 = s->pool->layer_base[layer + 1] + kvr_kv_offset(l, blk, 0, 0, p % BS);
+            const float *k2 = kvr_kv_ptr(l, s->pool->layer_base[layer + 1], blk, 0, 0, p % BS);
             KVR_CHECK(k2[0] == 0.0f && k2[1] == 0.0f);
         }
     }

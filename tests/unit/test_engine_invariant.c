@@ -15,7 +15,8 @@
  *    the (N+1)-token prefill's last row.
  * On Llama models stored in f32, bf16 and f16, and a Qwen2 one (biases), a
  * sliding-window Mistral one, and head_dim / hidden not multiples of 16
- * (the kernels' padded tails).
+ * (the kernels' padded tails); each over KV pools of f32, bf16 and f16
+ * (bf16 / f16 KV: logits close to the f32 KV's, not equal).
  *
  *   test_engine_invariant KVRAIL_MKMODEL
  */
@@ -41,6 +42,7 @@ static int32_t oth[NOTH][N];
 static int32_t oth_len[NOTH], oth_cached[NOTH];
 static int32_t bt[NOTH + 1][NB]; /* bt[0]: the sequence under test */
 static float *ref;               /* [N + 1][V] logits of the full prefill of N + 1 tokens */
+static float *ref_f32;           /* ref of the same model with an f32 KV pool */
 static struct kvr_kv_pool ref_pool;
 
 static void tokens(int32_t *t, int n, unsigned seed)
@@ -80,9 +82,10 @@ static int kv_equal(const struct kvr_kv_pool *p, int32_t n)
         for (int32_t t = 0; t < n; t++)
             for (int kv = 0; kv < 2; kv++)
                 for (int32_t h = 0; h < l->n_kv_heads; h++) {
-                    size_t off = kvr_kv_offset(l, bt[0][t / BS], kv, h, t % BS);
-                    if (memcmp(p->layer_base[layer] + off, ref_pool.layer_base[layer] + off,
-                               (size_t)l->head_dim * 4) != 0)
+                    int32_t blk = bt[0][t / BS];
+                    if (memcmp(kvr_kv_ptr(l, p->layer_base[layer], blk, kv, h, t % BS),
+                               kvr_kv_ptr(l, ref_pool.layer_base[layer], blk, kv, h, t % BS),
+                               (size_t)l->head_dim * kvr_kv_dtype_size(l->dtype)) != 0)
                         return 0;
                 }
     return 1;
@@ -99,7 +102,7 @@ static void pool_clear(struct kvr_kv_pool *p)
         memset(p->layer_base[l], 0, kvr_kv_layer_bytes(&p->layout, NBLK));
 }
 
-static void run_model(const char *dir, const char *what)
+static void run_model(const char *dir, const char *what, int32_t kv_dt)
 {
     char err[512];
     KVR_CHECK_STATUS(kvr_model_load(dir, &model, err, sizeof(err)), KVR_OK);
@@ -119,13 +122,30 @@ static void run_model(const char *dir, const char *what)
     float *last = malloc((size_t)(NOTH + 1) * (size_t)V * 4);
     KVR_CHECK(ref && lg && last);
     struct kvr_kv_pool pool;
-    test_pool_init(model, BS, L, &ref_pool, NBLK);
-    test_pool_init(model, BS, L, &pool, NBLK);
+    test_pool_init_dt(model, BS, L, &ref_pool, NBLK, kv_dt);
+    test_pool_init_dt(model, BS, L, &pool, NBLK, kv_dt);
 
     /* the reference: one prefill of all N + 1 tokens, one chunk */
     kvr_ctx_t *ctx = ctx_new(512, 2);
     prefill(ctx, &ref_pool, seq, N + 1, 0, bt[0], ref, last);
     KVR_CHECK(rows_equal(last, N, 1));
+    size_t nl = (size_t)(N + 1) * (size_t)V;
+    if (kv_dt == KVR_KV_F32) {
+        free(ref_f32);
+        ref_f32 = malloc(nl * 4);
+        KVR_CHECK(ref_f32 != NULL);
+        memcpy(ref_f32, ref, nl * 4);
+    } else { /* the rounded K/V are used, and stay close */
+        float e = 0, mx = 0;
+        for (size_t i = 0; i < nl; i++) {
+            float d = ref[i] - ref_f32[i];
+            e = d > e ? d : -d > e ? -d : e;
+            mx = ref_f32[i] > mx ? ref_f32[i] : -ref_f32[i] > mx ? -ref_f32[i] : mx;
+        }
+        printf("%s, kv %s: max |logit - f32 KV's| %.2e (|logit| up to %.2f)\n", what,
+               kvr_kv_dtype_name(kv_dt), (double)e, (double)mx);
+        KVR_CHECK(e > 0 && e < 0.02f * mx);
+    }
 
     /* chunked prefill: every position's logits, and the K/V */
     static const int32_t chunks[] = {1, 7, 64, 512};
@@ -206,9 +226,9 @@ static void run_model(const char *dir, const char *what)
     prefill(c1, &pool, seq, N + 1, 0, bt[0], lg, last);
     KVR_CHECK(rows_equal(lg, 0, N + 1));
     kvr_ctx_destroy(c1);
-    printf("%s: chunked, prefix-continued, batched prefill and batched decode == one full "
-           "prefill, bit for bit\n",
-           what);
+    printf("%s, kv %s: chunked, prefix-continued, batched prefill and batched decode == one "
+           "full prefill, bit for bit\n",
+           what, kvr_kv_dtype_name(kv_dt));
 
     free(ref);
     free(lg);
@@ -247,9 +267,11 @@ int main(int argc, char **argv)
         KVR_CHECK(mkdtemp(d) != NULL);
         snprintf(cmd, sizeof(cmd), "%s --out %s %s >/dev/null", argv[1], d, models[i].args);
         KVR_CHECK(system(cmd) == 0);
-        run_model(d, models[i].what);
+        for (int32_t dt = KVR_KV_F32; dt <= KVR_KV_BF16; dt++)
+            run_model(d, models[i].what, dt);
         snprintf(cmd, sizeof(cmd), "rm -rf %s", d);
         KVR_CHECK(system(cmd) == 0);
     }
+    free(ref_f32);
     return 0;
 }

@@ -65,11 +65,10 @@ static kvr_status_t on_layer(void *arg, int32_t layer)
     s->next++;
     const struct kvr_kv_layout *l = &s->pool->layout;
     /* this layer's K of the last token is written, the next layer's not yet */
-    const float *k = s->pool->layer_base[layer] + kvr_kv_offset(l, s->block, 0, 0, s->slot);
+    const float *k = kvr_kv_ptr(l, s->pool->layer_base[layer], s->block, 0, 0, s->slot);
     KVR_CHECK(k[0] != 0.0f || k[1] != 0.0f);
     if (layer + 1 < L) {
-        const float *k2 =
-            s->pool->layer_base[layer + 1] + kvr_kv_offset(l, s->block, 0, 0, s->slot);
+        const float *k2 = kvr_kv_ptr(l, s->pool->layer_base[layer + 1], s->block, 0, 0, s->slot);
         KVR_CHECK(k2[0] == 0.0f && k2[1] == 0.0f);
     }
     if (layer == s->fail_at)
@@ -260,7 +259,8 @@ static void test_bad_args(kvr_ctx_t *ctx)
     q[0].pos = kvr_model_max_pos(model);
     KVR_CHECK_STATUS(kvr_engine_decode(ctx, &p, q, 1, lg), KVR_ERR_INVALID);
     struct kvr_kv_layout lay;
-    KVR_CHECK_STATUS(kvr_kv_layout_init(model, 0, &lay), KVR_ERR_INVALID);
+    KVR_CHECK_STATUS(kvr_kv_layout_init(model, 0, KVR_KV_F32, &lay), KVR_ERR_INVALID);
+    KVR_CHECK_STATUS(kvr_kv_layout_init(model, 16, 3, &lay), KVR_ERR_INVALID);
     pool_free(&p);
     free(lg);
 }
@@ -304,10 +304,32 @@ int main(int argc, char **argv)
     kvr_model_destroy(again);
     kvr_model_destroy(other);
     struct kvr_kv_layout lay;
-    KVR_CHECK_STATUS(kvr_kv_layout_init(model, 16, &lay), KVR_OK);
+    KVR_CHECK_STATUS(kvr_kv_layout_init(model, 16, KVR_KV_F32, &lay), KVR_OK);
     KVR_CHECK_EQ(kvr_kv_block_bytes(&lay), 2 * 2 * 16 * 16 * 4);
     KVR_CHECK_EQ(kvr_kv_layer_bytes(&lay, 10), 10 * 2 * 2 * 16 * 16 * 4);
     KVR_CHECK_EQ(kvr_kv_offset(&lay, 1, 1, 1, 1), ((1 * 2 + 1) * 2 + 1) * 16 * 16 + 16);
+    /* bf16 / f16: half the bytes, the same element offsets */
+    for (int32_t dt = KVR_KV_F16; dt <= KVR_KV_BF16; dt++) {
+        struct kvr_kv_layout h;
+        KVR_CHECK_STATUS(kvr_kv_layout_init(model, 16, dt, &h), KVR_OK);
+        KVR_CHECK_EQ(kvr_kv_block_bytes(&h) * 2, kvr_kv_block_bytes(&lay));
+        KVR_CHECK_EQ(kvr_kv_offset(&h, 1, 1, 1, 1), kvr_kv_offset(&lay, 1, 1, 1, 1));
+        static char slab[2 * 2 * 2 * 16 * 16 * 2];
+        KVR_CHECK((char *)kvr_kv_ptr(&h, slab, 1, 1, 1, 1) - slab ==
+                  (ptrdiff_t)kvr_kv_offset(&h, 1, 1, 1, 1) * 2);
+    }
+    int32_t dt = -1;
+    KVR_CHECK_STATUS(kvr_kv_dtype_parse("bf16", &dt), KVR_OK);
+    KVR_CHECK_EQ(dt, KVR_KV_BF16);
+    KVR_CHECK_STATUS(kvr_kv_dtype_parse("f16", &dt), KVR_OK);
+    KVR_CHECK_EQ(dt, KVR_KV_F16);
+    KVR_CHECK_STATUS(kvr_kv_dtype_parse("f32", &dt), KVR_OK);
+    KVR_CHECK_EQ(dt, KVR_KV_F32);
+    KVR_CHECK_STATUS(kvr_kv_dtype_parse("fp8", &dt), KVR_ERR_INVALID);
+    KVR_CHECK_STATUS(kvr_kv_dtype_parse(NULL, &dt), KVR_ERR_INVALID);
+    KVR_CHECK_EQ(dt, KVR_KV_F32);
+    KVR_CHECK(strcmp(kvr_kv_dtype_name(KVR_KV_BF16), "bf16") == 0);
+    KVR_CHECK(strcmp(kvr_kv_dtype_name(7), "?") == 0);
 
     struct kvr_ctx_opts o = {.n_threads = 2, .max_batch = 40};
     struct kvr_ctx_opts oc = {.n_threads = 2, .max_tokens = 8};

@@ -6,7 +6,8 @@
  * invariance of KVR_MM_INVARIANT; rmsnorm, rope, swiglu (large
  * arguments of exp too); attention through scattered block tables on the
  * GEMM path (prefill rows) and the per-row path (decode rows), with GQA and
- * a sliding window.  Threads 1 and 3.
+ * a sliding window, over f32, bf16 and f16 K/V; kv_store's rounding to bf16
+ * and f16 (ties, subnormals, overflow, NaN).  Threads 1 and 3.
  */
 #include <math.h>
 #include <stdio.h>
@@ -230,17 +231,28 @@ static void test_small_ops(struct kvr_compute_backend *be)
     free(r);
 }
 
-/* attention of n_rows rows at positions pos[], against a naive version. */
-static void check_attention(struct kvr_compute_backend *be, int H, int Hkv, int hd, int bs,
-                            int window, int n_rows, const int32_t *pos, int same_seq)
+/* element i of a KV slab of dtype dt, widened */
+static float kv_get(const void *slab, size_t i, int32_t dt)
+{
+    if (dt == KVR_KV_F32)
+        return ((const float *)slab)[i];
+    uint16_t h = ((const uint16_t *)slab)[i];
+    return dt == KVR_KV_BF16 ? from_bf16(h) : from_f16(h);
+}
+
+/* attention of n_rows rows at positions pos[] over a KV slab of dtype
+ * kv_dt, against a naive version (double sums over the widened K/V). */
+static void check_attention_dt(struct kvr_compute_backend *be, int H, int Hkv, int hd, int bs,
+                               int window, int n_rows, const int32_t *pos, int same_seq,
+                               int32_t kv_dt)
 {
     struct kvr_kv_layout l = {
-        .n_layers = 1, .n_kv_heads = Hkv, .head_dim = hd, .block_size = bs, .dtype = KVR_KV_F32};
+        .n_layers = 1, .n_kv_heads = Hkv, .head_dim = hd, .block_size = bs, .dtype = kv_dt};
     int max_pos = 0;
     for (int r = 0; r < n_rows; r++)
         max_pos = pos[r] > max_pos ? pos[r] : max_pos;
     int nb = max_pos / bs + 1, n_seq = same_seq ? 1 : n_rows, pool_blocks = nb * n_seq * 2 + 3;
-    float *slab = calloc(1, kvr_kv_layer_bytes(&l, pool_blocks));
+    void *slab = calloc(1, kvr_kv_layer_bytes(&l, pool_blocks));
     int32_t *tables = malloc((size_t)nb * (size_t)n_seq * 4);
     const int32_t **bt = malloc((size_t)n_rows * sizeof(*bt));
     for (int s = 0; s < n_seq; s++)
@@ -249,9 +261,14 @@ static void check_attention(struct kvr_compute_backend *be, int H, int Hkv, int 
     for (int r = 0; r < n_rows; r++)
         bt[r] = tables + (same_seq ? 0 : r) * nb;
     /* random K/V everywhere */
-    size_t nf = kvr_kv_layer_bytes(&l, pool_blocks) / 4;
-    for (size_t i = 0; i < nf; i++)
-        slab[i] = frand();
+    size_t nf = kvr_kv_layer_bytes(&l, pool_blocks) / kvr_kv_dtype_size(kv_dt);
+    for (size_t i = 0; i < nf; i++) {
+        float f = frand();
+        if (kv_dt == KVR_KV_F32)
+            ((float *)slab)[i] = f;
+        else
+            ((uint16_t *)slab)[i] = kv_dt == KVR_KV_BF16 ? to_bf16(f) : to_f16(f);
+    }
     float *q = malloc((size_t)n_rows * (size_t)H * (size_t)hd * 4);
     float *out = malloc((size_t)n_rows * (size_t)H * (size_t)hd * 4);
     float *ref = malloc((size_t)n_rows * (size_t)H * (size_t)hd * 4);
@@ -266,10 +283,10 @@ static void check_attention(struct kvr_compute_backend *be, int H, int Hkv, int 
             const float *qv = q + (r * H + h) * hd;
             double mx = -1e300, sum = 0;
             for (int t = lo; t <= pos[r]; t++) {
-                const float *k = slab + kvr_kv_offset(&l, bt[r][t / bs], 0, kvh, t % bs);
+                size_t k = kvr_kv_offset(&l, bt[r][t / bs], 0, kvh, t % bs);
                 double d = 0;
                 for (int i = 0; i < hd; i++)
-                    d += (double)qv[i] * k[i];
+                    d += (double)qv[i] * kv_get(slab, k + (size_t)i, kv_dt);
                 sc[t] = d * scale;
                 mx = sc[t] > mx ? sc[t] : mx;
             }
@@ -278,7 +295,9 @@ static void check_attention(struct kvr_compute_backend *be, int H, int Hkv, int 
             for (int i = 0; i < hd; i++) {
                 double o = 0;
                 for (int t = lo; t <= pos[r]; t++)
-                    o += sc[t] / sum * slab[kvr_kv_offset(&l, bt[r][t / bs], 1, kvh, t % bs) + i];
+                    o += sc[t] / sum *
+                         kv_get(slab, kvr_kv_offset(&l, bt[r][t / bs], 1, kvh, t % bs) + (size_t)i,
+                                kv_dt);
                 ref[(r * H + h) * hd + i] = (float)o;
             }
         }
@@ -294,8 +313,8 @@ static void check_attention(struct kvr_compute_backend *be, int H, int Hkv, int 
     be->ops->attention(be, &a, q, out);
     float e = maxdiff(out, ref, (size_t)n_rows * (size_t)H * (size_t)hd);
     if (!(e < 2e-5f))
-        fprintf(stderr, "attention H %d Hkv %d hd %d bs %d window %d rows %d same %d: %g\n", H, Hkv,
-                hd, bs, window, n_rows, same_seq, e);
+        fprintf(stderr, "attention H %d Hkv %d hd %d bs %d window %d rows %d same %d kv %s: %g\n",
+                H, Hkv, hd, bs, window, n_rows, same_seq, kvr_kv_dtype_name(kv_dt), e);
     KVR_CHECK(e < 2e-5f);
     free(slab);
     free(tables);
@@ -304,6 +323,113 @@ static void check_attention(struct kvr_compute_backend *be, int H, int Hkv, int 
     free(out);
     free(ref);
     free(sc);
+}
+
+static void check_attention(struct kvr_compute_backend *be, int H, int Hkv, int hd, int bs,
+                            int window, int n_rows, const int32_t *pos, int same_seq)
+{
+    check_attention_dt(be, H, Hkv, hd, bs, window, n_rows, pos, same_seq, KVR_KV_F32);
+}
+
+/* f32 -> f16 rounded to nearest even, by double arithmetic (not the bit
+ * tricks or instructions under test); returns the value it denotes */
+static double f16_round_ref(float f)
+{
+    double a = fabs((double)f);
+    if (isnan(f))
+        return f;
+    if (a >= 65520.0) /* halfway to 65536 and beyond: ties go to the even inf */
+        return copysign(INFINITY, f);
+    int e;
+    frexp(a, &e); /* a = m 2^e, m in [0.5, 1) */
+    int ex = e - 1 < -14 ? -14 : e - 1;
+    double ulp = ldexp(1.0, ex - 10);
+    return copysign(nearbyint(a / ulp) * ulp, f);
+}
+
+static double f16_value(uint16_t h)
+{
+    int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
+    return h & 0x8000 ? -v : v;
+}
+
+/* kv_store writes bf16 / f16 rounded to nearest even: halfway cases both
+ * ways, subnormals, overflow, infinities, NaN, signed zeros */
+static void test_kv_store(struct kvr_compute_backend *be)
+{
+    enum { HD = 64, NV = HD * 2 * 8 };
+    float vals[NV];
+    int nv = 0;
+    const float special[] = {0.0f,     -0.0f,    1.0f,        -1.0f,      65504.0f,  65519.0f,
+                             65520.0f, 1e6f,     -1e6f,       INFINITY,   -INFINITY, NAN,
+                             6e-8f,    3e-8f,    2.9e-8f,     6.1e-5f,    1e-40f,    -1e-41f,
+                             3.4e38f,  -3.4e38f, 1.00390625f, 1.01171875f};
+    for (size_t i = 0; i < sizeof(special) / sizeof(special[0]); i++)
+        vals[nv++] = special[i];
+    /* bf16 ties: mantissa low half exactly 0x8000, with even and odd kept bit */
+    const uint32_t ties[] = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0x3f80ffffu, 0x7f7fffffu};
+    for (size_t i = 0; i < sizeof(ties) / sizeof(ties[0]); i++)
+        memcpy(&vals[nv++], &ties[i], 4);
+    /* f16 ties: 1 + 2^-11 (to 1), 1 + 3 2^-11 (to 1 + 2^-9) */
+    vals[nv++] = 1.0f + 0x1p-11f;
+    vals[nv++] = 1.0f + 3 * 0x1p-11f;
+    while (nv < NV) {
+        float f = frand() * ldexpf(1.0f, (int)(rs % 48) - 30);
+        vals[nv++] = f;
+    }
+    for (int32_t dt = KVR_KV_F16; dt <= KVR_KV_BF16; dt++) {
+        /* one row of 8 kv heads (k and v): NV values */
+        struct kvr_kv_layout l = {
+            .n_layers = 1, .n_kv_heads = 8, .head_dim = HD, .block_size = 4, .dtype = dt};
+        uint16_t *slab = calloc(1, kvr_kv_layer_bytes(&l, 3));
+        int32_t table[3] = {2, 0, 1}, pos = 5;
+        const int32_t *bt[1] = {table};
+        struct kvr_attn_args a = {
+            .n_rows = 1, .pos = &pos, .block_table = bt, .layer_base = slab, .layout = &l};
+        be->ops->kv_store(be, &a, vals, vals + NV / 2);
+        for (int kv = 0; kv < 2; kv++)
+            for (int h = 0; h < 8; h++)
+                for (int i = 0; i < HD; i++) {
+                    float f = vals[kv * NV / 2 + h * HD + i];
+                    uint16_t got = ((uint16_t *)kvr_kv_ptr(&l, slab, 0, kv, h, 1))[i];
+                    if (dt == KVR_KV_BF16) {
+                        uint32_t u;
+                        memcpy(&u, &f, 4);
+                        /* nearest even by integer arithmetic on the dropped half */
+                        uint32_t lo = u & 0xffffu, hi = u >> 16;
+                        uint32_t want = lo > 0x8000u || (lo == 0x8000u && (hi & 1)) ? hi + 1 : hi;
+                        if (isnan(f)) {
+                            KVR_CHECK((got & 0x7f80) == 0x7f80 && (got & 0x7f) != 0);
+                            continue;
+                        }
+                        if (got != want)
+                            fprintf(stderr, "bf16 of %a (0x%08x): got 0x%04x want 0x%04x\n",
+                                    (double)f, u, got, want);
+                        KVR_CHECK(got == want);
+                    } else {
+                        double want = f16_round_ref(f), v = f16_value(got);
+                        if (isnan(f)) {
+                            KVR_CHECK(isnan(v));
+                            continue;
+                        }
+                        if (!(v == want && signbit(v) == signbit(want)))
+                            fprintf(stderr, "f16 of %a: got 0x%04x (%a) want %a\n", (double)f, got,
+                                    v, want);
+                        KVR_CHECK(v == want && signbit(v) == signbit(want));
+                    }
+                }
+        /* nothing written outside the row's slot */
+        size_t n = kvr_kv_layer_bytes(&l, 3) / 2, written = 0;
+        for (size_t i = 0; i < n; i++)
+            written += slab[i] != 0;
+        size_t lo = kvr_kv_offset(&l, 0, 0, 0, 0), hi = kvr_kv_offset(&l, 1, 0, 0, 0);
+        for (size_t i = 0; i < n; i++)
+            if (i < lo || i >= hi)
+                KVR_CHECK(slab[i] == 0);
+        KVR_CHECK(written > NV / 2);
+        free(slab);
+    }
 }
 
 static void test_attention(struct kvr_compute_backend *be)
@@ -330,6 +456,18 @@ static void test_attention(struct kvr_compute_backend *be)
     for (int i = 0; i < 5; i++)
         pos[i] = 60 + i;
     check_attention(be, 4, 2, 16, 16, 0, 5, pos, 1);
+    /* bf16 and f16 K/V: the same against the widened values, head_dim with
+     * and without a tail, prefill groups and decode rows */
+    for (int32_t dt = KVR_KV_F16; dt <= KVR_KV_BF16; dt++) {
+        for (int i = 0; i < 150; i++)
+            pos[i] = 3 + i;
+        check_attention_dt(be, 8, 2, 24, 8, 0, 150, pos, 1, dt);
+        check_attention_dt(be, 4, 4, 64, 16, 40, 90, pos, 1, dt);
+        for (int i = 0; i < 12; i++)
+            pos[i] = (i * 29) % 97;
+        check_attention_dt(be, 8, 2, 20, 8, 0, 12, pos, 0, dt);
+        check_attention_dt(be, 4, 1, 16, 16, 0, 12, pos, 0, dt);
+    }
 }
 
 int main(void)
@@ -348,6 +486,7 @@ int main(void)
         test_small_ops(be);
         test_f16_widen(be);
         test_attention(be);
+        test_kv_store(be);
         be->ops->destroy(be);
         printf("cpu backend ops, %d thread(s): ok\n", threads[t]);
     }

@@ -39,6 +39,7 @@
 struct run_opts {
     const char *model, *prompt, *prompt_tokens;
     int max_tokens, threads;
+    int32_t kv_dtype; /* enum kvr_kv_dtype */
     bool json, ignore_eos, stats;
     struct kvr_sample_params sp;
     struct kvr_chat_prompt_opts chat;
@@ -51,7 +52,10 @@ static void usage(FILE *f)
                "                  --max-tokens N [--temperature T] [--top-p P] [--top-k K]\n"
                "                  [--min-p P] [--repetition-penalty R] [--seed S] [--json]\n"
                "                  [--ignore-eos] [--threads N] [--stats] [--chat-template NAME]\n"
+               "                  [--kv-dtype f32|bf16|f16]\n"
                "Generates in one process (no cluster); temperature 0 (default) is greedy.\n"
+               "--kv-dtype: the KV cache's element type (default f32), as a cluster file's\n"
+               "kv_dtype: the same output as a cluster with that kv_dtype.\n"
                "--chat / --message render the model's chat template (tokenizer_config.json)\n"
                "with add_generation_prompt; --json then prints it as {\"chat_prompt\": ...}.\n");
 }
@@ -181,6 +185,7 @@ int kvr_cmd_run(int argc, char **argv)
                                        {"chat", 1, 0, 'C'},
                                        {"message", 1, 0, 'M'},
                                        {"chat-template", 1, 0, 'N'},
+                                       {"kv-dtype", 1, 0, 'K'},
                                        {"help", 0, 0, 'h'},
                                        {0, 0, 0, 0}};
     int c;
@@ -213,6 +218,12 @@ int kvr_cmd_run(int argc, char **argv)
             break;
         case 'j':
             o.json = true;
+            break;
+        case 'K':
+            if (kvr_kv_dtype_parse(optarg, &o.kv_dtype) != KVR_OK) {
+                fprintf(stderr, "kvrail run: --kv-dtype: '%s' is not f32, bf16 or f16\n", optarg);
+                return 2;
+            }
             break;
         case 'E':
             o.ignore_eos = true;
@@ -371,9 +382,9 @@ int kvr_cmd_run(int argc, char **argv)
     }
     /* the pool: blocks 0..nb-1 of one sequence */
     int32_t nb = (int32_t)((total + RUN_BLOCK_SIZE) / RUN_BLOCK_SIZE);
-    kvr_kv_layout_init(m, RUN_BLOCK_SIZE, &pool.layout);
+    kvr_kv_layout_init(m, RUN_BLOCK_SIZE, o.kv_dtype, &pool.layout);
     pool.n_blocks = nb;
-    pool.layer_base = calloc((size_t)L, sizeof(float *));
+    pool.layer_base = calloc((size_t)L, sizeof(*pool.layer_base));
     bt = malloc((size_t)nb * sizeof(*bt));
     logits = malloc((size_t)V * sizeof(float));
     if (!pool.layer_base || !bt || !logits)

@@ -43,10 +43,10 @@ static kvr_ctx_t *ctx_new(kvr_model_t *m, int threads, int batch, int tokens)
 
 static void pool_new(kvr_model_t *m, int n_blocks, struct kvr_kv_pool *p)
 {
-    kvr_kv_layout_init(m, BS, &p->layout);
+    kvr_kv_layout_init(m, BS, KVR_KV_F32, &p->layout);
     p->n_blocks = n_blocks;
     int L = kvr_model_n_layers(m);
-    p->layer_base = calloc((size_t)L, sizeof(float *));
+    p->layer_base = calloc((size_t)L, sizeof(*p->layer_base));
     for (int l = 0; l < L; l++)
         p->layer_base[l] = calloc(1, kvr_kv_layer_bytes(&p->layout, n_blocks));
 }

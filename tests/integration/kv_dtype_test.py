@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""kv_dtype_test.py - the cluster file's kv_dtype on a real 1P+1D cluster
+(`kvrail up`, UCX), against `kvrail run --kv-dtype` in one process.
+
+For kv_dtype f32 and then bf16, a fresh cluster:
+  - `kvrail generate --json` prints byte for byte what `kvrail run --json
+    --kv-dtype D` prints, for a short prompt (prefilled on the decode node)
+    and a long one (prefilled on the prefill node, its KV moved to decode);
+  - bf16's output is not f32's (the rounded KV is what attention reads);
+  - the KV bytes the long request moved (generate --stats, and the router's
+    status once the heartbeat carries them): bf16 moves exactly half of f32.
+Then, with the bf16 cluster up, a decode node started from a cluster file
+that says kv_dtype f16 is refused at registration with a message naming
+both dtypes, and is not alive in the router's status.
+
+usage: kv_dtype_test.py --kvrail BIN --mkmodel BIN --decode BIN
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cluster_lib import Fail, free_port, reap_all, spawn, stop_group, wait_for  # noqa: E402
+from cluster_lib import run  # noqa: E402
+from kvrail_up import Up  # noqa: E402
+
+SHORT = "Hello world"
+LONG = "The quick brown fox jumps over the lazy dog. " * 14
+
+
+# decode1: the node of another kv_dtype, placed on another host so that
+# `kvrail up` does not start it (the router knows its name from the file)
+DECODE1 = "  - {name: decode1, role: decode, pool_blocks: 64, transport: ucx%s}\n"
+
+
+def cluster_file(work, dtype, ep, node_port, decode1_host=", host: gpu-node-9"):
+    cfg = os.path.join(work, "cluster-%s.yaml" % dtype)
+    with open(cfg, "w") as f:
+        f.write("model: model\nblock_size: 16\nkv_dtype: %s\n"
+                "router: {client: '%s', node: 'tcp://127.0.0.1:%d'}\n"
+                "timeouts: {heartbeat_ms: 200, heartbeat_timeout_ms: 1500}\n"
+                "thresholds: {local_prefill_tokens: 32}\n"
+                "nodes:\n"
+                "  - {name: router, role: router, host: localhost}\n"
+                "  - {name: prefill0, role: prefill, transport: ucx}\n"
+                "  - {name: decode0, role: decode, pool_blocks: 256, transport: ucx}\n%s"
+                % (dtype, ep, node_port, DECODE1 % decode1_host))
+    return cfg
+
+
+def generate_matches_run(a, model, ep, dtype, prompt):
+    """generate --json == run --json --kv-dtype, byte for byte; returns
+    (the output, KV bytes the request moved)."""
+    ref = run([a.kvrail, "run", "--model", model, "--prompt", prompt, "--max-tokens", "12",
+               "--json", "--kv-dtype", dtype], timeout=60)
+    got = run([a.kvrail, "generate", "--router", ep, "--max-tokens", "12", "--json", "--stats",
+               prompt], timeout=60)
+    if ref.returncode or got.returncode:
+        raise Fail("run rc %d (%s), generate rc %d (%s)" % (ref.returncode, ref.stderr,
+                                                           got.returncode, got.stderr))
+    if ref.stdout != got.stdout:
+        raise Fail("kv_dtype %s: generate --json differs from run --json --kv-dtype %s:\n%s\n"
+                   "---\n%s" % (dtype, dtype, ref.stdout, got.stdout))
+    m = re.search(r"KV moved (\d+) bytes", got.stderr)
+    if not m:
+        raise Fail("generate --stats printed no KV bytes: %s" % got.stderr)
+    n = len(json.loads(got.stdout.splitlines()[0])["prompt_tokens"])
+    return got.stdout, int(m.group(1)), n
+
+
+def one_cluster(a, model, work, dtype, outs):
+    ep, node_port = "tcp://127.0.0.1:%d" % free_port(), free_port()
+    cfg = cluster_file(work, dtype, ep, node_port)
+    up = Up(a.kvrail, cfg, work)
+    short, b_short, n_short = generate_matches_run(a, model, ep, dtype, SHORT)
+    long_, b_long, n_long = generate_matches_run(a, model, ep, dtype, LONG)
+    if b_short != 0 or b_long <= 0:
+        raise Fail("kv_dtype %s: KV bytes moved: short (local) %d, long %d" % (dtype, b_short,
+                                                                           b_long))
+    print("kv_dtype %s: generate --json == run --json --kv-dtype %s byte for byte "
+          "(%d-token prompt local, %d-token prompt disaggregated: %d KV bytes moved)"
+          % (dtype, dtype, n_short, n_long, b_long))
+
+    def status_bytes():  # the router's count arrives with a heartbeat
+        st = run([a.kvrail, "status", "--router", ep, "--json"], timeout=30)
+        if st.returncode:
+            raise Fail("status: " + st.stderr)
+        rs = json.loads(st.stdout)["router"]
+        return rs if rs["kv_bytes_moved"] == b_long else None
+
+    wait_for("status kv_bytes_moved == %d" % b_long, status_bytes, timeout=10, step=0.1)
+    outs[dtype] = (short + long_, b_long)
+    return up, ep, node_port
+
+
+def mismatch(a, work, ep, node_port):
+    """A decode node whose cluster file says f16 against the bf16 router."""
+    cfg = cluster_file(work, "f16", ep, node_port, decode1_host="")
+    log_path = os.path.join(work, "decode1.log")
+    with open(log_path, "w") as log:
+        p = spawn([a.decode, "--config", cfg, "--node", "decode1"], stdout=log,
+                  stderr=subprocess.STDOUT)
+    want = "KV dtype 'f16', the cluster file says kv_dtype bf16"
+
+    def refused():
+        with open(log_path, errors="replace") as f:
+            return want in f.read()
+
+    try:
+        wait_for("decode1 refused at registration", refused, timeout=30, step=0.1)
+        st = run([a.kvrail, "status", "--router", ep, "--json"], timeout=30)
+        s = json.loads(st.stdout)
+        if any(n["name"] == "decode1" and n["alive"] for n in s["nodes"]):
+            raise Fail("decode1 (kv_dtype f16) is alive in a bf16 cluster: %s" % s["nodes"])
+    finally:
+        stop_group(p, grace=5)
+    with open(log_path, errors="replace") as f:
+        line = [x for x in f.read().splitlines() if want in x][0]
+    print("kv_dtype f16 node in a bf16 cluster: refused (%s)" % line.strip())
+
+
+def stop(up):
+    up.p.send_signal(signal.SIGTERM)
+    try:
+        rc = up.p.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        raise Fail("kvrail up did not stop within 15 s of SIGTERM")
+    if rc != 0:
+        raise Fail("kvrail up exited %d on SIGTERM" % rc)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kvrail", required=True)
+    ap.add_argument("--mkmodel", required=True)
+    ap.add_argument("--decode", required=True)
+    a = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="kvr-kvdtype-")
+    ok = False
+    try:
+        model = os.path.join(work, "model")
+        r = run([a.mkmodel, "--out", model], timeout=60)
+        if r.returncode:
+            raise Fail("mkmodel: " + r.stderr)
+        outs = {}
+        up, _, _ = one_cluster(a, model, work, "f32", outs)
+        stop(up)
+        up, ep, node_port = one_cluster(a, model, work, "bf16", outs)
+        if outs["bf16"][0] == outs["f32"][0]:
+            raise Fail("kv_dtype bf16 printed exactly what f32 printed: the KV dtype is not used")
+        ratio = outs["bf16"][1] / outs["f32"][1]
+        print("KV bytes moved for the long prompt: f32 %d, bf16 %d (ratio %.3f)"
+              % (outs["f32"][1], outs["bf16"][1], ratio))
+        if outs["bf16"][1] * 2 != outs["f32"][1]:
+            raise Fail("bf16 KV moved %d bytes, not half of f32's %d" % (outs["bf16"][1],
+                                                                      outs["f32"][1]))
+        mismatch(a, work, ep, node_port)
+        stop(up)
+        ok = True
+        print("kv_dtype: ok")
+    except Fail as e:
+        print("FAIL:", e)
+        logs = os.path.join(work, "logs")
+        for name in ["up.err", "decode1.log"] + (sorted(os.listdir(logs))
+                                                  if os.path.isdir(logs) else []):
+            path = os.path.join(work, name) if name in ("up.err", "decode1.log") else \
+                os.path.join(logs, name)
+            if os.path.exists(path):
+                print("---", name)
+                with open(path, errors="replace") as fh:
+                    print("".join(fh.readlines()[-15:]))
+    finally:
+        reap_all()
+        if ok:
+            shutil.rmtree(work, ignore_errors=True)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
