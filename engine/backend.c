@@ -6,9 +6,15 @@
 
 #include "kvr_compute_backend.h"
 #include "kvr_config.h"
+#if KVR_HAVE_CUDA
+#include "kvr_cuda_backend.h"
+#endif
 
 static const struct kvr_compute_ops *const backends[] = {
     &kvr_cpu_ops,
+#if KVR_HAVE_CUDA
+    &kvr_cuda_ops,
+#endif
     NULL,
 };
 

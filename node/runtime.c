@@ -19,6 +19,10 @@
 #include <zmq.h>
 
 #include "kvr_clock.h"
+#include "kvr_config.h"
+#if KVR_HAVE_CUDA
+#include "kvr_cuda.h"
+#endif
 #include "kvr_log.h"
 #include "kvr_version.h"
 #include "node_metrics.h"
@@ -119,12 +123,31 @@ kvr_status_t kvr_node_init(kvr_node_t *node, int argc, char **argv, enum kvr_nod
         return KVR_ERR_INVALID;
     }
     if (node->self->device_index >= 0) {
-        /* never a silent CPU run: this build has no CUDA compute backend */
+        /* never a silent CPU run: the GPU is opened here or the node refuses */
+#if KVR_HAVE_CUDA
+        char why[400];
+        s = kvr_cuda_device_open(node->self->device_index, 0, why, sizeof why);
+        if (s != KVR_OK) {
+            snprintf(err, err_len, "%s: node '%s' asks for device %s: %s", config, name,
+                     node->self->device, why);
+            return s;
+        }
+        /* the GPU is there, but a node's KV pool is not in HBM yet (issue
+         * 15): refuse rather than run on the CPU */
+        snprintf(err, err_len,
+                 "%s: node '%s' asks for device %s: the GPU is there, but cluster nodes do not "
+                 "run on CUDA yet (the KV pool in HBM is not wired); set `device: cpu`, or use "
+                 "kvrail run --device %s",
+                 config, name, node->self->device, node->self->device);
+        return KVR_ERR_UNSUPPORTED;
+#else
         snprintf(err, err_len,
                  "%s: node '%s' asks for device %s, but this build of kvrail has no CUDA "
-                 "compute backend; set `device: cpu` for this node",
+                 "(built without the CUDA toolkit: meson setup -Dcuda=enabled); set `device: cpu` "
+                 "for this node",
                  config, name, node->self->device);
         return KVR_ERR_UNSUPPORTED;
+#endif
     }
     snprintf(node->name, sizeof node->name, "%s", name);
     kvr_log_set_process(node->name);
