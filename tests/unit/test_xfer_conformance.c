@@ -600,8 +600,10 @@ static void test_same_host(void)
     const char *pool = getenv("KVR_UCX_POOL");
     if (!(mode && strcmp(mode, "peer") == 0)) /* pidfd-watched peer: the direct path */
         KVR_CHECK(direct);
-    if (pool && strcmp(pool, "shm") == 0 && direct) /* shared memory: mapped here */
-        KVR_CHECK(strstr(tr, "+mapped(memcpy)") != NULL);
+    if (pool && (strcmp(pool, "shm") == 0 || strcmp(pool, "file") == 0) && direct)
+        KVR_CHECK(strstr(tr, "+mapped(memcpy)") != NULL); /* shared memory: mapped here */
+    if (pool && strcmp(pool, "anon") == 0 && direct)      /* private memory: process_vm_writev */
+        KVR_CHECK(strstr(tr, "+cma(process_vm_writev)") != NULL);
 
     /* WRITE, blocks in reverse order (nothing coalesces), checked at the
      * notification; then READ back */

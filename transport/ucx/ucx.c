@@ -34,11 +34,12 @@
  * (captured with open_memstream) into peer->transports and logged;
  * require_rdma refuses lanes over tcp, posix, sysv, cma, self, knem, xpmem.
  *
- * Memory from kvr_xfer_mem_alloc is UCX-allocated (shared memory on one
- * host; the core pre-faults it at allocation, xfer_mem.c).  The mapped path:
- * when the peer is a watched process on this host (or this process) and
- * ucp_rkey_ptr maps a remote region here, the region is populated once at
- * rkey unpack (KVR_UCX_POPULATE=0: don't) and every list whose segments all
+ * Memory from kvr_xfer_mem_alloc is shared memory on huge pages where the
+ * host allows (UCX's, or a huge-page tmpfs file of the pool's own; the
+ * choice is ucx_local.c's; the core pre-faults it, xfer_mem.c).  The mapped
+ * path: when the peer is a watched process on this host (or this process)
+ * and its region is mapped here (its pool file, or ucp_rkey_ptr; UCX's is
+ * populated once at rkey unpack, KVR_UCX_POPULATE=0: don't), every list whose segments all
  * land in mapped regions is posted as memcpys on the posting thread - no
  * UCX request, no callback, complete when the post returns (a READ too).
  * A release fence after the copies orders them before anything the thread
@@ -424,14 +425,24 @@ static kvr_status_t ucx_mem_pack(kvr_xfer_mem_t *base, void **buf_p, size_t *len
     ucs_status_t st = ucp_rkey_pack(ue(base->engine)->ctx, m->memh, &rk, &len);
     if (st != UCS_OK)
         return ucx_status(st);
-    void *b = malloc(len);
-    if (b)
-        memcpy(b, rk, len);
+    struct ucx_rkey_hdr h = {.magic = KVR_UCX_RKEY_MAGIC, .rkey_len = (uint32_t)len, .fd = -1};
+    if (m->file) {
+        h.flags = KVR_UCX_RKEY_FILE;
+        h.fd = m->fd;
+        h.ino = m->ino;
+        h.dev = m->dev;
+        h.file_len = m->map_len;
+    }
+    uint8_t *b = malloc(sizeof(h) + len);
+    if (b) {
+        memcpy(b, &h, sizeof(h));
+        memcpy(b + sizeof(h), rk, len);
+    }
     ucp_rkey_buffer_release(rk);
     if (!b)
         return KVR_ERR_NO_MEMORY;
     *buf_p = b;
-    *len_p = len;
+    *len_p = sizeof(h) + len;
     return KVR_OK;
 }
 
@@ -655,22 +666,32 @@ static kvr_status_t ucx_rmem_unpack(kvr_xfer_rmem_t *base, const void *buf, size
 {
     struct ucx_rmem *r = container_of(base, struct ucx_rmem, base);
     struct ucx_peer *p = up(base->peer);
-    if (len == 0)
+    struct ucx_rkey_hdr h;
+    if (len <= sizeof(h))
         return KVR_ERR_INVALID;
-    ucs_status_t st = ucp_ep_rkey_unpack(p->ep, buf, &r->rkey);
+    memcpy(&h, buf, sizeof(h));
+    if (h.magic != KVR_UCX_RKEY_MAGIC || h.rkey_len != len - sizeof(h) ||
+        (h.flags & ~KVR_UCX_RKEY_FILE) != 0) {
+        KVR_LOG_ERROR(COMP, "%s: rkey of pid %d: not a kvrail UCX rkey (magic, length or flags)",
+                      base->peer->engine->name, (int)p->pid);
+        return KVR_ERR_CORRUPT;
+    }
+    ucs_status_t st = ucp_ep_rkey_unpack(p->ep, (const uint8_t *)buf + sizeof(h), &r->rkey);
     if (st != UCS_OK) {
         KVR_LOG_ERROR(COMP, "%s: ucp_ep_rkey_unpack: %s", base->peer->engine->name,
                       ucs_status_string(st));
         return st == UCS_ERR_INVALID_PARAM ? KVR_ERR_CORRUPT : ucx_status(st);
     }
     /* a peer on this host: its region mapped here, or process_vm_writev */
-    ucx_local_rmem_unpack(p, r);
+    ucx_local_rmem_unpack(p, r, &h);
     return KVR_OK;
 }
 
 static void ucx_rmem_release(kvr_xfer_rmem_t *base)
 {
-    ucp_rkey_destroy(container_of(base, struct ucx_rmem, base)->rkey);
+    struct ucx_rmem *r = container_of(base, struct ucx_rmem, base);
+    ucp_rkey_destroy(r->rkey);
+    ucx_local_rmem_release(r);
 }
 
 /* ------------------------------------------------------------------------ */

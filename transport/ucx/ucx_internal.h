@@ -86,15 +86,30 @@ struct ucx_pflush {
 struct ucx_mem {
     struct kvr_xfer_mem base;
     ucp_mem_h memh;
-    void *anon; /* ucx_local_mem_alloc's anonymous mapping, or NULL */
-    size_t anon_len;
+    void *map; /* ucx_local_mem_alloc's mapping (anonymous or the file), or NULL */
+    size_t map_len;
+    bool file;         /* map is a huge-page tmpfs file of its own, fd: */
+    int fd;            /* that file (peers on this host take it with pidfd_getfd) */
+    uint64_t ino, dev; /* its identity, checked by the peer that maps it */
+};
+
+/* the UCX rkey payload: this header, then ucp_rkey_pack's buffer */
+#define KVR_UCX_RKEY_MAGIC 0x4b584355u /* "UCXK" */
+#define KVR_UCX_RKEY_FILE  1u          /* flags: the region is the file fd of the owner */
+struct ucx_rkey_hdr {
+    uint32_t magic;
+    uint32_t flags;
+    int32_t fd; /* in the owner process (pidfd_getfd), with KVR_UCX_RKEY_FILE */
+    uint32_t rkey_len;
+    uint64_t ino, dev, file_len;
 };
 
 struct ucx_rmem {
     struct kvr_xfer_rmem base;
     ucp_rkey_h rkey;
-    uint8_t *ptr; /* the region mapped here (offset 0), or NULL */
-    bool cma;     /* reachable with process_vm_writev (probed at unpack) */
+    uint8_t *ptr;   /* the region mapped here (offset 0), or NULL */
+    size_t map_len; /* ptr is our mapping of the owner's pool file: munmap at release */
+    bool cma;       /* reachable with process_vm_writev (probed at unpack) */
 };
 
 struct ucx_tok {         /* outlives its list when released with operations pending */
@@ -128,9 +143,12 @@ static inline struct ucx_peer *up(kvr_xfer_peer_t *p)
 kvr_status_t ucx_local_mem_alloc(kvr_xfer_mem_t *m);
 /** Frees what ucx_local_mem_alloc allocated (after ucp_mem_unmap). */
 void ucx_local_mem_free(kvr_xfer_mem_t *m);
-/** At rkey unpack: maps the region here when it can be (sets r->ptr), or
- *  probes process_vm_writev access to the peer (sets p->cma). */
-void ucx_local_rmem_unpack(struct ucx_peer *p, struct ucx_rmem *r);
+/** At rkey unpack: maps the region here when it can be (sets r->ptr): the
+ *  owner's pool file (h names it) or UCX's shared memory; else probes
+ *  process_vm_writev access to the peer (sets r->cma). */
+void ucx_local_rmem_unpack(struct ucx_peer *p, struct ucx_rmem *r, const struct ucx_rkey_hdr *h);
+/** Unmaps what ucx_local_rmem_unpack mapped. */
+void ucx_local_rmem_release(struct ucx_rmem *r);
 /** At list prepare: picks d->path and builds the iovecs of UCX_PATH_CMA. */
 kvr_status_t ucx_local_dlist_prepare(struct ucx_dlist *d);
 void ucx_local_dlist_release(struct ucx_dlist *d);
