@@ -33,12 +33,14 @@
 #include "kvr_log.h"
 #include "kvr_sample.h"
 #include "kvr_tokenizer.h"
+#include "run_device.h"
 
 #define RUN_BLOCK_SIZE 16
 
 struct run_opts {
     const char *model, *prompt, *prompt_tokens;
     int max_tokens, threads;
+    int device;       /* -1 cpu, else cuda:N (--device) */
     int32_t kv_dtype; /* enum kvr_kv_dtype */
     bool json, ignore_eos, stats;
     struct kvr_sample_params sp;
@@ -52,10 +54,11 @@ static void usage(FILE *f)
                "                  --max-tokens N [--temperature T] [--top-p P] [--top-k K]\n"
                "                  [--min-p P] [--repetition-penalty R] [--seed S] [--json]\n"
                "                  [--ignore-eos] [--threads N] [--stats] [--chat-template NAME]\n"
-               "                  [--kv-dtype f32|bf16|f16]\n"
+               "                  [--kv-dtype f32|bf16|f16] [--device cpu|cuda:N]\n"
                "Generates in one process (no cluster); temperature 0 (default) is greedy.\n"
                "--kv-dtype: the KV cache's element type (default f32), as a cluster file's\n"
                "kv_dtype: the same output as a cluster with that kv_dtype.\n"
+               "--device cuda:N runs on that GPU (a CUDA build; refused when there is none).\n"
                "--chat / --message render the model's chat template (tokenizer_config.json)\n"
                "with add_generation_prompt; --json then prints it as {\"chat_prompt\": ...}.\n");
 }
@@ -166,28 +169,16 @@ static void pending_flush(struct pending *p)
 
 int kvr_cmd_run(int argc, char **argv)
 {
-    struct run_opts o = {.max_tokens = -1};
+    struct run_opts o = {.max_tokens = -1, .device = -1};
     kvr_sample_params_default(&o.sp);
-    static const struct option lo[] = {{"model", 1, 0, 'm'},
-                                       {"prompt", 1, 0, 'p'},
-                                       {"prompt-tokens", 1, 0, 'P'},
-                                       {"max-tokens", 1, 0, 'n'},
-                                       {"temperature", 1, 0, 't'},
-                                       {"top-p", 1, 0, 'u'},
-                                       {"top-k", 1, 0, 'k'},
-                                       {"min-p", 1, 0, 'i'},
-                                       {"repetition-penalty", 1, 0, 'r'},
-                                       {"seed", 1, 0, 's'},
-                                       {"json", 0, 0, 'j'},
-                                       {"ignore-eos", 0, 0, 'E'},
-                                       {"threads", 1, 0, 'T'},
-                                       {"stats", 0, 0, 'S'},
-                                       {"chat", 1, 0, 'C'},
-                                       {"message", 1, 0, 'M'},
-                                       {"chat-template", 1, 0, 'N'},
-                                       {"kv-dtype", 1, 0, 'K'},
-                                       {"help", 0, 0, 'h'},
-                                       {0, 0, 0, 0}};
+    static const struct option lo[] = {
+        {"model", 1, 0, 'm'},      {"prompt", 1, 0, 'p'},        {"prompt-tokens", 1, 0, 'P'},
+        {"max-tokens", 1, 0, 'n'}, {"temperature", 1, 0, 't'},   {"top-p", 1, 0, 'u'},
+        {"top-k", 1, 0, 'k'},      {"min-p", 1, 0, 'i'},         {"repetition-penalty", 1, 0, 'r'},
+        {"seed", 1, 0, 's'},       {"json", 0, 0, 'j'},          {"ignore-eos", 0, 0, 'E'},
+        {"threads", 1, 0, 'T'},    {"stats", 0, 0, 'S'},         {"chat", 1, 0, 'C'},
+        {"message", 1, 0, 'M'},    {"chat-template", 1, 0, 'N'}, {"kv-dtype", 1, 0, 'K'},
+        {"device", 1, 0, 'D'},     {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
     int c;
     double v;
     optind = 1;
@@ -218,6 +209,10 @@ int kvr_cmd_run(int argc, char **argv)
             break;
         case 'j':
             o.json = true;
+            break;
+        case 'D':
+            if (kvr_run_device_parse(optarg, &o.device) != 0)
+                return 2;
             break;
         case 'K':
             if (kvr_kv_dtype_parse(optarg, &o.kv_dtype) != KVR_OK) {
@@ -307,6 +302,10 @@ int kvr_cmd_run(int argc, char **argv)
     struct pending pend = {0};
     size_t n_prompt = 0;
     kvr_status_t st;
+    if ((st = kvr_run_device_open(o.device, err, sizeof(err))) != KVR_OK) {
+        fprintf(stderr, "kvrail run: --device: %s\n", err);
+        goto out;
+    }
     uint64_t t0 = kvr_now_ns();
 
     if ((st = kvr_model_load(o.model, &m, err, sizeof(err))) != KVR_OK) {
@@ -366,7 +365,8 @@ int kvr_cmd_run(int argc, char **argv)
                 n_prompt, o.max_tokens, kvr_model_max_pos(m));
         goto out;
     }
-    struct kvr_ctx_opts co = {.n_threads = o.threads, .max_batch = 1};
+    struct kvr_ctx_opts co = {
+        .backend = kvr_run_device_backend(o.device), .n_threads = o.threads, .max_batch = 1};
     if ((st = kvr_ctx_create(m, &co, &ctx, err, sizeof(err))) != KVR_OK) {
         fprintf(stderr, "kvrail run: %s\n", err);
         goto out;
@@ -390,7 +390,7 @@ int kvr_cmd_run(int argc, char **argv)
     if (!pool.layer_base || !bt || !logits)
         goto err_nomem;
     for (int32_t l = 0; l < L; l++) {
-        pool.layer_base[l] = aligned_alloc(64, kvr_kv_layer_bytes(&pool.layout, nb));
+        pool.layer_base[l] = kvr_run_device_slab(o.device, kvr_kv_layer_bytes(&pool.layout, nb));
         if (!pool.layer_base[l])
             goto err_nomem;
     }
@@ -480,7 +480,7 @@ err_nomem:
 out:
     if (pool.layer_base) {
         for (int32_t l = 0; m && l < kvr_model_n_layers(m); l++)
-            free(pool.layer_base[l]);
+            kvr_run_device_slab_free(o.device, pool.layer_base[l]);
         free(pool.layer_base);
     }
     free(pend.text);
