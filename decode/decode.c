@@ -19,8 +19,10 @@
  * token 0 (the only path by which it reaches the client).  With
  * local_prefill the node prefills itself.  A Reserve with attempt > 0 is
  * the router retrying the prefill on another prefill node: the same
- * reservation (same id and blocks) gets a renewed lease and a new writer;
- * notifications of an earlier attempt are ignored from then on.
+ * reservation (same id, same cached prefix) gets a renewed lease, a new
+ * writer and fresh blocks for what the writer writes, while the old
+ * writer's blocks stay quarantined until it is fenced (retry_fence);
+ * notifications of an earlier attempt never reach the request again.
  *
  * Continuous batching: at every step the sequences whose KV has arrived join
  * the running batch (up to max_batch), one token each is computed for all of
@@ -90,12 +92,21 @@ struct dreq {
     uint64_t t_reserve, t_ready, deadline;
     uint64_t lease_ns; /* KV_PROGRESS from the prefill node renews this much */
     uint32_t attempt;  /* the prefill attempt whose KV is taken (Reserve.attempt) */
+    /* quarantine: the writer's incarnation (0: unknown), and the latest its
+     * signs of life may keep the blocks */
+    uint64_t writer_inc, fence_cap;
     /* local prefill: prompt tokens whose K/V is in the blocks */
     uint32_t n_computed;
     uint64_t prefill_ns; /* the worker's time on its chunks */
     /* the current job refers to it: ending waits for the job's DONE */
     bool in_job, end_pending, end_keep;
     uint64_t last_step_tok_ns; /* when the last decode step's token went out */
+    /* sampling.top_logprobs: alternatives sent with each token (top_n asked;
+     * n_top of the token about to be sent) */
+    uint32_t top_n;
+    int32_t n_top;
+    int32_t top_ids[KVR_SAMPLE_MAX_TOP_LOGPROBS];
+    float top_lps[KVR_SAMPLE_MAX_TOP_LOGPROBS];
 };
 
 struct ppeer { /* what a prefill node said in its HELLO */
@@ -161,6 +172,10 @@ struct decode {
     uint64_t reservations;     /* new reservations made */
     uint64_t reserve_renewals; /* prefill retries on a reservation (Reserve.attempt > 0) */
     uint64_t stale_notifs;     /* notifications of an earlier attempt, ignored */
+    /* the retry fence: blocks an old prefill attempt may still write */
+    uint64_t retry_quarantines, retry_quarantined_blocks;
+    uint64_t quarantines_fenced;  /* ended by the writer's KV_READY/KV_ABORT or restart */
+    uint64_t quarantines_expired; /* ended by their bound, without a word from the writer */
     int batch_max;
     /* the pool's background pre-fault: the horizon reached when the router
      * first accepted the registration (UINT32_MAX: not yet registered) */
@@ -345,6 +360,18 @@ static void send_token(struct decode *d, struct dreq *r, int32_t tok, float logp
     t.finish = fin;
     t.cached_tokens = r->n_cached_blocks * (uint32_t)d->node.layout.block_size;
     t.no_token = no_token;
+    Kvrail__TopLogprob top[KVR_SAMPLE_MAX_TOP_LOGPROBS], *topp[KVR_SAMPLE_MAX_TOP_LOGPROBS];
+    if (!no_token && r->n_top > 0) {
+        for (int32_t i = 0; i < r->n_top; i++) {
+            kvrail__top_logprob__init(&top[i]);
+            top[i].token_id = (uint32_t)r->top_ids[i];
+            top[i].logprob = r->top_lps[i];
+            topp[i] = &top[i];
+        }
+        t.n_top_logprobs = (size_t)r->n_top;
+        t.top_logprobs = topp;
+    }
+    r->n_top = 0;
     if (code != KVR_OK || msg) {
         st.code = code;
         st.message = (char *)(msg ? msg : "");
@@ -438,6 +465,65 @@ static void start_decoding(struct decode *d, struct dreq *r, int32_t tok, float 
     r->state = DR_READY;
 }
 
+/* A prefill retry on a reservation (Reserve with a newer attempt) while
+ * the old attempt's writer may still be alive: the router retries on a
+ * timeout as well as on a death, and a stopped or slow prefill node goes
+ * on writing where it was when it resumes.  So the prompt blocks the old
+ * writer was given (the uncached ones: all it writes) leave the request
+ * for a quarantine record of their own (DR_QUARANTINE, under the old
+ * attempt and writer, found by find_req_notif through their first block),
+ * and the request takes fresh blocks for the new writer.  The quarantine
+ * ends when the old writer is fenced: its KV_READY or KV_ABORT for that
+ * attempt (ordered after every write of it), its restart (a HELLO with
+ * another incarnation: the writing process is gone), or a lease without a
+ * sign of life from it (KV_PROGRESS renews it, never past
+ * RETRY_FENCE_LEASES leases).  Nothing is quarantined when the old writer
+ * already said it stopped (KV_ABORT).  *n_p: the blocks quarantined.
+ * false when the pool has no fresh blocks (the request is left as it
+ * was; the caller quarantines it whole). */
+#define RETRY_FENCE_LEASES 3
+static struct ppeer *peer_find(struct decode *d, const char *name);
+static bool retry_fence(struct decode *d, struct dreq *r, uint64_t lease_ns, uint32_t *n_p)
+{
+    uint32_t nc = r->n_cached_blocks, n = r->n_prompt_blocks - r->n_cached_blocks;
+    *n_p = 0;
+    if (r->aborted || n == 0)
+        return true;
+    struct dreq *q = calloc(1, sizeof *q);
+    uint32_t *old = malloc(n * sizeof *old);
+    if (!q || !old) {
+        free(q);
+        free(old);
+        return false;
+    }
+    memcpy(old, r->blocks + nc, n * sizeof *old);
+    if (kvr_blocktab_alloc(d->bt, n, r->blocks + nc) != KVR_OK) {
+        memcpy(r->blocks + nc, old, n * sizeof *old);
+        free(q);
+        free(old);
+        return false;
+    }
+    uint64_t now = kvr_now_ns();
+    const struct ppeer *w = peer_find(d, r->prefill_node);
+    q->id = r->id;
+    q->state = DR_QUARANTINE;
+    q->blocks = old;
+    q->n_blocks = q->max_blocks = n;
+    q->attempt = r->attempt;
+    snprintf(q->prefill_node, sizeof q->prefill_node, "%s", r->prefill_node);
+    q->writer_inc = w ? w->incarnation : 0;
+    q->t_reserve = now;
+    q->lease_ns = lease_ns;
+    q->deadline = now + lease_ns;
+    q->fence_cap = now + RETRY_FENCE_LEASES * lease_ns;
+    q->next = d->reqs;
+    d->reqs = q;
+    d->retry_quarantines++;
+    d->retry_quarantined_blocks += n;
+    *n_p = n;
+    return true;
+}
+
 static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
 {
     const struct kvr_kv_layout *L = &d->node.layout;
@@ -466,6 +552,26 @@ static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
                          r->state == DR_RESERVED ? "not newer" : "KV already here");
             return;
         }
+        uint32_t quarantined = 0;
+        if (!retry_fence(d, r, (uint64_t)lease * 1000000ull, &quarantined)) {
+            /* no fresh blocks: the whole reservation stays with the old
+             * writer until it is fenced, and the router dispatches anew */
+            uint64_t now = kvr_now_ns();
+            const struct ppeer *w = peer_find(d, r->prefill_node);
+            r->state = DR_QUARANTINE;
+            r->writer_inc = w ? w->incarnation : 0;
+            r->lease_ns = (uint64_t)lease * 1000000ull;
+            r->deadline = now + r->lease_ns;
+            r->fence_cap = now + RETRY_FENCE_LEASES * r->lease_ns;
+            d->retry_quarantines++;
+            d->retry_quarantined_blocks += r->n_blocks;
+            send_rejected(d, m->request_id, KVR_ERR_NO_RESOURCE,
+                          "KV pool full: no free blocks for prefill attempt %u apart from the %u "
+                          "that attempt %u may still be writing (quarantined until it stops)",
+                          m->attempt, r->n_prompt_blocks - r->n_cached_blocks, r->attempt);
+            kvr_node_stats_dirty(&d->node);
+            return;
+        }
         r->lease_ns = (uint64_t)lease * 1000000ull;
         r->deadline = kvr_now_ns() + r->lease_ns;
         snprintf(r->prefill_node, sizeof r->prefill_node, "%s",
@@ -474,9 +580,10 @@ static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
         r->aborted = false;
         d->reserve_renewals++;
         KVR_LOG_INFO(COMP,
-                     "request %" PRIu64 ": prefill attempt %u from '%s' on the same %u blocks; "
-                     "lease renewed for %u ms",
-                     r->id, r->attempt, r->prefill_node, r->n_blocks, lease);
+                     "request %" PRIu64 ": prefill attempt %u from '%s' on the same reservation "
+                     "(%u blocks, %u of them fresh: the old writer's are quarantined); lease "
+                     "renewed for %u ms",
+                     r->id, r->attempt, r->prefill_node, r->n_blocks, quarantined, lease);
         send_reserved(d, r);
         kvr_node_stats_dirty(&d->node);
         return;
@@ -521,16 +628,25 @@ static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
                 return;
             }
     struct kvr_sample_params sp;
-    kvr_node_sampling(m->sampling, m->sampling ? m->sampling->seed : 0, &sp);
+    if (kvr_node_sampling(m->sampling, m->sampling ? m->sampling->seed : 0, &sp) != KVR_OK)
+        goto nomem;
     char err[200];
     r = calloc(1, sizeof *r);
-    if (!r)
+    if (!r) {
+        kvr_node_sampling_free(&sp);
         goto nomem;
-    if (kvr_sampler_create(&sp, d->vocab, &r->smp, err, sizeof err) != KVR_OK) {
+    }
+    kvr_status_t sst = kvr_sampler_create(&sp, d->vocab, &r->smp, err, sizeof err);
+    kvr_node_sampling_free(&sp);
+    if (sst != KVR_OK) {
         free(r);
         send_rejected(d, m->request_id, KVR_ERR_INVALID, "sampling: %s", err);
         return;
     }
+    if (m->sampling)
+        r->top_n = m->sampling->top_logprobs < KVR_SAMPLE_MAX_TOP_LOGPROBS
+                       ? m->sampling->top_logprobs
+                       : KVR_SAMPLE_MAX_TOP_LOGPROBS;
     r->id = m->request_id;
     r->n_prompt = r->n_tokens = (uint32_t)np;
     r->cap = cap;
@@ -549,7 +665,8 @@ static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
         goto nomem_r;
     for (size_t i = 0; i < np; i++)
         r->tokens[i] = (int32_t)m->token_ids[i];
-    memcpy(r->stop_ids, m->stop_token_ids, m->n_stop_token_ids * sizeof *r->stop_ids);
+    if (m->n_stop_token_ids) /* none: the array is NULL, and memcpy's source may not be */
+        memcpy(r->stop_ids, m->stop_token_ids, m->n_stop_token_ids * sizeof *r->stop_ids);
     r->n_stop = m->n_stop_token_ids;
     r->ignore_eos = m->ignore_eos;
     kvr_sampler_add_prompt(r->smp, r->tokens, np);
@@ -675,6 +792,21 @@ static void on_hello(struct decode *d, const struct kvr_notif *n)
                  n->n_layers, n->n_kv_heads, n->head_dim, n->block_size, n->dtype, L->n_layers,
                  L->n_kv_heads, L->head_dim, L->block_size, L->dtype);
     p->ok = p->why[0] == 0;
+    /* a writer that restarted is fenced: the process whose writes were
+     * quarantined is gone */
+    struct dreq *next;
+    for (struct dreq *r = d->reqs; r; r = next) {
+        next = r->next;
+        if (r->state == DR_QUARANTINE && r->writer_inc && r->writer_inc != n->incarnation &&
+            strcmp(r->prefill_node, n->node) == 0) {
+            KVR_LOG_INFO(COMP,
+                         "request %" PRIu64 ": prefill node '%s' restarted: the %u blocks its "
+                         "attempt %u was writing leave quarantine",
+                         r->id, n->node, r->n_blocks, r->attempt);
+            d->quarantines_fenced++;
+            req_end(d, r, false);
+        }
+    }
     if (p->ok)
         KVR_LOG_INFO(COMP, "prefill node '%s' connected: layout and model fingerprint match",
                      p->name);
@@ -718,12 +850,18 @@ static void on_notif(void *arg, const void *msg, size_t len)
             (!r->prefill_node[0] || strcmp(r->prefill_node, n.node) == 0)) {
             r->deadline = kvr_now_ns() + r->lease_ns;
             d->lease_renewals++;
+        } else if (r->state == DR_QUARANTINE && r->fence_cap) {
+            /* the old writer is alive and still at it: its KV_ABORT or
+             * KV_READY will end the quarantine; bounded all the same */
+            uint64_t t = kvr_now_ns() + r->lease_ns;
+            r->deadline = t < r->fence_cap ? t : r->fence_cap;
         }
         return;
     }
     if (n.kind == KVR_NOTIF_KV_READY)
         d->kv_bytes += n.bytes; /* received, whether still wanted or not */
     if (r->state == DR_QUARANTINE) {
+        d->quarantines_fenced++;
         req_end(d, r, false); /* the writes are over: the blocks are free to reuse */
         return;
     }
@@ -755,6 +893,9 @@ static void on_notif(void *arg, const void *msg, size_t len)
         return;
     }
     d->n_remote++;
+    r->n_top = n.n_top < (int32_t)r->top_n ? n.n_top : (int32_t)r->top_n;
+    memcpy(r->top_ids, n.top_ids, (size_t)r->n_top * sizeof r->top_ids[0]);
+    memcpy(r->top_lps, n.top_lps, (size_t)r->n_top * sizeof r->top_lps[0]);
     kvr_sampler_add_generated(r->smp, &n.first_token, 1);
     start_decoding(d, r, n.first_token, n.logprob);
 }
@@ -980,6 +1121,9 @@ static void chunk_done(struct decode *d, struct djob *j)
     float lp = 0;
     if (s == KVR_OK)
         s = kvr_sampler_sample(r->smp, j->chunk_logits, &tok, &lp);
+    if (s == KVR_OK && r->top_n)
+        r->n_top = kvr_sample_top_logprobs(j->chunk_logits, d->vocab, (int32_t)r->top_n, r->top_ids,
+                                           r->top_lps);
     uint32_t n_cached = r->n_cached_blocks * bs;
     Kvrail__PrefillDone m = KVRAIL__PREFILL_DONE__INIT;
     Kvrail__Status st = KVRAIL__STATUS__INIT;
@@ -1033,6 +1177,9 @@ static void step_done(struct decode *d, struct djob *j)
             ending[ne++] = r;
             continue;
         }
+        if (r->top_n)
+            r->n_top = kvr_sample_top_logprobs(j->logits + (size_t)i * (size_t)d->vocab, d->vocab,
+                                               (int32_t)r->top_n, r->top_ids, r->top_lps);
         r->tokens[r->n_tokens++] = tok;
         r->ngen++;
         d->tokens_out++;
@@ -1076,6 +1223,12 @@ static void check_leases(struct decode *d)
     for (struct dreq *r = d->reqs; r; r = next) {
         next = r->next;
         if (r->state == DR_QUARANTINE && now > r->deadline) {
+            if (r->fence_cap)
+                KVR_LOG_WARN(COMP,
+                             "request %" PRIu64 ": no word from prefill node '%s' (attempt %u) "
+                             "within its lease: its %u quarantined blocks are reused",
+                             r->id, r->prefill_node, r->attempt, r->n_blocks);
+            d->quarantines_expired++;
             req_end(d, r, false);
         } else if (r->state == DR_RESERVED && now > r->deadline) {
             char msg[200];
@@ -1186,7 +1339,9 @@ static void role_stats(void *arg, struct kvr_sbuf *b)
         ", \"reservation\": \"%s\", \"preemptions\": %" PRIu64 ", \"preempted\": %d"
         ", \"grown_blocks\": %" PRIu64 ", \"batch_max\": %d, \"lease_renewals\": %" PRIu64
         ", \"reservations\": %" PRIu64 ", \"reserve_renewals\": %" PRIu64
-        ", \"stale_notifications\": %" PRIu64 ", \"cached_hashes\": [",
+        ", \"stale_notifications\": %" PRIu64 ", \"retry_quarantines\": %" PRIu64
+        ", \"retry_quarantined_blocks\": %" PRIu64 ", \"quarantines_fenced\": %" PRIu64
+        ", \"quarantines_expired\": %" PRIu64 ", \"cached_hashes\": [",
         c.total, c.free, c.evictable, c.cached, c.referenced, nres, nq, nready, nlocal, d->n_batch,
         d->n_done, d->n_failed, d->n_canceled, d->n_expired, d->n_rejected, d->n_local, d->n_remote,
         d->kv_bytes, d->tokens_out, d->steps, d->cached_tokens, d->ev_seq,
@@ -1197,7 +1352,8 @@ static void role_stats(void *arg, struct kvr_sbuf *b)
         d->faulted_at_register == UINT32_MAX ? -1ll : (long long)d->faulted_at_register,
         kvr_status_name(kvr_node_pool_fault_status(&d->npool)), d->paged ? "paged" : "whole",
         d->preemptions, npre, d->grown_blocks, d->batch_max, d->lease_renewals, d->reservations,
-        d->reserve_renewals, d->stale_notifs);
+        d->reserve_renewals, d->stale_notifs, d->retry_quarantines, d->retry_quarantined_blocks,
+        d->quarantines_fenced, d->quarantines_expired);
     if (b->p)
         kvr_blocktab_foreach_cached(d->bt, stats_hash, b);
     kvr_sbuf_printf(b, "]");

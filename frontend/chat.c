@@ -9,7 +9,9 @@
  * puts there (bos_token included), so it is encoded without adding special
  * tokens, as Hugging Face's apply_chat_template(tokenize=True) does.  When
  * the model has no template, chat is off and every chat request is
- * answered 501 with the reason.
+ * answered 501 with the reason.  The tokenizer is loaded whatever the
+ * template: it also gives the text of the top-N alternatives of logprobs
+ * (fe_token_text).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +38,10 @@ void fe_chat_init(const char *model_dir)
 {
     char err[512];
     char *src = NULL;
+    if (model_dir && kvr_tokenizer_load(model_dir, &tok, err, sizeof(err)) != KVR_OK) {
+        tok = NULL;
+        KVR_LOG_WARN(FE_COMP, "no tokenizer (%s): chat and top-N logprobs are off", err);
+    }
     if (!model_dir) {
         snprintf(why_off, sizeof(why_off),
                  "chat completions (messages) need the model's chat template; start the frontend "
@@ -54,13 +60,13 @@ void fe_chat_init(const char *model_dir)
         KVR_LOG_WARN(FE_COMP, "chat off: %s", err);
         return;
     }
-    st = kvr_tokenizer_load(model_dir, &tok, err, sizeof(err));
-    if (st != KVR_OK) {
+    if (!tok) {
         kvr_chat_template_destroy(tpl);
         tpl = NULL;
         snprintf(why_off, sizeof(why_off),
-                 "chat completions (messages) need the model's tokenizer: %s", err);
-        KVR_LOG_WARN(FE_COMP, "chat off: %s", err);
+                 "chat completions (messages) need the model's tokenizer, which did not load "
+                 "(see the frontend's log)");
+        KVR_LOG_WARN(FE_COMP, "chat off: no tokenizer");
         return;
     }
     fe_cfg.have_chat = true;
@@ -101,4 +107,17 @@ kvr_status_t fe_chat_prompt(const kvr_json_t *messages, const kvr_json_t *kwargs
     p->ids = (uint32_t *)ids; /* same size and representation, ids are >= 0 */
     p->n_ids = n;
     return KVR_OK;
+}
+
+bool fe_have_tokenizer(void)
+{
+    return tok != NULL;
+}
+
+kvr_status_t fe_token_text(uint32_t id, char **text_p, size_t *len_p)
+{
+    if (!tok)
+        return KVR_ERR_UNSUPPORTED;
+    int32_t i = (int32_t)id;
+    return kvr_tokenizer_decode(tok, &i, 1, false, text_p, len_p);
 }

@@ -48,7 +48,7 @@ struct fe_config {
     uint32_t max_tokens_limit; /* the router's largest max_tokens (cluster file) */
     /* sampling defaults for fields a request leaves out: OpenAI's, or the
      * model's generation_config.json (as vLLM does) */
-    float def_temperature, def_top_p, def_repetition_penalty;
+    float def_temperature, def_top_p, def_repetition_penalty, def_min_p;
     uint32_t def_top_k;
     bool have_chat; /* the model's chat template is loaded (chat.c) */
 };
@@ -104,14 +104,19 @@ struct fe_prompt {
     size_t n_ids;
 };
 
-#define FE_MAX_STOPS 16
+#define FE_MAX_STOPS        16
+#define FE_MAX_LOGIT_BIAS   300 /* OpenAI's bound, the sampler's */
+#define FE_MAX_TOP_LOGPROBS 20  /* KVR_GEN_MAX_TOP, the sampler's bound */
 
 struct fe_req {
     bool chat;
     struct fe_prompt *prompts; /* owned array */
     size_t n_prompts;
     uint32_t max_tokens;
-    float temperature, top_p, repetition_penalty;
+    float temperature, top_p, repetition_penalty, min_p;
+    float presence_penalty, frequency_penalty;
+    struct kvr_gen_logit_bias logit_bias[FE_MAX_LOGIT_BIAS];
+    size_t n_logit_bias;
     uint32_t top_k;
     uint64_t seed;
     bool has_seed;
@@ -121,7 +126,8 @@ struct fe_req {
     size_t n_stop_token_ids;
     bool ignore_eos;
     uint32_t n;
-    int logprobs; /* -1 = none, 0 = the sampled tokens' logprobs */
+    int logprobs; /* -1 = none, 0 = the sampled tokens' logprobs, N > 0 = and the N
+                     most likely alternatives of each (top_logprobs) */
     bool stream, include_usage;
     const kvr_json_t *messages; /* chat: the messages list (in the JSON document) */
 };
@@ -146,6 +152,12 @@ const char *fe_chat_unavailable(void);
  *          (chat is off); KVR_ERR_NO_MEMORY. */
 kvr_status_t fe_chat_prompt(const kvr_json_t *messages, const kvr_json_t *kwargs,
                             struct fe_prompt *p, char *msg, size_t msg_len);
+/** Whether the model's tokenizer is loaded (top-N logprobs need it). */
+bool fe_have_tokenizer(void);
+/** The text of one token alone (special tokens included; malloc'd, free()
+ *  it), as the top-N logprobs show an alternative.
+ *  @return KVR_OK; KVR_ERR_UNSUPPORTED (no tokenizer); the decoder's error. */
+kvr_status_t fe_token_text(uint32_t id, char **text_p, size_t *len_p);
 
 /* ---- generation (generate.c) ---- */
 #define FE_PING_MS 2000

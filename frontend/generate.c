@@ -120,6 +120,13 @@ struct tokrec {
     uint32_t id;
     float logprob;
     size_t off, len; /* its text in the choice's text */
+    size_t top_off;  /* its alternatives: choice.top[top_off .. + n_top) */
+    uint32_t n_top;
+};
+
+struct topent {
+    uint32_t id;
+    float logprob;
 };
 
 struct choice {
@@ -135,6 +142,8 @@ struct choice {
     size_t emitted; /* bytes of text already streamed */
     struct tokrec *toks;
     size_t n_toks, cap_toks, toks_emitted;
+    struct topent *top; /* the tokens' alternatives (top-N logprobs) */
+    size_t n_top, cap_top;
 };
 
 struct fe_run {
@@ -211,7 +220,24 @@ static void absorb(struct fe_run *run, struct choice *c, const struct kvr_gen_to
         c->cap_toks = cap;
     }
     size_t before = c->text.len;
-    c->toks[c->n_toks++] = (struct tokrec){t->token_id, t->logprob, before, t->text_len};
+    size_t ntop = t->n_top;
+    if (c->n_top + ntop > c->cap_top) {
+        size_t cap = c->cap_top ? 2 * c->cap_top : 256;
+        while (cap < c->n_top + ntop)
+            cap *= 2;
+        struct topent *p = realloc(c->top, cap * sizeof(*p));
+        if (!p) {
+            c->text.oom = true;
+            return;
+        }
+        c->top = p;
+        c->cap_top = cap;
+    }
+    for (size_t i = 0; i < ntop; i++)
+        c->top[c->n_top + i] = (struct topent){t->top_ids[i], t->top_logprobs[i]};
+    c->toks[c->n_toks++] =
+        (struct tokrec){t->token_id, t->logprob, before, t->text_len, c->n_top, (uint32_t)ntop};
+    c->n_top += ntop;
     fe_buf_put(&c->text, t->text, t->text_len);
     if (t->finish != KVR_FINISH_NONE)
         c->finish = t->finish;
@@ -341,6 +367,12 @@ kvr_status_t fe_run_start(struct fe_req *req, int peer_fd, uint64_t t_arrival,
         p.top_p = req->top_p;
         p.top_k = req->top_k;
         p.repetition_penalty = req->repetition_penalty;
+        p.min_p = req->min_p;
+        p.presence_penalty = req->presence_penalty;
+        p.frequency_penalty = req->frequency_penalty;
+        p.logit_bias = req->logit_bias;
+        p.n_logit_bias = req->n_logit_bias;
+        p.top_logprobs = req->logprobs > 0 ? (uint32_t)req->logprobs : 0;
         p.has_seed = req->has_seed;
         p.seed = req->seed + i % req->n;
         p.stop = req->stop;
@@ -386,7 +418,16 @@ err:
     return st != KVR_OK ? st : KVR_ERR_INTERNAL;
 }
 
-/* The chat form: {"content": [{"token", "logprob", "bytes", "top_logprobs"}]}. */
+static void put_bytes(struct fe_buf *b, const char *p, size_t len)
+{
+    fe_buf_puts(b, ",\"bytes\":[");
+    for (size_t k = 0; k < len; k++)
+        fe_buf_printf(b, "%s%u", k ? "," : "", (unsigned char)p[k]);
+    fe_buf_puts(b, "]");
+}
+
+/* The chat form: {"content": [{"token", "logprob", "bytes", "top_logprobs"}]};
+ * top_logprobs lists the N most likely tokens at the position, best first. */
 static void put_chat_logprobs(struct fe_buf *b, struct choice *c, size_t from, size_t to)
 {
     fe_buf_puts(b, "{\"content\":[");
@@ -397,15 +438,75 @@ static void put_chat_logprobs(struct fe_buf *b, struct choice *c, size_t from, s
         fe_buf_json_str(b, c->text.p + t->off, len);
         fe_buf_puts(b, ",\"logprob\":");
         fe_buf_json_num(b, t->logprob);
-        fe_buf_puts(b, ",\"bytes\":[");
-        for (size_t k = 0; k < len; k++)
-            fe_buf_printf(b, "%s%u", k ? "," : "", (unsigned char)c->text.p[t->off + k]);
-        fe_buf_puts(b, "],\"top_logprobs\":[]}");
+        put_bytes(b, c->text.p + t->off, len);
+        fe_buf_puts(b, ",\"top_logprobs\":[");
+        for (uint32_t k = 0; k < t->n_top; k++) {
+            const struct topent *e = &c->top[t->top_off + k];
+            char *text = NULL;
+            size_t tl = 0;
+            if (fe_token_text(e->id, &text, &tl) != KVR_OK)
+                tl = 0;
+            fe_buf_puts(b, k ? ",{\"token\":" : "{\"token\":");
+            fe_buf_json_str(b, text ? text : "", tl);
+            fe_buf_puts(b, ",\"logprob\":");
+            fe_buf_json_num(b, e->logprob);
+            put_bytes(b, text ? text : "", tl);
+            fe_buf_puts(b, "}");
+            free(text);
+        }
+        fe_buf_puts(b, "]}");
     }
     fe_buf_puts(b, "]}");
 }
 
-static void put_logprobs(struct fe_buf *b, bool chat, struct choice *c, size_t upto, bool final)
+/* The completions form of one token's alternatives: {"text": logprob, ...},
+ * the N most likely and the sampled token (vLLM's completions shape), best
+ * first.  Two ids whose texts are equal (e.g. halves of one UTF-8
+ * character, both U+FFFD alone) would give a duplicate key, which JSON
+ * parsers resolve to the last: only the first (the more likely) is kept. */
+static void put_top_dict(struct fe_buf *b, const struct choice *c, const struct tokrec *t)
+{
+    char *texts[FE_MAX_TOP_LOGPROBS + 1];
+    size_t lens[FE_MAX_TOP_LOGPROBS + 1];
+    uint32_t ids[FE_MAX_TOP_LOGPROBS + 1];
+    float lps[FE_MAX_TOP_LOGPROBS + 1];
+    size_t n = 0;
+    bool sampled_in = false;
+    for (uint32_t k = 0; k < t->n_top && n < FE_MAX_TOP_LOGPROBS; k++) {
+        const struct topent *e = &c->top[t->top_off + k];
+        sampled_in |= e->id == t->id;
+        ids[n] = e->id;
+        lps[n++] = e->logprob;
+    }
+    if (!sampled_in) {
+        ids[n] = t->id;
+        lps[n++] = t->logprob;
+    }
+    fe_buf_puts(b, "{");
+    bool any = false;
+    for (size_t k = 0; k < n; k++) {
+        texts[k] = NULL;
+        if (fe_token_text(ids[k], &texts[k], &lens[k]) != KVR_OK || !texts[k])
+            lens[k] = 0;
+        bool dup = false;
+        for (size_t j = 0; j < k && !dup; j++)
+            dup = lens[j] == lens[k] && (!lens[k] || !memcmp(texts[j], texts[k], lens[k]));
+        if (dup)
+            continue;
+        if (any)
+            fe_buf_puts(b, ",");
+        any = true;
+        fe_buf_json_str(b, texts[k] ? texts[k] : "", lens[k]);
+        fe_buf_puts(b, ":");
+        fe_buf_json_num(b, lps[k]);
+    }
+    for (size_t k = 0; k < n; k++)
+        free(texts[k]);
+    fe_buf_puts(b, "}");
+}
+
+static void put_logprobs(struct fe_buf *b, bool chat, bool top, struct choice *c, size_t upto,
+                         bool final)
 {
     /* the tokens whose text starts before upto (all that remain when final) */
     size_t from = c->toks_emitted, to = from;
@@ -431,7 +532,17 @@ static void put_logprobs(struct fe_buf *b, bool chat, struct choice *c, size_t u
             fe_buf_puts(b, ",");
         fe_buf_json_num(b, c->toks[i].logprob);
     }
-    fe_buf_puts(b, "],\"top_logprobs\":null,\"text_offset\":[");
+    if (top) { /* logprobs N > 0 */
+        fe_buf_puts(b, "],\"top_logprobs\":[");
+        for (size_t i = from; i < to; i++) {
+            if (i > from)
+                fe_buf_puts(b, ",");
+            put_top_dict(b, c, &c->toks[i]);
+        }
+        fe_buf_puts(b, "],\"text_offset\":[");
+    } else {
+        fe_buf_puts(b, "],\"top_logprobs\":null,\"text_offset\":[");
+    }
     for (size_t i = from; i < to; i++)
         fe_buf_printf(b, "%s%zu", i > from ? "," : "", c->toks[i].off);
     fe_buf_puts(b, "]}");
@@ -501,7 +612,7 @@ kvr_status_t fe_run_finish_json(struct fe_run *run, struct fe_buf *out, unsigned
         fe_buf_json_str(out, c->text.p ? c->text.p : "", c->text.len);
         fe_buf_puts(out, chat ? "},\"logprobs\":" : ",\"logprobs\":");
         if (run->req->logprobs >= 0)
-            put_logprobs(out, chat, c, c->text.len, true);
+            put_logprobs(out, chat, run->req->logprobs > 0, c, c->text.len, true);
         else
             fe_buf_puts(out, "null");
         fe_buf_printf(out, ",\"finish_reason\":\"%s\"}", finish_name(c->finish));
@@ -544,7 +655,7 @@ static void sse_choice(struct fe_run *run, size_t i, struct fe_buf *out)
     fe_buf_json_str(out, c->text.p ? c->text.p + c->emitted : "", upto - c->emitted);
     fe_buf_puts(out, chat ? "},\"logprobs\":" : ",\"logprobs\":");
     if (run->req->logprobs >= 0)
-        put_logprobs(out, chat, c, upto, over);
+        put_logprobs(out, chat, run->req->logprobs > 0, c, upto, over);
     else
         fe_buf_puts(out, "null");
     c->emitted = upto;
@@ -617,6 +728,7 @@ void fe_run_free(struct fe_run *run)
         kvr_gen_stream_destroy(c->s); /* cancels it if it has not ended */
         fe_buf_free(&c->text);
         free(c->toks);
+        free(c->top);
     }
     free(run->ch);
     fe_client_put(run->client, !run->client_bad);

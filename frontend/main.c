@@ -133,7 +133,8 @@ static void read_gen_defaults(const char *model_dir)
     int64_t k = kvr_json_get_int(g, "top_k", fe_cfg.def_top_k, &ok);
     double rp = kvr_json_get_num(g, "repetition_penalty", fe_cfg.def_repetition_penalty, &ok);
     double mp = kvr_json_get_num(g, "min_p", 0, &ok);
-    if (!ok || t < 0 || t > 2 || p <= 0 || p > 1 || k < 0 || k > (1 << 20) || rp <= 0 || rp > 10) {
+    if (!ok || t < 0 || t > 2 || p <= 0 || p > 1 || k < 0 || k > (1 << 20) || rp <= 0 || rp > 10 ||
+        !(mp >= 0 && mp <= 1)) {
         KVR_LOG_WARN(FE_COMP,
                      "%s: a sampling default of the wrong type or out of range; using "
                      "OpenAI's defaults",
@@ -143,14 +144,12 @@ static void read_gen_defaults(const char *model_dir)
         fe_cfg.def_top_p = (float)p;
         fe_cfg.def_top_k = (uint32_t)k;
         fe_cfg.def_repetition_penalty = (float)rp;
+        fe_cfg.def_min_p = (float)mp;
         KVR_LOG_INFO(FE_COMP,
                      "sampling defaults from %s: temperature %g, top_p %g, top_k %u, "
-                     "repetition_penalty %g",
-                     path, t, p, (unsigned)k, rp);
+                     "repetition_penalty %g, min_p %g",
+                     path, t, p, (unsigned)k, rp, mp);
     }
-    if (mp != 0)
-        KVR_LOG_WARN(FE_COMP, "%s: min_p %g is not applied (the router has no min_p yet)", path,
-                     mp);
     kvr_json_free(doc);
 }
 

@@ -3,11 +3,10 @@
  * struct fe_req.
  *
  * Every member of the body is looked at: a known field of the wrong type or
- * out of range is a 400 naming it; a field this server cannot honour (a
- * non-default presence_penalty, top-N logprobs, echo, ...) is a 400 saying
- * so; an unknown field is a 400 too, never silently ignored.  A model other
- * than the one served is a 404.  Strings stay in the JSON document, which
- * outlives the request.
+ * out of range is a 400 naming it; a field this server cannot honour
+ * (echo, suffix, best_of other than n) is a 400 saying so; an unknown field is a 400 too, never
+ * silently ignored.  A model other than the one served is a 404.  Strings stay in the JSON
+ * document, which outlives the request.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -200,6 +199,39 @@ static kvr_status_t only_default(struct ctx *c, const char *key, const kvr_json_
     return fail(c, 400, KVR_ERR_UNSUPPORTED, key, "'%s' is not supported by kvrail: %s", key, why);
 }
 
+/* logit_bias: {"token id": bias in [-100, 100], ...}, as OpenAI sends it
+ * (ids as strings; the router checks them against the vocabulary). */
+static kvr_status_t parse_logit_bias(struct ctx *c, const kvr_json_t *v, struct fe_req *r)
+{
+    if (v->type != KVR_JSON_OBJECT)
+        return fail(c, 400, KVR_ERR_INVALID, "logit_bias",
+                    "'logit_bias' must be an object mapping token ids to biases, not %s",
+                    type_name(v));
+    if (v->n > FE_MAX_LOGIT_BIAS)
+        return fail(c, 400, KVR_ERR_INVALID, "logit_bias",
+                    "'logit_bias' has %zu entries (at most %d)", v->n, FE_MAX_LOGIT_BIAS);
+    for (size_t j = 0; j < v->n; j++) {
+        const char *key = v->keys[j];
+        char *end = NULL;
+        unsigned long long id = strtoull(key, &end, 10);
+        if (!*key || *end || key[0] < '0' || key[0] > '9' || id > INT32_MAX)
+            return fail(c, 400, KVR_ERR_INVALID, "logit_bias",
+                        "'logit_bias' key '%s' is not a token id (a decimal integer)", key);
+        double b = 0;
+        kvr_status_t st = get_num(c, "logit_bias", v->items[j], -100, 100, &b);
+        if (st != KVR_OK)
+            return st;
+        for (size_t i = 0; i < r->n_logit_bias; i++)
+            if (r->logit_bias[i].token_id == id)
+                return fail(c, 400, KVR_ERR_INVALID, "logit_bias",
+                            "'logit_bias' names token %llu twice", id);
+        r->logit_bias[r->n_logit_bias].token_id = (uint32_t)id;
+        r->logit_bias[r->n_logit_bias].bias = (float)b;
+        r->n_logit_bias++;
+    }
+    return KVR_OK;
+}
+
 kvr_status_t fe_req_parse(const kvr_json_t *root, bool chat, struct fe_req *r, unsigned *status_p,
                           char *param, size_t param_len, char *msg, size_t msg_len)
 {
@@ -211,6 +243,7 @@ kvr_status_t fe_req_parse(const kvr_json_t *root, bool chat, struct fe_req *r, u
     r->top_p = fe_cfg.def_top_p;
     r->top_k = fe_cfg.def_top_k;
     r->repetition_penalty = fe_cfg.def_repetition_penalty;
+    r->min_p = fe_cfg.def_min_p;
     r->n = 1;
     r->logprobs = -1;
     if (!root || root->type != KVR_JSON_OBJECT)
@@ -218,6 +251,7 @@ kvr_status_t fe_req_parse(const kvr_json_t *root, bool chat, struct fe_req *r, u
                     root ? type_name(root) : "empty");
     bool have_prompt = false, have_model = false, have_stream_options = false;
     bool have_best_of = false, have_max_tokens = false;
+    int64_t top_logprobs = -1; /* chat: top_logprobs, -1 = not given */
     const kvr_json_t *kwargs = NULL;
     int64_t best_of = 1;
     for (size_t i = 0; i < root->n; i++) {
@@ -269,11 +303,7 @@ kvr_status_t fe_req_parse(const kvr_json_t *root, bool chat, struct fe_req *r, u
             st = get_bool(&c, k, v, &b);
             r->logprobs = b ? 0 : -1;
         } else if (!strcmp(k, "top_logprobs") && chat) {
-            st = get_int(&c, k, v, 0, 20, &iv);
-            if (st == KVR_OK)
-                st = only_default(&c, k, v, iv == 0,
-                                  "the router streams the sampled token's logprob only, not the "
-                                  "top-N alternatives; use logprobs: true without top_logprobs");
+            st = get_int(&c, k, v, 0, FE_MAX_TOP_LOGPROBS, &top_logprobs);
         } else if (!strcmp(k, "prompt") && !chat) {
             st = parse_prompt(&c, v, r);
             have_prompt = true;
@@ -294,21 +324,18 @@ kvr_status_t fe_req_parse(const kvr_json_t *root, bool chat, struct fe_req *r, u
             r->top_k = iv > 0 ? (uint32_t)iv : 0; /* -1 and 0 = off, as in vLLM */
         } else if (!strcmp(k, "min_p")) {
             st = get_num(&c, k, v, 0, 1, &dv);
-            if (st == KVR_OK)
-                st = only_default(&c, k, v, dv == 0,
-                                  "the router's sampling parameters have no min_p yet (0 is "
-                                  "accepted)");
+            r->min_p = (float)dv;
         } else if (!strcmp(k, "repetition_penalty")) {
             st = get_num(&c, k, v, 0, 10, &dv);
             if (st == KVR_OK && dv <= 0)
                 return fail(&c, 400, KVR_ERR_INVALID, k, "'repetition_penalty' must be > 0");
             r->repetition_penalty = (float)dv;
-        } else if (!strcmp(k, "presence_penalty") || !strcmp(k, "frequency_penalty")) {
+        } else if (!strcmp(k, "presence_penalty")) {
             st = get_num(&c, k, v, -2, 2, &dv);
-            if (st == KVR_OK)
-                st = only_default(&c, k, v, dv == 0,
-                                  "the sampler has no presence/frequency penalty (0 is accepted; "
-                                  "repetition_penalty is available)");
+            r->presence_penalty = (float)dv;
+        } else if (!strcmp(k, "frequency_penalty")) {
+            st = get_num(&c, k, v, -2, 2, &dv);
+            r->frequency_penalty = (float)dv;
         } else if (!strcmp(k, "seed")) {
             if (v->type != KVR_JSON_NUMBER || !v->is_int)
                 return fail(&c, 400, KVR_ERR_INVALID, k, "'seed' must be an integer, not %s",
@@ -336,11 +363,7 @@ kvr_status_t fe_req_parse(const kvr_json_t *root, bool chat, struct fe_req *r, u
             st = get_int(&c, k, v, 1, fe_cfg.max_n, &best_of);
             have_best_of = true;
         } else if (!strcmp(k, "logprobs") && !chat) {
-            st = get_int(&c, k, v, 0, 5, &iv);
-            if (st == KVR_OK)
-                st = only_default(&c, k, v, iv == 0,
-                                  "the router streams the sampled token's logprob only, not the "
-                                  "top-N alternatives; use logprobs: 0");
+            st = get_int(&c, k, v, 0, FE_MAX_TOP_LOGPROBS, &iv);
             r->logprobs = (int)iv;
         } else if (!strcmp(k, "echo") && !chat) {
             bool b = false;
@@ -350,9 +373,7 @@ kvr_status_t fe_req_parse(const kvr_json_t *root, bool chat, struct fe_req *r, u
         } else if (!strcmp(k, "suffix") && !chat) {
             st = only_default(&c, k, v, false, "suffix (insertion) needs a model trained for it");
         } else if (!strcmp(k, "logit_bias")) {
-            if (v->type != KVR_JSON_OBJECT)
-                return fail(&c, 400, KVR_ERR_INVALID, k, "'logit_bias' must be an object");
-            st = only_default(&c, k, v, v->n == 0, "the sampler has no logit bias ({} accepted)");
+            st = parse_logit_bias(&c, v, r);
         } else if (!strcmp(k, "stream")) {
             st = get_bool(&c, k, v, &r->stream);
         } else if (!strcmp(k, "stream_options")) {
@@ -411,6 +432,17 @@ kvr_status_t fe_req_parse(const kvr_json_t *root, bool chat, struct fe_req *r, u
             r->max_tokens = (uint32_t)left;
         }
     }
+    if (chat && top_logprobs >= 0) {
+        if (r->logprobs < 0 && top_logprobs > 0)
+            return fail(&c, 400, KVR_ERR_INVALID, "top_logprobs",
+                        "'top_logprobs' needs 'logprobs': true");
+        if (r->logprobs >= 0)
+            r->logprobs = (int)top_logprobs;
+    }
+    if (r->logprobs > 0 && !fe_have_tokenizer())
+        return fail(&c, 400, KVR_ERR_UNSUPPORTED, chat ? "top_logprobs" : "logprobs",
+                    "top-N logprobs need the model's tokenizer in the frontend (start it with "
+                    "--config; see its log for why the tokenizer did not load)");
     if (have_stream_options && !r->stream)
         return fail(&c, 400, KVR_ERR_INVALID, "stream_options",
                     "'stream_options' is only allowed when 'stream' is true");

@@ -148,8 +148,11 @@ void kvr_node_stats_render(kvr_node_t *node, struct kvr_sbuf *b);
 bool kvr_node_stopping(void);
 
 /** Converts proto sampling parameters (0 = default for top_p and
- *  repetition_penalty) to the sampler's; seed given separately. */
-void kvr_node_sampling(const Kvrail__SamplingParams *sp, uint64_t seed,
-                       struct kvr_sample_params *out_p);
+ *  repetition_penalty) to the sampler's; seed given separately.  The logit
+ *  bias is copied into an array of out_p's own: kvr_node_sampling_free()
+ *  releases it.  @return KVR_OK; KVR_ERR_NO_MEMORY. */
+kvr_status_t kvr_node_sampling(const Kvrail__SamplingParams *sp, uint64_t seed,
+                               struct kvr_sample_params *out_p);
+void kvr_node_sampling_free(struct kvr_sample_params *p);
 
 #endif

@@ -60,9 +60,9 @@ static uint64_t get_u64(const uint8_t *p, size_t *off)
 size_t kvr_notif_encode(const struct kvr_notif *n, void *buf, size_t cap)
 {
     size_t name_len = strnlen(n->node, sizeof n->node);
-    if (name_len >= sizeof n->node)
+    if (name_len >= sizeof n->node || n->n_top > KVR_NOTIF_MAX_TOP)
         return 0;
-    size_t body = KVR_NOTIF_BODY_MIN + name_len;
+    size_t body = KVR_NOTIF_BODY_MIN + name_len + 8 * (size_t)n->n_top;
     if (!buf || cap < KVR_NOTIF_HDR_LEN + body)
         return 0;
     struct wbuf w = {buf, 0};
@@ -90,9 +90,15 @@ size_t kvr_notif_encode(const struct kvr_notif *n, void *buf, size_t cap)
     put_u32(&w, (uint32_t)n->status);
     put_u32(&w, n->first_block);
     put_u32(&w, n->attempt);
+    w.p[w.n++] = n->n_top;
     put_u16(&w, (uint16_t)name_len);
     memcpy(w.p + w.n, n->node, name_len);
     w.n += name_len;
+    for (int i = 0; i < n->n_top; i++) {
+        put_u32(&w, (uint32_t)n->top_ids[i]);
+        memcpy(&lp, &n->top_lps[i], sizeof lp);
+        put_u32(&w, lp);
+    }
     return w.n;
 }
 
@@ -169,17 +175,29 @@ kvr_status_t kvr_notif_decode(const void *buf, size_t len, struct kvr_notif *n_p
     n.status = (int32_t)get_u32(p, &off);
     n.first_block = get_u32(p, &off);
     n.attempt = get_u32(p, &off);
+    n.n_top = p[off++];
     uint16_t name_len = get_u16(p, &off);
     if (name_len >= sizeof n.node)
         return bad(KVR_ERR_INVALID, err, err_len,
                    "notification node name of %u bytes, the most is %zu", name_len,
                    sizeof n.node - 1);
-    if ((size_t)body != KVR_NOTIF_BODY_MIN + (size_t)name_len)
+    if (n.n_top > KVR_NOTIF_MAX_TOP)
         return bad(KVR_ERR_INVALID, err, err_len,
-                   "notification body of %u bytes, its fields and a %u-byte name need %u", body,
-                   name_len, KVR_NOTIF_BODY_MIN + name_len);
+                   "notification lists %u alternatives of the first token, the most is %d", n.n_top,
+                   KVR_NOTIF_MAX_TOP);
+    if ((size_t)body != KVR_NOTIF_BODY_MIN + (size_t)name_len + 8u * n.n_top)
+        return bad(KVR_ERR_INVALID, err, err_len,
+                   "notification body of %u bytes, its fields, a %u-byte name and %u "
+                   "alternatives need %u",
+                   body, name_len, n.n_top, KVR_NOTIF_BODY_MIN + name_len + 8u * n.n_top);
     memcpy(n.node, p + off, name_len);
     n.node[name_len] = 0;
+    off += name_len;
+    for (int i = 0; i < n.n_top; i++) {
+        n.top_ids[i] = (int32_t)get_u32(p, &off);
+        uint32_t tl = get_u32(p, &off);
+        memcpy(&n.top_lps[i], &tl, sizeof tl);
+    }
     *n_p = n;
     return KVR_OK;
 }

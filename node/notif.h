@@ -21,8 +21,9 @@
  *                block_size i32, dtype i32, proto_version u32,
  *                first_token i32, logprob f32 (IEEE bits), n_tokens u32,
  *                cached_tokens u32, status i32, first_block u32,
- *                attempt u32, node name length u16, node name bytes
- *                (no NUL)
+ *                attempt u32, n_top u8, node name length u16, node name
+ *                bytes (no NUL), then n_top times {token i32, logprob f32}
+ *                (the first token's most likely alternatives, KV_READY)
  *
  * The decoder checks every one of these (magic, marker, version, kind,
  * that the body length is what the buffer holds and what the fields need,
@@ -38,11 +39,13 @@
 #include "kvr_status.h"
 
 #define KVR_NOTIF_MAGIC    0x4e52564bu /* "KVRN" */
-#define KVR_NOTIF_VERSION  3           /* 1 was the raw C struct; 2 had no attempt */
+#define KVR_NOTIF_VERSION  4           /* 1 was the raw C struct; 2 had no attempt; 3 no n_top */
 #define KVR_NOTIF_ENDIAN   0x01020304u
 #define KVR_NOTIF_HDR_LEN  16
-#define KVR_NOTIF_BODY_MIN 86 /* the fixed fields, before the name */
-#define KVR_NOTIF_WIRE_MAX (KVR_NOTIF_HDR_LEN + KVR_NOTIF_BODY_MIN + KVR_CLUSTER_NAME_MAX)
+#define KVR_NOTIF_BODY_MIN 87 /* the fixed fields, before the name */
+#define KVR_NOTIF_MAX_TOP  20 /* alternatives of the first token (KVR_SAMPLE_MAX_TOP_LOGPROBS) */
+#define KVR_NOTIF_WIRE_MAX                                                                         \
+    (KVR_NOTIF_HDR_LEN + KVR_NOTIF_BODY_MIN + KVR_CLUSTER_NAME_MAX + 8 * KVR_NOTIF_MAX_TOP)
 
 enum kvr_notif_kind {
     KVR_NOTIF_HELLO = 1,       /* first message on a new peer: layout + fingerprint */
@@ -73,18 +76,21 @@ struct kvr_notif {
     uint32_t attempt;     /* KV_READY/KV_ABORT/KV_PROGRESS: the Prefill's attempt on this
                              reservation (a retry elsewhere counts it up; an older
                              attempt's notification is ignored) */
+    uint8_t n_top;        /* KV_READY: top_ids/top_lps entries (<= KVR_NOTIF_MAX_TOP) */
+    int32_t top_ids[KVR_NOTIF_MAX_TOP];
+    float top_lps[KVR_NOTIF_MAX_TOP];
 };
 
 /** Encodes n into buf (at least KVR_NOTIF_WIRE_MAX bytes are always enough).
- *  @return the encoded length; 0 when cap is too small or n->node is longer
- *          than KVR_CLUSTER_NAME_MAX - 1 bytes. */
+ *  @return the encoded length; 0 when cap is too small, n->node is longer
+ *          than KVR_CLUSTER_NAME_MAX - 1 bytes or n_top > KVR_NOTIF_MAX_TOP. */
 size_t kvr_notif_encode(const struct kvr_notif *n, void *buf, size_t cap);
 
 /** Decodes len bytes at buf into *n_p (set only on success); err receives
  *  what was wrong.
  *  @return KVR_OK; KVR_ERR_INVALID (truncated, bad magic, wrong endianness
  *          marker, unknown kind, body length that disagrees with the buffer,
- *          node name too long); KVR_ERR_MISMATCH (another version). */
+ *          node name too long, n_top > KVR_NOTIF_MAX_TOP); KVR_ERR_MISMATCH (another version). */
 kvr_status_t kvr_notif_decode(const void *buf, size_t len, struct kvr_notif *n_p, char *err,
                               size_t err_len);
 

@@ -535,15 +535,42 @@ void kvr_node_run(kvr_node_t *node, const struct kvr_node_ops *ops, void *arg)
     }
 }
 
-void kvr_node_sampling(const Kvrail__SamplingParams *sp, uint64_t seed,
-                       struct kvr_sample_params *out_p)
+kvr_status_t kvr_node_sampling(const Kvrail__SamplingParams *sp, uint64_t seed,
+                               struct kvr_sample_params *out_p)
 {
     kvr_sample_params_default(out_p);
-    if (sp) {
-        out_p->temperature = sp->temperature;
-        out_p->top_k = (int32_t)sp->top_k;
-        out_p->top_p = sp->top_p > 0 ? sp->top_p : 1.0f;
-        out_p->repetition_penalty = sp->repetition_penalty > 0 ? sp->repetition_penalty : 1.0f;
-    }
     out_p->seed = seed;
+    if (!sp)
+        return KVR_OK;
+    out_p->temperature = sp->temperature;
+    out_p->top_k = (int32_t)sp->top_k;
+    out_p->top_p = sp->top_p > 0 ? sp->top_p : 1.0f;
+    out_p->repetition_penalty = sp->repetition_penalty > 0 ? sp->repetition_penalty : 1.0f;
+    out_p->min_p = sp->min_p;
+    out_p->presence_penalty = sp->presence_penalty;
+    out_p->frequency_penalty = sp->frequency_penalty;
+    if (sp->n_logit_bias && sp->n_logit_bias <= KVR_SAMPLE_MAX_LOGIT_BIAS) {
+        struct kvr_logit_bias *b = malloc(sp->n_logit_bias * sizeof *b);
+        if (!b)
+            return KVR_ERR_NO_MEMORY;
+        for (size_t i = 0; i < sp->n_logit_bias; i++) {
+            b[i].token = sp->logit_bias[i]->token_id > INT32_MAX
+                             ? -1 /* refused by the sampler's check */
+                             : (int32_t)sp->logit_bias[i]->token_id;
+            b[i].bias = sp->logit_bias[i]->bias;
+        }
+        out_p->logit_bias = b;
+    }
+    /* past the bound: no array, and the count the sampler's check refuses */
+    out_p->n_logit_bias = sp->n_logit_bias;
+    return KVR_OK;
+}
+
+void kvr_node_sampling_free(struct kvr_sample_params *p)
+{
+    if (!p)
+        return;
+    free((void *)p->logit_bias);
+    p->logit_bias = NULL;
+    p->n_logit_bias = 0;
 }

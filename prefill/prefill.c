@@ -109,6 +109,10 @@ struct preq {
     char errmsg[200];
     int32_t first_token;
     float logprob;
+    uint32_t top_n; /* sampling.top_logprobs: the first token's alternatives, to D */
+    int32_t n_top;
+    int32_t top_ids[KVR_SAMPLE_MAX_TOP_LOGPROBS];
+    float top_lps[KVR_SAMPLE_MAX_TOP_LOGPROBS];
     uint64_t bytes;
     uint32_t ndesc_raw, ndesc_posted;
 };
@@ -397,6 +401,7 @@ static void req_free(struct prefill *p, struct preq *r)
     free(r->lblocks);
     free(r->dblocks);
     free(r->tokens);
+    kvr_node_sampling_free(&r->sp);
     free(r);
 }
 
@@ -547,6 +552,9 @@ static kvr_status_t send_ready(struct prefill *p, struct preq *r)
     snprintf(n.node, sizeof n.node, "%s", p->node.name);
     n.first_token = r->first_token;
     n.logprob = r->logprob;
+    n.n_top = (uint8_t)(r->n_top < KVR_NOTIF_MAX_TOP ? r->n_top : KVR_NOTIF_MAX_TOP);
+    memcpy(n.top_ids, r->top_ids, n.n_top * sizeof n.top_ids[0]);
+    memcpy(n.top_lps, r->top_lps, n.n_top * sizeof n.top_lps[0]);
     n.n_tokens = (uint32_t)r->n_tokens;
     n.cached_tokens = r->cached_d * (uint32_t)p->node.layout.block_size;
     n.bytes = r->bytes;
@@ -680,8 +688,17 @@ static void on_prefill(struct prefill *p, const Kvrail__Prefill *m)
     r->n_tokens = (int32_t)m->n_token_ids;
     for (size_t i = 0; i < m->n_token_ids; i++)
         r->tokens[i] = (int32_t)m->token_ids[i];
-    kvr_node_sampling(m->sampling, m->seed ? m->seed : (m->sampling ? m->sampling->seed : 0),
-                      &r->sp);
+    if (kvr_node_sampling(m->sampling, m->seed ? m->seed : (m->sampling ? m->sampling->seed : 0),
+                          &r->sp) != KVR_OK) {
+        free(r->tokens);
+        free(r);
+        send_done(p, &tmp, KVR_ERR_NO_MEMORY, "out of memory");
+        return;
+    }
+    if (m->sampling)
+        r->top_n = m->sampling->top_logprobs < KVR_SAMPLE_MAX_TOP_LOGPROBS
+                       ? m->sampling->top_logprobs
+                       : KVR_SAMPLE_MAX_TOP_LOGPROBS;
     r->lease_ms = m->lease_ms ? m->lease_ms : p->node.cluster->timeouts.lease_ms;
     r->deadline = r->t_recv + (uint64_t)(p->node.cluster->timeouts.prefill_ms
                                              ? p->node.cluster->timeouts.prefill_ms
@@ -869,6 +886,9 @@ static void end_req(struct prefill *p, struct preq *r, kvr_status_t s, const flo
         kvr_sampler_add_prompt(smp, r->tokens, (size_t)r->n_tokens);
         s = kvr_sampler_sample(smp, logits, &r->first_token, &r->logprob);
         kvr_sampler_destroy(smp);
+        if (r->top_n)
+            r->n_top = kvr_sample_top_logprobs(logits, p->vocab, (int32_t)r->top_n, r->top_ids,
+                                               r->top_lps);
     }
     if (s != KVR_OK) {
         unlink_req(&p->active, r);

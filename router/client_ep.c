@@ -85,7 +85,7 @@ static void bad_request(rt_t *r, const kvr_proto_frame_t *f, kvr_status_t code, 
                          code, "%s", msg);
 }
 
-static kvr_status_t check_sampling(const Kvrail__SamplingParams *sp, char *err, size_t len)
+static kvr_status_t check_sampling(rt_t *r, const Kvrail__SamplingParams *sp, char *err, size_t len)
 {
     if (!sp)
         return KVR_OK;
@@ -94,6 +94,27 @@ static kvr_status_t check_sampling(const Kvrail__SamplingParams *sp, char *err, 
                  1u << 24);
         return KVR_ERR_INVALID;
     }
+    if (sp->top_logprobs > KVR_SAMPLE_MAX_TOP_LOGPROBS) {
+        snprintf(err, len, "sampling.top_logprobs %u is out of range (0 = none, at most %d)",
+                 sp->top_logprobs, KVR_SAMPLE_MAX_TOP_LOGPROBS);
+        return KVR_ERR_INVALID;
+    }
+    if (sp->n_logit_bias > KVR_SAMPLE_MAX_LOGIT_BIAS) {
+        snprintf(err, len, "sampling.logit_bias has %zu entries (at most %d)", sp->n_logit_bias,
+                 KVR_SAMPLE_MAX_LOGIT_BIAS);
+        return KVR_ERR_INVALID;
+    }
+    struct kvr_logit_bias lb[KVR_SAMPLE_MAX_LOGIT_BIAS];
+    for (size_t i = 0; i < sp->n_logit_bias; i++) {
+        uint32_t id = sp->logit_bias[i]->token_id;
+        if (r->vocab ? id >= r->vocab : id > INT32_MAX) {
+            snprintf(err, len, "sampling.logit_bias token %u is outside the vocabulary (%u ids)",
+                     id, r->vocab);
+            return KVR_ERR_INVALID;
+        }
+        lb[i].token = (int32_t)id;
+        lb[i].bias = sp->logit_bias[i]->bias;
+    }
     struct kvr_sample_params p;
     kvr_sample_params_default(&p);
     p.temperature = sp->temperature;
@@ -101,6 +122,11 @@ static kvr_status_t check_sampling(const Kvrail__SamplingParams *sp, char *err, 
     p.top_p = sp->top_p == 0.0f ? 1.0f : sp->top_p;
     p.repetition_penalty = sp->repetition_penalty == 0.0f ? 1.0f : sp->repetition_penalty;
     p.seed = sp->seed;
+    p.min_p = sp->min_p;
+    p.presence_penalty = sp->presence_penalty;
+    p.frequency_penalty = sp->frequency_penalty;
+    p.logit_bias = lb;
+    p.n_logit_bias = sp->n_logit_bias;
     char e[256] = "";
     if (kvr_sample_params_validate(&p, e, sizeof(e)) != KVR_OK) {
         snprintf(err, len, "invalid sampling: %s", e);
@@ -109,11 +135,33 @@ static kvr_status_t check_sampling(const Kvrail__SamplingParams *sp, char *err, 
     return KVR_OK;
 }
 
+/* The router's copy of a request's logit bias (one allocation, freed with
+ * the request: q->sp.logit_bias). */
+static kvr_status_t copy_logit_bias(Kvrail__SamplingParams *dst, const Kvrail__SamplingParams *src)
+{
+    if (!src->n_logit_bias)
+        return KVR_OK;
+    size_t n = src->n_logit_bias;
+    Kvrail__LogitBias **pp = malloc(n * (sizeof(*pp) + sizeof(Kvrail__LogitBias)));
+    if (!pp)
+        return KVR_ERR_NO_MEMORY;
+    Kvrail__LogitBias *e = (Kvrail__LogitBias *)(pp + n);
+    for (size_t i = 0; i < n; i++) {
+        kvrail__logit_bias__init(&e[i]);
+        e[i].token_id = src->logit_bias[i]->token_id;
+        e[i].bias = src->logit_bias[i]->bias;
+        pp[i] = &e[i];
+    }
+    dst->logit_bias = pp;
+    dst->n_logit_bias = n;
+    return KVR_OK;
+}
+
 static void on_generate(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__GenerateRequest *g,
                         uint64_t now, uint64_t t0, uint64_t c0)
 {
     char err[512];
-    if (check_sampling(g->sampling, err, sizeof(err)) != KVR_OK) {
+    if (check_sampling(r, g->sampling, err, sizeof(err)) != KVR_OK) {
         bad_request(r, f, KVR_ERR_INVALID, "%s", err);
         return;
     }
@@ -236,6 +284,12 @@ static void on_generate(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__Gener
             g->sampling->repetition_penalty == 0.0f ? 1.0f : g->sampling->repetition_penalty;
         q->sp.seed = g->sampling->seed;
         q->sp.has_seed = g->sampling->has_seed;
+        q->sp.min_p = g->sampling->min_p;
+        q->sp.presence_penalty = g->sampling->presence_penalty;
+        q->sp.frequency_penalty = g->sampling->frequency_penalty;
+        q->sp.top_logprobs = g->sampling->top_logprobs;
+        if (copy_logit_bias(&q->sp, g->sampling) != KVR_OK)
+            goto err_nomem;
     } else {
         q->sp.top_p = 1.0f;
         q->sp.repetition_penalty = 1.0f;
@@ -308,6 +362,7 @@ err_free:
     free(q->hashes);
     free(q->out);
     free(q->tail);
+    free(q->sp.logit_bias);
     if (q->detok)
         kvr_detok_destroy(q->detok);
     free(q);

@@ -105,6 +105,7 @@ void rt_req_free(rt_t *r, struct rt_req *q)
     free(q->tail);
     for (size_t i = 0; i < q->n_stops; i++)
         free(q->stops[i]);
+    free(q->sp.logit_bias); /* client_ep.c's copy_logit_bias */
     if (q->detok)
         kvr_detok_destroy(q->detok);
     free(q);

@@ -19,7 +19,7 @@
 
 /* Streams one token; ends the request when it is the last.  Returns true if
  * the request was finished (and freed). */
-static bool emit(rt_t *r, struct rt_req *q, uint32_t token, float logprob,
+static bool emit(rt_t *r, struct rt_req *q, const Kvrail__Token *m, uint32_t token, float logprob,
                  Kvrail__FinishReason node_fin, uint64_t now)
 {
     if (!q->t_first)
@@ -32,6 +32,11 @@ static bool emit(rt_t *r, struct rt_req *q, uint32_t token, float logprob,
     c.index = q->n_out - 1;
     c.token_id = token;
     c.logprob = logprob;
+    if (m && q->sp.top_logprobs) { /* D's alternatives, at most what was asked */
+        c.n_top_logprobs =
+            m->n_top_logprobs < q->sp.top_logprobs ? m->n_top_logprobs : q->sp.top_logprobs;
+        c.top_logprobs = m->top_logprobs;
+    }
     char *text = NULL;
     size_t text_len = 0;
     if (q->detok) {
@@ -195,6 +200,6 @@ void rt_on_token(rt_t *r, struct rt_node *n, const Kvrail__Token *m, uint64_t no
             p->inflight_tokens = p->inflight_tokens > q->n_ctx ? p->inflight_tokens - q->n_ctx : 0;
         }
     }
-    emit(r, q, m->token_id, m->logprob, m->finish, now);
+    emit(r, q, m, m->token_id, m->logprob, m->finish, now);
     rt_samples_add(&r->st.token, kvr_now_ns() - t0);
 }

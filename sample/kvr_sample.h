@@ -2,9 +2,12 @@
  * kvr_sample.h - token sampling from logits: greedy, temperature, top-k,
  * top-p, min-p and repetition penalty, with a per-request seed.
  *
- * Order of the processing (as Hugging Face's logits warpers): repetition
- * penalty over every token seen (prompt and generated: logit / penalty when
- * positive, logit * penalty otherwise), then temperature, then top-k, top-p
+ * Order of the processing (vLLM's): logit bias added to the raw logits, then
+ * repetition penalty over every token seen (prompt and generated: logit /
+ * penalty when positive, logit * penalty otherwise), then the frequency and
+ * presence penalties over the generated tokens only (logit -= frequency *
+ * count + presence * (count > 0), OpenAI's definition), then temperature,
+ * then top-k, top-p
  * (the smallest set of most likely tokens whose probability reaches top_p),
  * then min-p (drop tokens below min_p * the most likely one's probability).
  * temperature == 0 is greedy: the argmax of the penalized logits (lowest id on
@@ -21,7 +24,11 @@
  * (before penalty, temperature and filters), i.e. the model's own
  * log-probability of that token, as OpenAI-style "logprobs" report it.
  *
- * A sampler allocates its scratch at creation; sampling does not allocate.
+ * kvr_sample_top_logprobs() gives the k most likely tokens of the same raw
+ * log-softmax (the numbers equal bit for bit the logprob of a sampled token).
+ *
+ * A sampler allocates its scratch at creation (the per-token counts only when
+ * a frequency or presence penalty is set); sampling does not allocate.
  */
 #ifndef KVR_SAMPLE_H
 #define KVR_SAMPLE_H
@@ -32,6 +39,14 @@
 
 #include "kvr_status.h"
 
+#define KVR_SAMPLE_MAX_LOGIT_BIAS   300 /* entries of logit_bias (OpenAI's bound) */
+#define KVR_SAMPLE_MAX_TOP_LOGPROBS 20  /* alternatives per token (OpenAI's bound) */
+
+struct kvr_logit_bias {
+    int32_t token; /* [0, vocab_size) */
+    float bias;    /* [-100, 100] */
+};
+
 struct kvr_sample_params {
     float temperature;        /* >= 0; 0 = greedy.                      default 0 */
     int32_t top_k;            /* >= 0; 0 = off.                         default 0 */
@@ -39,6 +54,12 @@ struct kvr_sample_params {
     float min_p;              /* [0, 1]; 0 = off.                       default 0 */
     float repetition_penalty; /* > 0; 1 = off.                          default 1 */
     uint64_t seed;            /* any value.                             default 0 */
+    float presence_penalty;   /* [-2, 2]; 0 = off.                      default 0 */
+    float frequency_penalty;  /* [-2, 2]; 0 = off.                      default 0 */
+    /* n_logit_bias entries, token ids distinct; copied by kvr_sampler_create
+     * (the caller's array need not outlive the call).          default none */
+    const struct kvr_logit_bias *logit_bias;
+    size_t n_logit_bias;
 };
 
 typedef struct kvr_sampler kvr_sampler_t;
@@ -48,7 +69,10 @@ void kvr_sample_params_default(struct kvr_sample_params *p);
 
 /** Checks client-supplied values: NaN/inf anywhere, temperature < 0 or > 100,
  *  top_k < 0, top_p outside (0, 1], min_p outside [0, 1], repetition_penalty
- *  <= 0 or > 100.  err (may be NULL) names the field and the value.
+ *  <= 0 or > 100, presence/frequency penalty outside [-2, 2], more than
+ *  KVR_SAMPLE_MAX_LOGIT_BIAS biases, a bias outside [-100, 100], a negative
+ *  or repeated token id (ids >= the vocabulary are the sampler's check).
+ *  err (may be NULL) names the field and the value.
  *  @return KVR_OK; KVR_ERR_INVALID. */
 kvr_status_t kvr_sample_params_validate(const struct kvr_sample_params *p, char *err,
                                         size_t err_len);
@@ -77,5 +101,14 @@ kvr_status_t kvr_sampler_sample(kvr_sampler_t *s, const float *logits, int32_t *
 
 /** Stateless helper: log-softmax of logits[0..n) at index id. */
 float kvr_sample_logprob(const float *logits, int32_t n, int32_t id);
+
+/** Stateless helper: the k (<= KVR_SAMPLE_MAX_TOP_LOGPROBS) most likely
+ *  entries of logits[0..n) (logit descending, id ascending on ties) into
+ *  ids[0..) and their log-softmax into lps[0..), best first; NaN and -inf
+ *  entries are never listed.  Each lps[i] equals kvr_sample_logprob(logits,
+ *  n, ids[i]) exactly.  @return how many were written (< k when fewer are
+ *  finite). */
+int32_t kvr_sample_top_logprobs(const float *logits, int32_t n, int32_t k, int32_t *ids,
+                                float *lps);
 
 #endif

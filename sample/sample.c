@@ -1,11 +1,14 @@
 /*
  * sample.c - the token sampler (see kvr_sample.h for the semantics).
  *
- * sample(): the temperature-scaled logits go to scratch, the repetition
- * penalty is applied to the tokens seen (kept as a list and a bitmap), and
- * the maximum is found; greedy stops there.  Otherwise a second pass turns the scratch into
- * unnormalized probabilities e_i = exp(z_i - z_max) (so e_max = 1), and the filters work on those
- * without sorting the vocabulary:
+ * sample(): the temperature-scaled logits go to scratch; the tokens whose
+ * logit is adjusted - the biased ones (a sorted list) and the seen ones (a
+ * list and a bitmap) - are recomputed from the raw logit: + bias, then the
+ * repetition penalty, then the frequency / presence penalty of the count of
+ * generated occurrences (an array kept only when such a penalty is set),
+ * then temperature.  The maximum is found; greedy stops there.  Otherwise a second pass turns the
+ * scratch into unnormalized probabilities e_i = exp(z_i - z_max) (so e_max = 1), and the filters
+ * work on those without sorting the vocabulary:
  *  - top-k: quickselect of the k best;
  *  - top-p: a quickselect by mass - partition around a pivot, keep the
  *    better side whole when its mass is below what is still needed, recurse
@@ -30,8 +33,11 @@ struct kvr_sampler {
     uint64_t *seen;    /* bitmap [n_vocab] of prompt + generated tokens */
     int32_t *seen_ids; /* [n_vocab] the same tokens as a list */
     int32_t n_seen;
-    float *z;      /* [n_vocab] processed logits */
-    int32_t *cand; /* [n_vocab] candidate ids */
+    float *z;                    /* [n_vocab] processed logits */
+    int32_t *cand;               /* [n_vocab] candidate ids */
+    struct kvr_logit_bias *bias; /* [n_bias] sorted by token */
+    size_t n_bias;
+    uint32_t *count; /* [n_vocab] occurrences among the generated tokens, or NULL */
 };
 
 void kvr_sample_params_default(struct kvr_sample_params *p)
@@ -42,6 +48,10 @@ void kvr_sample_params_default(struct kvr_sample_params *p)
     p->min_p = 0.0f;
     p->repetition_penalty = 1.0f;
     p->seed = 0;
+    p->presence_penalty = 0.0f;
+    p->frequency_penalty = 0.0f;
+    p->logit_bias = NULL;
+    p->n_logit_bias = 0;
 }
 
 static kvr_status_t bad(char *err, size_t err_len, const char *field, double v, const char *want)
@@ -71,7 +81,45 @@ kvr_status_t kvr_sample_params_validate(const struct kvr_sample_params *p, char 
         p->repetition_penalty > 100.0f)
         return bad(err, err_len, "repetition_penalty", p->repetition_penalty,
                    "in (0, 100]; 1 = off");
+    if (!isfinite(p->presence_penalty) || p->presence_penalty < -2.0f || p->presence_penalty > 2.0f)
+        return bad(err, err_len, "presence_penalty", p->presence_penalty, "in [-2, 2]; 0 = off");
+    if (!isfinite(p->frequency_penalty) || p->frequency_penalty < -2.0f ||
+        p->frequency_penalty > 2.0f)
+        return bad(err, err_len, "frequency_penalty", p->frequency_penalty, "in [-2, 2]; 0 = off");
+    if (p->n_logit_bias > KVR_SAMPLE_MAX_LOGIT_BIAS)
+        return bad(err, err_len, "logit_bias entries", (double)p->n_logit_bias, "at most 300");
+    if (p->n_logit_bias && !p->logit_bias)
+        return bad(err, err_len, "logit_bias entries", (double)p->n_logit_bias, "given");
+    for (size_t i = 0; i < p->n_logit_bias; i++) {
+        const struct kvr_logit_bias *b = &p->logit_bias[i];
+        if (b->token < 0)
+            return bad(err, err_len, "logit_bias token id", b->token, ">= 0");
+        if (!isfinite(b->bias) || b->bias < -100.0f || b->bias > 100.0f) {
+            if (err && err_len)
+                snprintf(err, err_len,
+                         "invalid sampling parameter logit_bias of token %d = %g (must be in "
+                         "[-100, 100])",
+                         (int)b->token, (double)b->bias);
+            return KVR_ERR_INVALID;
+        }
+        for (size_t j = 0; j < i; j++) {
+            if (p->logit_bias[j].token == b->token) {
+                if (err && err_len)
+                    snprintf(err, err_len,
+                             "invalid sampling parameter logit_bias: token %d is given twice",
+                             (int)b->token);
+                return KVR_ERR_INVALID;
+            }
+        }
+    }
     return KVR_OK;
+}
+
+static int bias_cmp(const void *a, const void *b)
+{
+    int32_t x = ((const struct kvr_logit_bias *)a)->token;
+    int32_t y = ((const struct kvr_logit_bias *)b)->token;
+    return (x > y) - (x < y);
 }
 
 kvr_status_t kvr_sampler_create(const struct kvr_sample_params *p, int32_t vocab_size,
@@ -87,11 +135,35 @@ kvr_status_t kvr_sampler_create(const struct kvr_sample_params *p, int32_t vocab
     }
     if (!sampler_p)
         return KVR_ERR_INVALID;
+    for (size_t i = 0; i < p->n_logit_bias; i++) {
+        if (p->logit_bias[i].token >= vocab_size) {
+            if (err && err_len)
+                snprintf(err, err_len,
+                         "invalid sampling parameter logit_bias: token %d is outside the "
+                         "vocabulary (%d tokens)",
+                         (int)p->logit_bias[i].token, (int)vocab_size);
+            return KVR_ERR_INVALID;
+        }
+    }
     kvr_sampler_t *s = calloc(1, sizeof(*s));
     if (!s)
         goto err_nomem;
     s->p = *p;
+    s->p.logit_bias = NULL; /* the caller's; s->bias is the sampler's copy */
     s->n_vocab = vocab_size;
+    if (p->n_logit_bias) {
+        s->bias = malloc(p->n_logit_bias * sizeof(*s->bias));
+        if (!s->bias)
+            goto err_free;
+        memcpy(s->bias, p->logit_bias, p->n_logit_bias * sizeof(*s->bias));
+        qsort(s->bias, p->n_logit_bias, sizeof(*s->bias), bias_cmp);
+        s->n_bias = p->n_logit_bias;
+    }
+    if (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) {
+        s->count = calloc((size_t)vocab_size, sizeof(uint32_t));
+        if (!s->count)
+            goto err_free;
+    }
     s->seen = calloc(((size_t)vocab_size + 63) / 64, sizeof(uint64_t));
     s->z = malloc((size_t)vocab_size * sizeof(float));
     s->cand = malloc((size_t)vocab_size * sizeof(int32_t));
@@ -117,6 +189,8 @@ void kvr_sampler_destroy(kvr_sampler_t *s)
     free(s->z);
     free(s->cand);
     free(s->seen_ids);
+    free(s->bias);
+    free(s->count);
     free(s);
 }
 
@@ -140,11 +214,21 @@ void kvr_sampler_add_prompt(kvr_sampler_t *s, const int32_t *ids, size_t n)
         mark_seen(s, ids, n);
 }
 
+static void count_generated(kvr_sampler_t *s, const int32_t *ids, size_t n)
+{
+    if (!s->count)
+        return;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < s->n_vocab && s->count[ids[i]] < UINT32_MAX)
+            s->count[ids[i]]++;
+}
+
 void kvr_sampler_add_generated(kvr_sampler_t *s, const int32_t *ids, size_t n)
 {
     if (!s || !ids)
         return;
     mark_seen(s, ids, n);
+    count_generated(s, ids, n);
     s->step += n;
 }
 
@@ -153,21 +237,34 @@ uint64_t kvr_sampler_step(const kvr_sampler_t *s)
     return s ? s->step : 0;
 }
 
-float kvr_sample_logprob(const float *logits, int32_t n, int32_t id)
+/* The log-softmax's max and log of the sum of exp(logit - max); false when
+ * no logit is finite (then every logprob is -inf). */
+static bool lse_parts(const float *logits, int32_t n, float *m_p, double *log_sum_p)
 {
-    if (!logits || id < 0 || id >= n)
-        return -INFINITY;
     float m = -INFINITY;
     for (int32_t i = 0; i < n; i++)
         if (logits[i] > m)
             m = logits[i];
     if (!isfinite(m))
-        return -INFINITY;
+        return false;
     double sum = 0.0;
     for (int32_t i = 0; i < n; i++)
         if (logits[i] > -INFINITY)
             sum += expf(logits[i] - m);
-    return (float)((double)logits[id] - m - log(sum));
+    *m_p = m;
+    *log_sum_p = log(sum);
+    return true;
+}
+
+float kvr_sample_logprob(const float *logits, int32_t n, int32_t id)
+{
+    if (!logits || id < 0 || id >= n)
+        return -INFINITY;
+    float m;
+    double ls;
+    if (!lse_parts(logits, n, &m, &ls))
+        return -INFINITY;
+    return (float)((double)logits[id] - m - ls);
 }
 
 /* splitmix64: the counter-based generator; u depends on (seed, step) only. */
@@ -272,6 +369,52 @@ static int32_t top_k_heap(const float *z, int32_t n, int32_t k, int32_t *out)
     return h;
 }
 
+int32_t kvr_sample_top_logprobs(const float *logits, int32_t n, int32_t k, int32_t *ids, float *lps)
+{
+    if (!logits || !ids || !lps || n < 1 || k < 1)
+        return 0;
+    if (k > KVR_SAMPLE_MAX_TOP_LOGPROBS)
+        k = KVR_SAMPLE_MAX_TOP_LOGPROBS;
+    int32_t h = top_k_heap(logits, n, k, ids);
+    for (int32_t i = 1; i < h; i++) { /* heap order -> best first (h <= 20) */
+        int32_t v = ids[i], j = i;
+        for (; j > 0 && better(logits, v, ids[j - 1]); j--)
+            ids[j] = ids[j - 1];
+        ids[j] = v;
+    }
+    float m;
+    double ls;
+    bool fin = lse_parts(logits, n, &m, &ls);
+    for (int32_t i = 0; i < h; i++)
+        lps[i] = fin ? (float)((double)logits[ids[i]] - m - ls) : -INFINITY;
+    return h;
+}
+
+/* The raw logit of id after the logit bias, the repetition penalty (when
+ * seen) and the frequency / presence penalties. */
+static float adjusted(const kvr_sampler_t *s, const float *logits, int32_t id)
+{
+    float v = logits[id];
+    if (s->n_bias) {
+        size_t lo = 0, hi = s->n_bias;
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (s->bias[mid].token < id)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo < s->n_bias && s->bias[lo].token == id)
+            v += s->bias[lo].bias;
+    }
+    const float pen = s->p.repetition_penalty;
+    if (pen != 1.0f && (s->seen[(uint32_t)id / 64] >> ((uint32_t)id % 64) & 1))
+        v = v > 0.0f ? v / pen : v * pen;
+    if (s->count && s->count[id])
+        v -= s->p.frequency_penalty * (float)s->count[id] + s->p.presence_penalty;
+    return v;
+}
+
 /* Moves the smallest best-first prefix of c[0..n) whose mass reaches need
  * to the front; returns its length (>= 1). */
 static int32_t select_mass(const float *e, int32_t *c, int32_t n, double need)
@@ -301,17 +444,15 @@ kvr_status_t kvr_sampler_sample(kvr_sampler_t *s, const float *logits, int32_t *
     if (!s || !logits || !token_p)
         return KVR_ERR_INVALID;
     const int32_t n = s->n_vocab;
-    const float pen = s->p.repetition_penalty;
     const float inv_t = s->p.temperature > 0.0f ? 1.0f / s->p.temperature : 1.0f;
     float *z = s->z;
     for (int32_t i = 0; i < n; i++)
         z[i] = logits[i] * inv_t;
-    if (pen != 1.0f) {
-        for (int32_t k = 0; k < s->n_seen; k++) {
-            float v = logits[s->seen_ids[k]];
-            z[s->seen_ids[k]] = (v > 0.0f ? v / pen : v * pen) * inv_t;
-        }
-    }
+    for (size_t k = 0; k < s->n_bias; k++)
+        z[s->bias[k].token] = adjusted(s, logits, s->bias[k].token) * inv_t;
+    if (s->p.repetition_penalty != 1.0f || s->count)
+        for (int32_t k = 0; k < s->n_seen; k++)
+            z[s->seen_ids[k]] = adjusted(s, logits, s->seen_ids[k]) * inv_t;
     /* argmax, lowest id on ties; NaN and -inf never win */
     int32_t best = -1;
     float bv = -INFINITY;
@@ -374,6 +515,7 @@ kvr_status_t kvr_sampler_sample(kvr_sampler_t *s, const float *logits, int32_t *
     if (logprob_p)
         *logprob_p = kvr_sample_logprob(logits, n, tok);
     mark_seen(s, &tok, 1);
+    count_generated(s, &tok, 1);
     s->step++;
     *token_p = tok;
     return KVR_OK;

@@ -379,6 +379,27 @@ kvr_status_t kvr_client_generate_start(kvr_client_t *c, const struct kvr_gen_par
     sp.repetition_penalty = p->repetition_penalty;
     sp.seed = p->seed;
     sp.has_seed = p->has_seed;
+    sp.min_p = p->min_p;
+    sp.presence_penalty = p->presence_penalty;
+    sp.frequency_penalty = p->frequency_penalty;
+    sp.top_logprobs = p->top_logprobs;
+    Kvrail__LogitBias **lbp = NULL;
+    if (p->n_logit_bias) {
+        lbp = malloc(p->n_logit_bias * (sizeof(*lbp) + sizeof(Kvrail__LogitBias)));
+        if (!lbp) {
+            free(s);
+            return KVR_ERR_NO_MEMORY;
+        }
+        Kvrail__LogitBias *lb = (Kvrail__LogitBias *)(lbp + p->n_logit_bias);
+        for (size_t i = 0; i < p->n_logit_bias; i++) {
+            kvrail__logit_bias__init(&lb[i]);
+            lb[i].token_id = p->logit_bias[i].token_id;
+            lb[i].bias = p->logit_bias[i].bias;
+            lbp[i] = &lb[i];
+        }
+        sp.logit_bias = lbp;
+        sp.n_logit_bias = p->n_logit_bias;
+    }
     g.sampling = &sp;
     g.stop = (char **)p->stop;
     g.n_stop = p->n_stop;
@@ -391,6 +412,7 @@ kvr_status_t kvr_client_generate_start(kvr_client_t *c, const struct kvr_gen_par
     s->call_id = ++c->next_call;
     kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, KVRAIL__METHOD__GENERATE, s->call_id};
     kvr_status_t st = kvr_proto_send(c->sock, NULL, 0, &h, &g.base);
+    free(lbp);
     if (st != KVR_OK) {
         set_err(c, "cannot send GENERATE: %s", kvr_status_str(st));
         free(s);
@@ -475,6 +497,11 @@ static kvr_status_t take(kvr_gen_stream_t *s, struct kvr_gen_token *tok_p)
         tok_p->finish = (enum kvr_finish)ch->finish;
         tok_p->prompt_token_ids = ch->prompt_token_ids;
         tok_p->n_prompt_token_ids = ch->n_prompt_token_ids;
+        tok_p->n_top = ch->n_top_logprobs < KVR_GEN_MAX_TOP ? ch->n_top_logprobs : KVR_GEN_MAX_TOP;
+        for (size_t i = 0; i < tok_p->n_top; i++) {
+            tok_p->top_ids[i] = ch->top_logprobs[i]->token_id;
+            tok_p->top_logprobs[i] = ch->top_logprobs[i]->logprob;
+        }
         ret = KVR_OK;
     }
     if (m)

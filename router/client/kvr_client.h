@@ -60,8 +60,21 @@ struct kvr_gen_params {
     const uint32_t *stop_token_ids;
     size_t n_stop_token_ids;
     bool ignore_eos;
-    bool return_prompt_tokens; /* the first token carries the prompt's ids */
-    bool no_text;              /* token ids only, no detokenized text */
+    bool return_prompt_tokens;                   /* the first token carries the prompt's ids */
+    bool no_text;                                /* token ids only, no detokenized text */
+    float min_p;                                 /* default 0 (off) */
+    float presence_penalty;                      /* default 0 (off), [-2, 2] */
+    float frequency_penalty;                     /* default 0 (off), [-2, 2] */
+    const struct kvr_gen_logit_bias *logit_bias; /* added to the logits; ids distinct */
+    size_t n_logit_bias;                         /* at most 300 */
+    uint32_t top_logprobs; /* alternatives per token (0 = none, at most KVR_GEN_MAX_TOP) */
+};
+
+#define KVR_GEN_MAX_TOP 20
+
+struct kvr_gen_logit_bias {
+    uint32_t token_id;
+    float bias; /* [-100, 100] */
 };
 
 struct kvr_gen_token {
@@ -74,6 +87,10 @@ struct kvr_gen_token {
     enum kvr_finish finish;           /* != NONE on the last token */
     const uint32_t *prompt_token_ids; /* first token only, if asked */
     size_t n_prompt_token_ids;
+    /* top_logprobs: the most likely tokens at this position, best first */
+    size_t n_top;
+    uint32_t top_ids[KVR_GEN_MAX_TOP];
+    float top_logprobs[KVR_GEN_MAX_TOP];
 };
 
 struct kvr_gen_result {

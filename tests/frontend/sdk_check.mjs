@@ -76,6 +76,38 @@ check(r.usage.total_tokens === spec.prompt.length + nref, 'usage.total_tokens', 
 check(typeof r.usage.prompt_tokens_details?.cached_tokens === 'number', 'usage cached_tokens', r.usage);
 ok(`completion: ${nref} tokens equal kvrail run, finish ${c0.finish_reason}, usage ${JSON.stringify(r.usage)}`);
 
+// ---- every sampling parameter and top-N logprobs == kvrail run with the same flags ----
+{
+  const sp = spec.sampling, sr = spec.sampling_ref, want = sr.texts.join('');
+  const params = { model, prompt: spec.prompt, max_tokens: sr.texts.length, ignore_eos: true,
+    temperature: sp.temperature, top_p: sp.top_p, min_p: sp.min_p, seed: sp.seed,
+    presence_penalty: sp.presence_penalty, frequency_penalty: sp.frequency_penalty,
+    logit_bias: sp.logit_bias, logprobs: sp.top_logprobs };
+  const r = await client.completions.create(params);
+  const lp = r.choices[0].logprobs;
+  check(r.choices[0].text === want, 'sampled completion == kvrail run (same seed and params)',
+    { got: r.choices[0].text, want });
+  check(lp.top_logprobs.length === sr.texts.length, 'top_logprobs: one dict per token', lp);
+  for (let i = 0; i < sr.texts.length; i++) {
+    check(Math.abs(lp.token_logprobs[i] - sr.logprobs[i]) < 1e-4, `sampled token_logprobs[${i}]`,
+      [lp.token_logprobs[i], sr.logprobs[i]]);
+    const vals = Object.values(lp.top_logprobs[i]).sort((a, b) => b - a);
+    // the 3 best (keys may merge when two alternatives decode to the same text) and the sampled
+    check(vals.length >= 1 && vals.length <= sp.top_logprobs + 1, `top_logprobs[${i}] size`, lp.top_logprobs[i]);
+    check(Math.abs(vals[0] - sr.top[i][0]) < 1e-4, `top_logprobs[${i}] best == kvrail run`, [vals, sr.top[i]]);
+    for (const v of vals)
+      check(sr.top[i].concat([sr.logprobs[i]]).some((w) => Math.abs(v - w) < 1e-4),
+        `top_logprobs[${i}] values are kvrail run's`, [vals, sr.top[i]]);
+  }
+  const chunks = await streamed(params);
+  const text = chunks.map((c) => c.choices[0]?.text ?? '').join('');
+  check(text === want, 'sampled completion streamed == kvrail run', { got: text, want });
+  const tops = chunks.flatMap((c) => c.choices[0]?.logprobs?.top_logprobs ?? []);
+  check(tops.length === sr.texts.length, 'streamed top_logprobs: one per token', tops.length);
+  ok(`sampling (seed, temperature, top_p, min_p, presence/frequency, logit_bias) + logprobs ${sp.top_logprobs}: ` +
+    `${sr.texts.length} tokens equal kvrail run, streamed too`);
+}
+
 // ---- no temperature given: generation_config.json's (0, greedy) ----
 {
   const d = await client.completions.create({ model, prompt: spec.prompt, max_tokens: spec.max_tokens });
@@ -166,8 +198,13 @@ ok(`stop ${JSON.stringify(spec.stop)}: ${JSON.stringify(spec.stop_expect)} (stre
 // ---- errors: OpenAI's shape, the parameter named ----
 await expectError({ ...base, max_tokens: -1 }, 400, 'negative max_tokens', 'max_tokens');
 await expectError({ ...base, temperature: 'hot' }, 400, 'temperature not a number', 'temperature');
-await expectError({ ...base, presence_penalty: 0.5 }, 400, 'presence_penalty unsupported', 'presence_penalty');
-await expectError({ ...base, logprobs: 3 }, 400, 'top-N logprobs unsupported', 'logprobs');
+await expectError({ ...base, presence_penalty: 2.5 }, 400, 'presence_penalty out of range', 'presence_penalty');
+await expectError({ ...base, frequency_penalty: -3 }, 400, 'frequency_penalty out of range', 'frequency_penalty');
+await expectError({ ...base, min_p: 1.5 }, 400, 'min_p out of range', 'min_p');
+await expectError({ ...base, logprobs: 21 }, 400, 'logprobs above 20', 'logprobs');
+await expectError({ ...base, logit_bias: { abc: 1 } }, 400, 'logit_bias key not a token id', 'logit_bias');
+await expectError({ ...base, logit_bias: { 5: 101 } }, 400, 'logit_bias value out of range', 'logit_bias');
+await expectError({ ...base, logit_bias: { 99999999: 1 } }, 400, 'logit_bias token outside the vocabulary');
 await expectError({ ...base, frobnicate: true }, 400, 'unknown field', 'frobnicate');
 await expectError({ ...base, model: 'no-such-model' }, 404, 'unknown model', 'model');
 await expectError({ ...base, prompt: [1, 2, 'x'] }, 400, 'mixed prompt list', 'prompt');
@@ -199,7 +236,14 @@ if (!spec.have_chat) {
     'streamed chat finish', deltas.at(-1));
   check(chunks.at(-1).usage?.prompt_tokens === ch.prompt_tokens, 'streamed chat usage', chunks.at(-1));
   await expectError({ model, messages: [] }, 400, 'chat: empty messages', 'messages', chatCreate);
-  await expectError({ ...p, top_logprobs: 2, logprobs: true }, 400, 'chat: top_logprobs', 'top_logprobs', chatCreate);
+  await expectError({ ...p, top_logprobs: 2 }, 400, 'chat: top_logprobs without logprobs', 'top_logprobs', chatCreate);
+  const t2 = await client.chat.completions.create({ ...p, logprobs: true, top_logprobs: 2 });
+  const content = t2.choices[0].logprobs.content;
+  check(content.length === ch.texts.length && content.every((t) => t.top_logprobs.length === 2 &&
+    t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob && Array.isArray(t.top_logprobs[0].bytes)),
+  'chat top_logprobs: two alternatives per token, best first, with bytes', content[0]);
+  check(content.every((t) => Math.abs(t.top_logprobs[0].logprob - t.logprob) < 1e-6),
+    'chat top_logprobs: greedy token is the best alternative', content);
   ok(`chat: ${ch.texts.length} tokens equal kvrail run on the rendered template, streamed too`);
 }
 console.log('sdk_check: all passed');

@@ -3,7 +3,12 @@ cluster on a generated tiny model, driven by the official OpenAI Node SDK
 (sdk_check.mjs) and by raw sockets.
 
   1. the SDK: models, greedy completions equal to `kvrail run` token for
-     token (text, per-token texts and logprobs), streaming, stop strings,
+     token (text, per-token texts and logprobs), sampling with every
+     parameter (seed, temperature, top_p, min_p, presence / frequency
+     penalties, logit_bias) and top-N logprobs equal to `kvrail run` with
+     the same flags (and `kvrail generate --json` through the cluster equal
+     to `kvrail run --json` byte for byte, top_logprobs and the finish/usage
+     line included), streaming, stop strings,
      max_tokens -> length, usage, prompt lists, n with a seed, error shapes;
      chat with a template written into the model (equal to `kvrail run` on
      the rendered prompt), or 501 in a build without chat templates;
@@ -103,13 +108,28 @@ def status_line(resp):
     return resp.split(b"\r\n", 1)[0].decode(errors="replace")
 
 
-def kvrail_run(bins, model, prompt, max_tokens):
+def kvrail_run(bins, model, prompt, max_tokens, extra=()):
     r = cl.run([bins.kvrail, "run", "--model", model, "--prompt-tokens",
-                ",".join(map(str, prompt)), "--max-tokens", str(max_tokens), "--json"], timeout=60)
+                ",".join(map(str, prompt)), "--max-tokens", str(max_tokens), "--json", *extra],
+               timeout=60)
     check(r.returncode == 0, "kvrail run failed: %s" % r.stderr)
     toks = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
     toks = [t for t in toks if "token_id" in t]
     return toks
+
+
+# every sampling parameter at once; logit_bias bans one token and pushes another
+SAMPLING = {"temperature": 0.8, "top_p": 0.95, "min_p": 0.02, "presence_penalty": 0.6,
+            "frequency_penalty": 0.9, "seed": 4242, "top_logprobs": 3}
+
+
+def sampling_flags(bias):
+    return ["--temperature", str(SAMPLING["temperature"]), "--top-p", str(SAMPLING["top_p"]),
+            "--min-p", str(SAMPLING["min_p"]), "--presence-penalty",
+            str(SAMPLING["presence_penalty"]), "--frequency-penalty",
+            str(SAMPLING["frequency_penalty"]), "--seed", str(SAMPLING["seed"]),
+            "--logprobs", str(SAMPLING["top_logprobs"]),
+            "--logit-bias", ",".join("%d:%g" % (k, v) for k, v in sorted(bias.items()))]
 
 
 def main():
@@ -176,6 +196,34 @@ def main():
         max_tokens = 12
         ref = kvrail_run(bins, model, prompt, max_tokens)
         ref2 = kvrail_run(bins, model, prompt2, max_tokens)
+        # sampling with every parameter: ban the greedy first token, push a rare one
+        bias = {ref[0]["token_id"]: -100.0, 150: 4.5}
+        samp_ref = kvrail_run(bins, model, prompt, 16, sampling_flags(bias) + ["--ignore-eos"])
+        check(samp_ref[0]["token_id"] != ref[0]["token_id"], "logit_bias -100: banned token came")
+        check(all(len(t["top_logprobs"]) == SAMPLING["top_logprobs"] for t in samp_ref),
+              "kvrail run --logprobs 3: three alternatives per token: %r" % samp_ref[:2])
+        # `kvrail generate --json` through the cluster == `kvrail run --json`, byte for byte
+        for extra in (sampling_flags(bias), ["--logprobs", "2"]):
+            rr = cl.run([bins.kvrail, "run", "--model", model, "--prompt-tokens",
+                         ",".join(map(str, prompt)), "--max-tokens", "16", "--json",
+                         "--ignore-eos", *extra], timeout=60)
+            gg = cl.run([bins.kvrail, "generate", "--router", c.client_ep, "--prompt-tokens",
+                         ",".join(map(str, prompt)), "--max-tokens", "16", "--json",
+                         "--ignore-eos", *extra], timeout=60)
+            check(rr.returncode == 0 and gg.returncode == 0,
+                  "run/generate rc %d %d: %s %s" % (rr.returncode, gg.returncode, rr.stderr,
+                                                    gg.stderr))
+            rl, gl = rr.stdout.splitlines(), gg.stdout.splitlines()
+            check(len(rl) == len(gl) == 18 and rl[:-1] == gl[:-1],
+                  "generate --json != run --json (%s):\n%s\n---\n%s" % (
+                      " ".join(extra), rr.stdout, gg.stdout))
+            ru, gu = json.loads(rl[-1]), json.loads(gl[-1])
+            check(ru["finish_reason"] == gu["finish_reason"] == "length" and
+                  ru["usage"]["prompt_tokens"] == gu["usage"]["prompt_tokens"] == len(prompt) and
+                  ru["usage"]["completion_tokens"] == gu["usage"]["completion_tokens"] == 16,
+                  "usage lines: %s vs %s" % (rl[-1], gl[-1]))
+        print("ok kvrail generate --json == kvrail run --json byte for byte (every sampling "
+              "parameter, --logprobs 3; greedy --logprobs 2), usage lines agree")
         texts = [t["text"] for t in ref]
         full = "".join(texts)
         # a stop string: the text of a later token that is not empty
@@ -193,7 +241,12 @@ def main():
                         "finish": "length" if len(ref) == max_tokens else "stop"},
                 "ref2_text": "".join(t["text"] for t in ref2),
                 "stop": stop, "stop_expect": full[:full.index(stop)],
-                "split_stop": split_stop, "split_stop_expect": full[:full.index(split_stop)]}
+                "split_stop": split_stop, "split_stop_expect": full[:full.index(split_stop)],
+                "sampling": dict(SAMPLING, logit_bias={str(k): v for k, v in bias.items()}),
+                "sampling_ref": {"texts": [t["text"] for t in samp_ref],
+                                 "logprobs": [t["logprob"] for t in samp_ref],
+                                 "top": [[x["logprob"] for x in t["top_logprobs"]]
+                                         for t in samp_ref]}}
         messages = [{"role": "system", "content": "You are terse. "},
                     {"role": "user", "content": "Name a colour."}]
         rendered = tc["bos_token"] + "".join(

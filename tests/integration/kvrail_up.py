@@ -115,6 +115,12 @@ def same_generation(ref_out, got_out):
     ref, got = parse_json_lines(ref_out), parse_json_lines(got_out)
     if len(ref) != len(got):
         return "%d lines vs %d" % (len(ref), len(got))
+    # the last line: finish reason and usage (cached_tokens is the cluster's own)
+    ru, gu = ref.pop(), got.pop()
+    if (ru["finish_reason"] != gu["finish_reason"] or
+            ru["usage"]["prompt_tokens"] != gu["usage"]["prompt_tokens"] or
+            ru["usage"]["completion_tokens"] != gu["usage"]["completion_tokens"]):
+        return "finish/usage line: %s vs %s" % (ru, gu)
     if ref[0] != got[0]:
         return "prompt line differs: %s vs %s" % (ref[0], got[0])
     for i, (a, b) in enumerate(zip(ref[1:], got[1:])):

@@ -290,6 +290,9 @@ def main():
               all(x["usage"]["completion_tokens"] == 4 for x in ends), r.stdout)
         full = gen("--max-tokens", "12", "--ignore-eos", "--json", "--prompt-tokens", "5,6,7,8,9")
         ids = [json.loads(x) for x in full.stdout.splitlines()[1:]]
+        check("finish_reason" in ids[-1] and ids[-1]["usage"]["completion_tokens"] == 12,
+              "--json ends with the finish/usage line by default: %s" % ids[-1])
+        ids = ids[:-1]
         # a stop text: the first token text (after the first) not seen before it
         cands = [j for j in range(1, len(ids)) if ids[j]["text"].strip() and
                  ids[j]["text"] not in "".join(x["text"] for x in ids[:j])]
@@ -301,6 +304,14 @@ def main():
         last = json.loads(r.stdout.splitlines()[-1])
         check(last["finish_reason"] == "stop" and last["usage"]["completion_tokens"] <= j + 1,
               "--stop %r (token %d): %s" % (stop, j, last))
+        # the stop text and what follows are not printed (OpenAI's rule), --json and text
+        want = "".join(x["text"] for x in ids)
+        want = want[:want.index(stop)]
+        got = "".join(json.loads(x).get("text", "") for x in r.stdout.splitlines()[1:])
+        check(got == want, "--stop %r --json printed %r, want %r" % (stop, got, want))
+        t = gen("--max-tokens", "12", "--ignore-eos", "--stop", stop, "--prompt-tokens",
+                "5,6,7,8,9")
+        check(t.stdout == want + "\n", "--stop %r printed %r, want %r" % (stop, t.stdout, want))
         print("ok kvrail generate --stop %r: finish_reason stop after %d tokens" %
               (stop, last["usage"]["completion_tokens"]))
         print("ok kvrail generate: --prompt-tokens, --usage final line, --n 3 (4 tokens each)")

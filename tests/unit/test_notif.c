@@ -58,6 +58,11 @@ static void same(const struct kvr_notif *a, const struct kvr_notif *b)
     KVR_CHECK_EQ(a->status, b->status);
     KVR_CHECK_EQ(a->first_block, b->first_block);
     KVR_CHECK_EQ(a->attempt, b->attempt);
+    KVR_CHECK_EQ(a->n_top, b->n_top);
+    for (int i = 0; i < a->n_top; i++) {
+        KVR_CHECK_EQ(a->top_ids[i], b->top_ids[i]);
+        KVR_CHECK(memcmp(&a->top_lps[i], &b->top_lps[i], sizeof a->top_lps[i]) == 0);
+    }
 }
 
 static void put32(uint8_t *p, uint32_t v)
@@ -95,6 +100,24 @@ int main(void)
     same(&n, &out);
     /* a buffer too small to encode into */
     KVR_CHECK_EQ(kvr_notif_encode(&n, buf, len - 1), 0);
+    /* the first token's alternatives, up to the most, with the longest name */
+    n.n_top = KVR_NOTIF_MAX_TOP;
+    for (int i = 0; i < KVR_NOTIF_MAX_TOP; i++) {
+        n.top_ids[i] = 128000 - i;
+        n.top_lps[i] = -0.5f * (float)i - 0.125f;
+    }
+    len = kvr_notif_encode(&n, buf, sizeof buf);
+    KVR_CHECK_EQ(len, KVR_NOTIF_WIRE_MAX - 1); /* the longest name, the most alternatives */
+    KVR_CHECK_STATUS(kvr_notif_decode(buf, len, &out, err, sizeof err), KVR_OK);
+    same(&n, &out);
+    n.n_top = KVR_NOTIF_MAX_TOP + 1;
+    KVR_CHECK_EQ(kvr_notif_encode(&n, buf, sizeof buf), 0);
+    /* an n_top past the most is refused by the decoder too */
+    n.n_top = 0;
+    len = kvr_notif_encode(&n, buf, sizeof buf);
+    buf[KVR_NOTIF_HDR_LEN + KVR_NOTIF_BODY_MIN - 3] = KVR_NOTIF_MAX_TOP + 1;
+    KVR_CHECK_STATUS(kvr_notif_decode(buf, len, &out, err, sizeof err), KVR_ERR_INVALID);
+    KVR_CHECK(strstr(err, "alternatives") != NULL);
 
     /* the header bytes are little endian whatever the host */
     n = sample(KVR_NOTIF_KV_READY);

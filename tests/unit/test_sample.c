@@ -3,7 +3,9 @@
  * top-k / top-p / min-p restrict the support to what they must, the
  * repetition penalty's arithmetic, the empirical distribution matches
  * softmax, logprobs are raw log-softmax, hand-over between nodes
- * (add_generated) continues the same stream, invalid params are rejected.
+ * (add_generated) continues the same stream, invalid params are rejected;
+ * logit bias, frequency and presence penalties (generated tokens only, by
+ * count), and the top-N logprobs equal to the sampled token's bit for bit.
  */
 #include <math.h>
 #include <stdint.h>
@@ -296,8 +298,172 @@ static void test_penalty_logprob(void)
     KVR_CHECK(kvr_sample_logprob(lg, 3, 3) == -INFINITY);
 }
 
+static void test_bias_penalties(void)
+{
+    char err[256];
+    kvr_sampler_t *s;
+    int32_t tok;
+    float lp;
+    /* logit bias: +3 on token 2 makes it the argmax; -100 bans the argmax */
+    float lg[4] = {2.0f, 1.0f, 0.5f, -1.0f};
+    struct kvr_logit_bias b1[2] = {{2, 3.0f}, {0, -100.0f}};
+    struct kvr_sample_params g = params(0, 0, 1, 0, 1, 0);
+    g.logit_bias = b1;
+    g.n_logit_bias = 2;
+    KVR_CHECK_STATUS(kvr_sampler_create(&g, 4, &s, err, sizeof err), KVR_OK);
+    b1[0].bias = -100.0f; /* the sampler took its own copy */
+    KVR_CHECK_STATUS(kvr_sampler_sample(s, lg, &tok, &lp), KVR_OK);
+    KVR_CHECK_EQ(tok, 2);
+    KVR_CHECK(lp == kvr_sample_logprob(lg, 4, 2)); /* raw logits */
+    kvr_sampler_destroy(s);
+    /* sampled with a temperature, the banned token never comes */
+    struct kvr_logit_bias ban[1] = {{0, -100.0f}};
+    struct kvr_sample_params t = params(1.0f, 0, 1, 0, 1, 7);
+    t.logit_bias = ban;
+    t.n_logit_bias = 1;
+    int count[4];
+    support(&t, lg, 4, 2000, count);
+    KVR_CHECK_EQ(count[0], 0);
+    KVR_CHECK(count[1] > 0 && count[2] > 0);
+    /* a token outside the vocabulary, twice the same token, out of range */
+    struct kvr_logit_bias b2[2] = {{4, 1.0f}, {1, 1.0f}};
+    g.logit_bias = b2;
+    KVR_CHECK_STATUS(kvr_sampler_create(&g, 4, &s, err, sizeof err), KVR_ERR_INVALID);
+    KVR_CHECK(strstr(err, "vocabulary") != NULL);
+    b2[0].token = 1;
+    KVR_CHECK_STATUS(kvr_sample_params_validate(&g, err, sizeof err), KVR_ERR_INVALID);
+    KVR_CHECK(strstr(err, "twice") != NULL);
+    b2[0].token = 0;
+    b2[0].bias = 100.5f;
+    KVR_CHECK_STATUS(kvr_sample_params_validate(&g, err, sizeof err), KVR_ERR_INVALID);
+    KVR_CHECK(strstr(err, "logit_bias") != NULL);
+    struct kvr_sample_params pp = params(0, 0, 1, 0, 1, 0);
+    pp.presence_penalty = 2.5f;
+    KVR_CHECK_STATUS(kvr_sample_params_validate(&pp, err, sizeof err), KVR_ERR_INVALID);
+    KVR_CHECK(strstr(err, "presence_penalty") != NULL);
+    pp.presence_penalty = 0;
+    pp.frequency_penalty = NAN;
+    KVR_CHECK_STATUS(kvr_sample_params_validate(&pp, err, sizeof err), KVR_ERR_INVALID);
+    KVR_CHECK(strstr(err, "frequency_penalty") != NULL);
+
+    /* frequency penalty: greedy over [3.0, 2.5, 0.0] with frequency 0.3.
+     * Token 0 wins until its count c gives 3 - 0.3c < 2.5 (c = 2), then 1
+     * until 2.5 - 0.3c' < 3 - 0.6 ... the exact sequence: */
+    float f3[3] = {3.0f, 2.5f, 0.0f};
+    struct kvr_sample_params fp = params(0, 0, 1, 0, 1, 0);
+    fp.frequency_penalty = 0.3f;
+    KVR_CHECK_STATUS(kvr_sampler_create(&fp, 3, &s, err, sizeof err), KVR_OK);
+    int32_t prompt[3] = {0, 0, 0}; /* prompt tokens are not counted */
+    kvr_sampler_add_prompt(s, prompt, 3);
+    int32_t want[6] = {0, 0, 1, 0, 1, 0};
+    /* counts (0,1): 3.0|2.5 -> 0; 2.7|2.5 -> 0; 2.4|2.5 -> 1; 2.4|2.2 -> 0;
+     * 2.1|2.2 -> 1; 2.1|1.9 -> 0 */
+    for (int i = 0; i < 6; i++) {
+        KVR_CHECK_STATUS(kvr_sampler_sample(s, f3, &tok, &lp), KVR_OK);
+        KVR_CHECK_EQ(tok, want[i]);
+    }
+    kvr_sampler_destroy(s);
+    /* presence penalty: once per distinct generated token, whatever the count */
+    struct kvr_sample_params prp = params(0, 0, 1, 0, 1, 0);
+    prp.presence_penalty = 0.4f;
+    KVR_CHECK_STATUS(kvr_sampler_create(&prp, 3, &s, err, sizeof err), KVR_OK);
+    int32_t want2[4] = {0, 0, 0, 0}; /* 3.0 - 0.4 = 2.6 > 2.5 forever */
+    for (int i = 0; i < 4; i++) {
+        KVR_CHECK_STATUS(kvr_sampler_sample(s, f3, &tok, &lp), KVR_OK);
+        KVR_CHECK_EQ(tok, want2[i]);
+    }
+    kvr_sampler_destroy(s);
+    prp.presence_penalty = 0.6f; /* 2.4 < 2.5: 0, then 1, then 0 (2.4 > 1.9) ... */
+    KVR_CHECK_STATUS(kvr_sampler_create(&prp, 3, &s, err, sizeof err), KVR_OK);
+    int32_t want3[4] = {0, 1, 0, 0};
+    for (int i = 0; i < 4; i++) {
+        KVR_CHECK_STATUS(kvr_sampler_sample(s, f3, &tok, &lp), KVR_OK);
+        KVR_CHECK_EQ(tok, want3[i]);
+    }
+    kvr_sampler_destroy(s);
+    /* a hand-over (add_generated) counts the tokens as generated */
+    KVR_CHECK_STATUS(kvr_sampler_create(&fp, 3, &s, err, sizeof err), KVR_OK);
+    int32_t gen[2] = {0, 0};
+    kvr_sampler_add_generated(s, gen, 2);
+    KVR_CHECK_STATUS(kvr_sampler_sample(s, f3, &tok, &lp), KVR_OK);
+    KVR_CHECK_EQ(tok, 1); /* 3.0 - 0.6 < 2.5 */
+    kvr_sampler_destroy(s);
+    /* the same seed and penalties give the same stream */
+    enum { N = 50, STEPS = 200 };
+    float lgn[N];
+    for (int i = 0; i < N; i++)
+        lgn[i] = (float)((i * 37) % 11) * 0.3f;
+    struct kvr_sample_params sp = params(0.9f, 0, 1, 0, 1.1f, 99);
+    sp.frequency_penalty = 0.5f;
+    sp.presence_penalty = -0.25f;
+    sp.logit_bias = ban;
+    sp.n_logit_bias = 1;
+    kvr_sampler_t *sa, *sb;
+    KVR_CHECK_STATUS(kvr_sampler_create(&sp, N, &sa, NULL, 0), KVR_OK);
+    KVR_CHECK_STATUS(kvr_sampler_create(&sp, N, &sb, NULL, 0), KVR_OK);
+    for (int i = 0; i < STEPS; i++) {
+        int32_t ta, tb;
+        KVR_CHECK_STATUS(kvr_sampler_sample(sa, lgn, &ta, NULL), KVR_OK);
+        KVR_CHECK_STATUS(kvr_sampler_sample(sb, lgn, &tb, NULL), KVR_OK);
+        KVR_CHECK_EQ(ta, tb);
+        KVR_CHECK(ta != 0);
+    }
+    kvr_sampler_destroy(sa);
+    kvr_sampler_destroy(sb);
+}
+
+static void test_top_logprobs(void)
+{
+    enum { N = 1000 };
+    static float lg[N];
+    for (int i = 0; i < N; i++)
+        lg[i] = (float)((i * 7919) % 1009) * 0.01f;
+    lg[17] = lg[23] = 50.0f; /* a tie: the lower id first */
+    lg[5] = -INFINITY;
+    lg[6] = NAN;
+    int32_t ids[KVR_SAMPLE_MAX_TOP_LOGPROBS];
+    float lps[KVR_SAMPLE_MAX_TOP_LOGPROBS];
+    int32_t n = kvr_sample_top_logprobs(lg, N, 5, ids, lps);
+    KVR_CHECK_EQ(n, 5);
+    KVR_CHECK_EQ(ids[0], 17);
+    KVR_CHECK_EQ(ids[1], 23);
+    for (int i = 0; i < n; i++) {
+        KVR_CHECK(lps[i] == kvr_sample_logprob(lg, N, ids[i])); /* bit for bit */
+        if (i)
+            KVR_CHECK(lps[i] <= lps[i - 1]);
+    }
+    /* the 5th best is really the 5th: nothing outside is better */
+    for (int i = 0; i < N; i++) {
+        bool in = false;
+        for (int k = 0; k < n; k++)
+            in |= ids[k] == i;
+        if (!in && lg[i] == lg[i])
+            KVR_CHECK(lg[i] < lg[ids[4]] || (lg[i] == lg[ids[4]] && i > ids[4]));
+    }
+    /* more than the most is clamped; fewer finite entries than asked */
+    KVR_CHECK_EQ(kvr_sample_top_logprobs(lg, N, 100, ids, lps), KVR_SAMPLE_MAX_TOP_LOGPROBS);
+    float few[4] = {-INFINITY, 1.0f, NAN, 0.0f};
+    KVR_CHECK_EQ(kvr_sample_top_logprobs(few, 4, 3, ids, lps), 2);
+    KVR_CHECK_EQ(ids[0], 1);
+    KVR_CHECK_EQ(ids[1], 3);
+    /* the greedy token is the first alternative, with the same logprob */
+    kvr_sampler_t *s;
+    struct kvr_sample_params g = params(0, 0, 1, 0, 1, 0);
+    KVR_CHECK_STATUS(kvr_sampler_create(&g, N, &s, NULL, 0), KVR_OK);
+    int32_t tok;
+    float lp;
+    KVR_CHECK_STATUS(kvr_sampler_sample(s, lg, &tok, &lp), KVR_OK);
+    n = kvr_sample_top_logprobs(lg, N, 1, ids, lps);
+    KVR_CHECK_EQ(n, 1);
+    KVR_CHECK_EQ(tok, ids[0]);
+    KVR_CHECK(lp == lps[0]);
+    kvr_sampler_destroy(s);
+}
+
 int main(void)
 {
+    test_bias_penalties();
+    test_top_logprobs();
     test_invalid();
     test_greedy();
     test_seed();

@@ -6,7 +6,8 @@
  *                   [--temperature T] [--top-p P] [--top-k K] [--seed S]
  *                   [--ignore-eos] [--timeout MS] [--json] [--stats]
  *                   [--stop TEXT]... [--repetition-penalty R] [--n N] [--no-stream]
- *                   [--usage]
+ *                   [--usage] [--min-p P] [--presence-penalty X] [--frequency-penalty X]
+ *                   [--logit-bias ID:BIAS,...] [--logprobs N]
  *                   (PROMPT | --prompt-tokens ID,ID,... | --chat MESSAGES.json |
  *                    --message role:content ...)
  *                   [--chat-template NAME] [--model DIR]
@@ -14,7 +15,10 @@
  * The router endpoint comes from --router, else the cluster file's
  * router.client (--config, or $KVRAIL_CONFIG), else tcp://127.0.0.1:7700.
  * --json prints the same lines as `kvrail run --json`: {"prompt_tokens":
- * [...]} first, then {"token_id": N, "text": "...", "logprob": X} per token.
+ * [...]} first, then {"token_id": N, "text": "...", "logprob": X} per token
+ * (with "top_logprobs": [{"token_id", "logprob"}, ...] under --logprobs N),
+ * and last {"finish_reason": ..., "usage": {"prompt_tokens",
+ * "completion_tokens", "cached_tokens"}} (gen_output.h).
  * --stats prints the request's usage (cached tokens, nodes, KV bytes moved,
  * TTFT) on stderr.  Exit status 0 on success, 1 with the router's error.
  * --chat / --message render the model's chat template (chat_prompt.c; the
@@ -22,14 +26,15 @@
  * ({"chat_prompt": ...} with --json), and send its tokens (encoded here
  * without special tokens: the template writes bos) instead of text.
  * --stop TEXT (up to 16) ends generation at that text, which is not
- * printed; --prompt-tokens sends token ids instead of text.  --n N runs N
+ * printed, nor what follows it (text that may still become a stop string
+ * is held back until it cannot; --json token lines too, their text cut at
+ * the stop); --prompt-tokens sends token ids instead of text.  --n N runs N
  * requests of the same prompt at once (seed, when given, is seed + i for
  * choice i); with --json every token line then carries "index", and
  * without it each choice is printed whole at the end as "[i] text".
- * --no-stream prints the text once at the end.  --usage ends the output
- * with one line per choice: {"index", "finish_reason", "usage":
- * {"prompt_tokens", "completion_tokens", "cached_tokens"}} (on stdout with
- * --json, else on stderr).
+ * --no-stream prints the text once at the end.  The finish/usage line
+ * ends --json output (one per choice, with "index", when --n > 1); --usage
+ * prints it on stderr in text mode too.
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -38,6 +43,7 @@
 #include <string.h>
 
 #include "chat_prompt.h"
+#include "gen_output.h"
 #include "kvr_client.h"
 #include "kvr_cluster.h"
 #include "kvr_cmd.h"
@@ -69,6 +75,16 @@ const char *kvr_cmd_router_endpoint(const char *router, const char *config, char
 #define GEN_MAX_N    16
 #define GEN_MAX_STOP 16
 
+/* a --json token line held back while its text may still be cut by a stop */
+struct ptok {
+    uint32_t id;
+    float logprob;
+    size_t off, len; /* its text in stop.text */
+    size_t n_top;
+    uint32_t top_ids[KVR_GEN_MAX_TOP];
+    float top_lps[KVR_GEN_MAX_TOP];
+};
+
 struct gen_out {
     bool json;
     bool first;
@@ -76,6 +92,11 @@ struct gen_out {
     int index;   /* choice, printed with --json when n > 1; -1 = not printed */
     char *text;  /* buffered text */
     size_t n_text, cap_text;
+    bool use_stop; /* --stop given: text goes through the cut */
+    struct kvr_cli_stop stop;
+    size_t printed; /* text mode: bytes of stop.text already out */
+    struct ptok *q; /* --json: lines held back */
+    size_t nq, capq, qhead;
 };
 
 static void buf_text(struct gen_out *o, const char *t, size_t n)
@@ -93,28 +114,96 @@ static void buf_text(struct gen_out *o, const char *t, size_t n)
     o->text[o->n_text] = 0;
 }
 
+static void put_line(const struct gen_out *o, uint32_t id, const char *text, size_t len,
+                     float logprob, size_t n_top, const uint32_t *top_ids, const float *top_lps)
+{
+    if (o->index >= 0)
+        printf("{\"index\": %d, \"token_id\": %u, \"text\": ", o->index, id);
+    else
+        printf("{\"token_id\": %u, \"text\": ", id);
+    kvr_json_fput_str(stdout, text, len);
+    printf(", \"logprob\": %.6f", (double)logprob);
+    kvr_cli_put_top(stdout, n_top, top_ids, top_lps);
+    printf("}\n");
+}
+
+static void put_text(struct gen_out *o, const char *t, size_t n)
+{
+    if (o->buffer)
+        buf_text(o, t, n);
+    else
+        fwrite(t, 1, n, stdout);
+}
+
+/* With --stop: prints what the cut has released (end: everything left). */
+static void release(struct gen_out *o, bool end)
+{
+    struct kvr_cli_stop *s = &o->stop;
+    if (end)
+        kvr_cli_stop_end(s);
+    if (!o->json) {
+        if (s->released > o->printed)
+            put_text(o, s->text + o->printed, s->released - o->printed);
+        o->printed = s->released;
+        return;
+    }
+    while (o->qhead < o->nq) {
+        const struct ptok *p = &o->q[o->qhead];
+        if (s->hit && p->off >= s->len && p->len)
+            break; /* its text is past the stop: not returned, as OpenAI does */
+        if (!s->hit && p->off + p->len > s->released)
+            break; /* may still be cut */
+        size_t len = p->off + p->len > s->len ? s->len - p->off : p->len;
+        put_line(o, p->id, s->text + p->off, len, p->logprob, p->n_top, p->top_ids, p->top_lps);
+        o->qhead++;
+    }
+    if (s->hit || end)
+        o->qhead = o->nq; /* nothing after the stop */
+}
+
 static int on_token(void *arg, const struct kvr_gen_token *t)
 {
     struct gen_out *o = arg;
-    if (o->json) {
-        if (o->first && (o->index < 0 || t->n_prompt_token_ids)) {
-            printf("{\"prompt_tokens\": [");
-            for (size_t i = 0; i < t->n_prompt_token_ids; i++)
-                printf("%s%u", i ? ", " : "", t->prompt_token_ids[i]);
-            printf("]}\n");
-        }
-        if (o->index >= 0)
-            printf("{\"index\": %d, \"token_id\": %u, \"text\": ", o->index, t->token_id);
-        else
-            printf("{\"token_id\": %u, \"text\": ", t->token_id);
-        kvr_json_fput_str(stdout, t->text, t->text_len);
-        printf(", \"logprob\": %.6f}\n", (double)t->logprob);
-    } else if (o->buffer) {
-        buf_text(o, t->text, t->text_len);
-    } else {
-        fwrite(t->text, 1, t->text_len, stdout);
+    if (o->json && o->first && (o->index < 0 || t->n_prompt_token_ids)) {
+        printf("{\"prompt_tokens\": [");
+        for (size_t i = 0; i < t->n_prompt_token_ids; i++)
+            printf("%s%u", i ? ", " : "", t->prompt_token_ids[i]);
+        printf("]}\n");
     }
     o->first = false;
+    if (!o->use_stop) {
+        if (o->json)
+            put_line(o, t->token_id, t->text, t->text_len, t->logprob, t->n_top, t->top_ids,
+                     t->top_logprobs);
+        else
+            put_text(o, t->text, t->text_len);
+        fflush(stdout);
+        return 0;
+    }
+    if (o->stop.hit)
+        return 0; /* past the stop (the router ends the stream on this token) */
+    if (o->json) {
+        if (o->nq == o->capq) {
+            size_t cap = o->capq ? 2 * o->capq : 64;
+            struct ptok *q = realloc(o->q, cap * sizeof(*q));
+            if (!q) {
+                fprintf(stderr, "kvrail generate: out of memory holding back token lines\n");
+                return 1; /* cancels the request */
+            }
+            o->q = q;
+            o->capq = cap;
+        }
+        struct ptok *p = &o->q[o->nq++];
+        p->id = t->token_id;
+        p->logprob = t->logprob;
+        p->off = o->stop.len;
+        p->len = t->text_len;
+        p->n_top = t->n_top;
+        memcpy(p->top_ids, t->top_ids, t->n_top * sizeof(p->top_ids[0]));
+        memcpy(p->top_lps, t->top_logprobs, t->n_top * sizeof(p->top_lps[0]));
+    }
+    kvr_cli_stop_feed(&o->stop, t->text, t->text_len);
+    release(o, false);
     fflush(stdout);
     return 0;
 }
@@ -126,7 +215,9 @@ static void usage(FILE *f)
             "                       [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
             "                       [--ignore-eos] [--timeout MS] [--json] [--stats]\n"
             "                       [--stop TEXT]... [--repetition-penalty R] [--n N]\n"
-            "                       [--no-stream] [--usage]\n"
+            "                       [--no-stream] [--usage] [--min-p P]\n"
+            "                       [--presence-penalty X] [--frequency-penalty X]\n"
+            "                       [--logit-bias ID:BIAS,...] [--logprobs N]\n"
             "                       (PROMPT | --prompt-tokens ID,ID,... | --chat MESSAGES.json |\n"
             "                        --message role:content ...)\n"
             "                       [--chat-template NAME] [--model DIR]\n");
@@ -254,12 +345,8 @@ static const char *finish_name(enum kvr_finish f)
 
 static void print_usage_line(FILE *f, int index, const struct kvr_gen_result *r)
 {
-    fprintf(f,
-            "{\"index\": %d, \"request_id\": %" PRIu64
-            ", \"finish_reason\": \"%s\", \"usage\": {\"prompt_tokens\": %u, "
-            "\"completion_tokens\": %u, \"cached_tokens\": %u}}\n",
-            index, r->request_id, finish_name(r->finish), r->prompt_tokens, r->completion_tokens,
-            r->cached_tokens);
+    kvr_cli_put_usage(f, index, finish_name(r->finish), r->prompt_tokens, r->completion_tokens,
+                      r->cached_tokens);
 }
 
 /* n streams of one prompt at once on one client; every token is handed to
@@ -350,6 +437,11 @@ int kvr_cmd_generate(int argc, char **argv)
         {"n", required_argument, NULL, 'i'},
         {"no-stream", no_argument, NULL, 'B'},
         {"usage", no_argument, NULL, 'U'},
+        {"min-p", required_argument, NULL, 256},
+        {"presence-penalty", required_argument, NULL, 257},
+        {"frequency-penalty", required_argument, NULL, 258},
+        {"logit-bias", required_argument, NULL, 259},
+        {"logprobs", required_argument, NULL, 260},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -367,6 +459,9 @@ int kvr_cmd_generate(int argc, char **argv)
     size_t n_stops = 0;
     const char *prompt_tokens = NULL;
     int n_choices = 1;
+    static struct kvr_cli_logit_bias lb;
+    static struct kvr_gen_logit_bias glb[KVR_CLI_MAX_LOGIT_BIAS];
+    lb.n = 0;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "r:c:n:t:p:k:s:eT:jSh", opts, NULL)) != -1) {
@@ -467,6 +562,30 @@ int kvr_cmd_generate(int argc, char **argv)
         case 'U':
             want_usage = true;
             break;
+        case 256:
+            if (parse_num("--min-p", optarg, 0, 1, &v))
+                return 2;
+            p.min_p = (float)v;
+            break;
+        case 257:
+        case 258:
+            if (parse_num(c == 257 ? "--presence-penalty" : "--frequency-penalty", optarg, -2, 2,
+                          &v))
+                return 2;
+            if (c == 257)
+                p.presence_penalty = (float)v;
+            else
+                p.frequency_penalty = (float)v;
+            break;
+        case 259:
+            if (kvr_cli_logit_bias_parse("kvrail generate", optarg, &lb) != 0)
+                return 2;
+            break;
+        case 260:
+            if (parse_num("--logprobs", optarg, 0, KVR_GEN_MAX_TOP, &v))
+                return 2;
+            p.top_logprobs = (uint32_t)v;
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -487,6 +606,13 @@ int kvr_cmd_generate(int argc, char **argv)
     }
     p.stop = stops;
     p.n_stop = n_stops;
+    for (size_t i = 0; i < lb.n; i++)
+        glb[i] = (struct kvr_gen_logit_bias){lb.ids[i], lb.bias[i]};
+    p.logit_bias = glb;
+    p.n_logit_bias = lb.n;
+    o.use_stop = n_stops > 0;
+    o.stop.stops = stops;
+    o.stop.n_stops = n_stops;
     uint32_t *chat_ids = NULL;
     if (prompt_tokens) {
         if (parse_ids(prompt_tokens, &chat_ids, &p.n_token_ids) != 0)
@@ -527,9 +653,13 @@ int kvr_cmd_generate(int argc, char **argv)
         o.buffer = no_stream;
         st = kvr_client_generate(cl, &p, on_token, &o, timeout_ms, &res);
         many[0] = res;
+        if (o.use_stop)
+            release(&o, true);
         if (o.buffer && o.text)
             fputs(o.text, stdout);
         free(o.text);
+        free(o.q);
+        kvr_cli_stop_free(&o.stop);
     } else {
         for (int i = 0; i < n_choices; i++) {
             outs[i] = o;
@@ -539,18 +669,22 @@ int kvr_cmd_generate(int argc, char **argv)
         st = run_many(cl, &p, n_choices, outs, timeout_ms, many);
         res = many[0];
         for (int i = 0; i < n_choices; i++) {
+            if (outs[i].use_stop)
+                release(&outs[i], true);
             if (!o.json)
                 printf("%s[%d] %s", i ? "\n" : "", i, outs[i].text ? outs[i].text : "");
             free(outs[i].text);
+            free(outs[i].q);
+            kvr_cli_stop_free(&outs[i].stop);
             if (many[i].status != KVR_OK && st != KVR_OK && res.status == KVR_OK)
                 res = many[i];
         }
     }
     if (!o.json)
         printf("\n");
-    if (want_usage && st == KVR_OK)
+    if ((o.json || want_usage) && st == KVR_OK)
         for (int i = 0; i < n_choices; i++)
-            print_usage_line(o.json ? stdout : stderr, i, &many[i]);
+            print_usage_line(o.json ? stdout : stderr, n_choices > 1 ? i : -1, &many[i]);
     if (stats || (st != KVR_OK))
         fflush(stdout);
     if (st != KVR_OK) {

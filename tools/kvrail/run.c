@@ -16,7 +16,10 @@
  * --json prints one JSON object per line: {"prompt_tokens": [...]}, then one
  * per generated token {"token_id": N, "text": "...", "logprob": X} where
  * text is the incremental detokenizer's output for that token (never half a
- * UTF-8 character; what it still holds at the end goes to the last token).
+ * UTF-8 character; what it still holds at the end goes to the last token),
+ * with "top_logprobs": [{"token_id", "logprob"}, ...] under --logprobs N,
+ * then {"finish_reason": "stop"|"length", "usage": {...}}: the lines of
+ * `kvrail generate --json` (gen_output.h).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -26,6 +29,7 @@
 #include <string.h>
 
 #include "chat_prompt.h"
+#include "gen_output.h"
 #include "kvr_clock.h"
 #include "kvr_cmd.h"
 #include "kvr_engine.h"
@@ -43,6 +47,7 @@ struct run_opts {
     int device;       /* -1 cpu, else cuda:N (--device) */
     int32_t kv_dtype; /* enum kvr_kv_dtype */
     bool json, ignore_eos, stats;
+    int top_n; /* --logprobs N */
     struct kvr_sample_params sp;
     struct kvr_chat_prompt_opts chat;
 };
@@ -54,6 +59,8 @@ static void usage(FILE *f)
                "                  --max-tokens N [--temperature T] [--top-p P] [--top-k K]\n"
                "                  [--min-p P] [--repetition-penalty R] [--seed S] [--json]\n"
                "                  [--ignore-eos] [--threads N] [--stats] [--chat-template NAME]\n"
+               "                  [--presence-penalty X] [--frequency-penalty X]\n"
+               "                  [--logit-bias ID:BIAS,...] [--logprobs N]\n"
                "                  [--kv-dtype f32|bf16|f16] [--device cpu|cuda:N]\n"
                "Generates in one process (no cluster); temperature 0 (default) is greedy.\n"
                "--kv-dtype: the KV cache's element type (default f32), as a cluster file's\n"
@@ -123,6 +130,9 @@ struct pending {
     float logprob;
     char *text;
     size_t len, cap;
+    size_t n_top;
+    uint32_t top_ids[KVR_SAMPLE_MAX_TOP_LOGPROBS];
+    float top_lps[KVR_SAMPLE_MAX_TOP_LOGPROBS];
 };
 
 static void pending_set(struct pending *p, int32_t id, float lp, const char *t, size_t n)
@@ -130,6 +140,7 @@ static void pending_set(struct pending *p, int32_t id, float lp, const char *t, 
     p->have = true;
     p->id = id;
     p->logprob = lp;
+    p->n_top = 0;
     p->len = 0;
     if (n + 1 > p->cap) {
         char *nt = realloc(p->text, n + 64);
@@ -162,7 +173,9 @@ static void pending_flush(struct pending *p)
         return;
     printf("{\"token_id\": %d, \"text\": ", p->id);
     kvr_json_fput_str(stdout, p->text ? p->text : "", p->len);
-    printf(", \"logprob\": %.6f}\n", (double)p->logprob);
+    printf(", \"logprob\": %.6f", (double)p->logprob);
+    kvr_cli_put_top(stdout, p->n_top, p->top_ids, p->top_lps);
+    printf("}\n");
     fflush(stdout);
     p->have = false;
 }
@@ -171,14 +184,34 @@ int kvr_cmd_run(int argc, char **argv)
 {
     struct run_opts o = {.max_tokens = -1, .device = -1};
     kvr_sample_params_default(&o.sp);
-    static const struct option lo[] = {
-        {"model", 1, 0, 'm'},      {"prompt", 1, 0, 'p'},        {"prompt-tokens", 1, 0, 'P'},
-        {"max-tokens", 1, 0, 'n'}, {"temperature", 1, 0, 't'},   {"top-p", 1, 0, 'u'},
-        {"top-k", 1, 0, 'k'},      {"min-p", 1, 0, 'i'},         {"repetition-penalty", 1, 0, 'r'},
-        {"seed", 1, 0, 's'},       {"json", 0, 0, 'j'},          {"ignore-eos", 0, 0, 'E'},
-        {"threads", 1, 0, 'T'},    {"stats", 0, 0, 'S'},         {"chat", 1, 0, 'C'},
-        {"message", 1, 0, 'M'},    {"chat-template", 1, 0, 'N'}, {"kv-dtype", 1, 0, 'K'},
-        {"device", 1, 0, 'D'},     {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
+    static const struct option lo[] = {{"model", 1, 0, 'm'},
+                                       {"prompt", 1, 0, 'p'},
+                                       {"prompt-tokens", 1, 0, 'P'},
+                                       {"max-tokens", 1, 0, 'n'},
+                                       {"temperature", 1, 0, 't'},
+                                       {"top-p", 1, 0, 'u'},
+                                       {"top-k", 1, 0, 'k'},
+                                       {"min-p", 1, 0, 'i'},
+                                       {"repetition-penalty", 1, 0, 'r'},
+                                       {"seed", 1, 0, 's'},
+                                       {"json", 0, 0, 'j'},
+                                       {"ignore-eos", 0, 0, 'E'},
+                                       {"threads", 1, 0, 'T'},
+                                       {"stats", 0, 0, 'S'},
+                                       {"chat", 1, 0, 'C'},
+                                       {"message", 1, 0, 'M'},
+                                       {"chat-template", 1, 0, 'N'},
+                                       {"kv-dtype", 1, 0, 'K'},
+                                       {"presence-penalty", 1, 0, 256},
+                                       {"frequency-penalty", 1, 0, 257},
+                                       {"logit-bias", 1, 0, 258},
+                                       {"logprobs", 1, 0, 259},
+                                       {"device", 1, 0, 'D'},
+                                       {"help", 0, 0, 'h'},
+                                       {0, 0, 0, 0}};
+    static struct kvr_cli_logit_bias lb;
+    static struct kvr_logit_bias slb[KVR_CLI_MAX_LOGIT_BIAS];
+    lb.n = 0;
     int c;
     double v;
     optind = 1;
@@ -263,6 +296,29 @@ int kvr_cmd_run(int argc, char **argv)
             else
                 o.sp.repetition_penalty = (float)v;
             break;
+        case 256:
+        case 257:
+            if (parse_num(argv[optind - 1], optarg, &v))
+                return 2;
+            if (c == 256)
+                o.sp.presence_penalty = (float)v;
+            else
+                o.sp.frequency_penalty = (float)v;
+            break;
+        case 258:
+            if (kvr_cli_logit_bias_parse("kvrail run", optarg, &lb) != 0)
+                return 2;
+            break;
+        case 259:
+            if (parse_num(argv[optind - 1], optarg, &v))
+                return 2;
+            if (v < 0 || v > KVR_SAMPLE_MAX_TOP_LOGPROBS || v != (int)v) {
+                fprintf(stderr, "kvrail run: --logprobs: %s is not a whole number in [0, %d]\n",
+                        optarg, KVR_SAMPLE_MAX_TOP_LOGPROBS);
+                return 2;
+            }
+            o.top_n = (int)v;
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -271,6 +327,10 @@ int kvr_cmd_run(int argc, char **argv)
             return 2;
         }
     }
+    for (size_t i = 0; i < lb.n; i++)
+        slb[i] = (struct kvr_logit_bias){(int32_t)lb.ids[i], lb.bias[i]};
+    o.sp.logit_bias = slb;
+    o.sp.n_logit_bias = lb.n;
     if (optind < argc) {
         fprintf(stderr, "kvrail run: unexpected argument '%s'\n", argv[optind]);
         usage(stderr);
@@ -415,6 +475,7 @@ int kvr_cmd_run(int argc, char **argv)
     }
     uint64_t t_prefill = kvr_now_ns();
     int n_gen = 0;
+    const char *finish = "length";
     for (int i = 0; i < o.max_tokens; i++) {
         int32_t id;
         float lp;
@@ -432,6 +493,13 @@ int kvr_cmd_run(int argc, char **argv)
         if (o.json) {
             pending_flush(&pend);
             pending_set(&pend, id, lp, text, tlen);
+            if (o.top_n) {
+                int32_t ti[KVR_SAMPLE_MAX_TOP_LOGPROBS];
+                int32_t nt = kvr_sample_top_logprobs(logits, V, o.top_n, ti, pend.top_lps);
+                for (int32_t k = 0; k < nt; k++)
+                    pend.top_ids[k] = (uint32_t)ti[k];
+                pend.n_top = (size_t)nt;
+            }
         } else if (tlen) {
             fwrite(text, 1, tlen, stdout);
             fflush(stdout);
@@ -441,7 +509,11 @@ int kvr_cmd_run(int argc, char **argv)
             eos = id == eos_m[k];
         for (size_t k = 0; k < n_eos_t && !eos; k++)
             eos = id == eos_t[k];
-        if ((eos && !o.ignore_eos) || i + 1 == o.max_tokens)
+        if (eos && !o.ignore_eos) {
+            finish = "stop";
+            break;
+        }
+        if (i + 1 == o.max_tokens)
             break;
         struct kvr_decode_seq q = {
             .token = id, .pos = (int32_t)n_prompt + i, .block_table = bt, .n_blocks = nb};
@@ -460,10 +532,12 @@ int kvr_cmd_run(int argc, char **argv)
                 fwrite(text, 1, tlen, stdout);
         }
     }
-    if (o.json)
+    if (o.json) {
         pending_flush(&pend);
-    else
+        kvr_cli_put_usage(stdout, -1, finish, (uint32_t)n_prompt, (uint32_t)n_gen, 0);
+    } else {
         printf("\n");
+    }
     uint64_t t_end = kvr_now_ns();
     if (o.stats)
         fprintf(stderr,
