@@ -56,6 +56,7 @@ struct cuda_backend {
     struct kvr_backend_params p;
     int device;
     cudaStream_t stream;
+    cudaEvent_t ev_op[2], ev_gemm[2]; /* op timing (kvr_cuda_stats) */
     cublasHandle_t blas;
     struct kvr_cuda_stats stats;
     /* the upload cache: open addressing on the host address, power-of-two capacity */
@@ -104,22 +105,31 @@ static void die(const char *what, const char *why)
             die(#call, cublasGetStatusString(b_));                                                 \
     } while (0)
 
-/* End of an op: launch errors now; with no engine sync hook, the whole op. */
-static void op_end(struct cuda_backend *c, const char *op)
+/* End of an op: launch errors now; with no engine sync hook, the whole op
+ * (which also makes its GPU time known). */
+static void op_end(struct cuda_backend *c, int op)
 {
+    const char *name = kvr_cuda_op_name(op);
     cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess)
+        e = cudaEventRecord(c->ev_op[1], c->stream);
     if (e == cudaSuccess)
         e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess) {
-        kvr_cuda_fail(e, op, __FILE__, __LINE__);
-        die(op, cudaGetErrorString(e));
+        kvr_cuda_fail(e, name, __FILE__, __LINE__);
+        die(name, cudaGetErrorString(e));
     }
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, c->ev_op[0], c->ev_op[1]) == cudaSuccess)
+        c->stats.op_ms[op] += ms;
+    c->stats.op_calls[op]++;
 }
 
 static void op_begin(struct cuda_backend *c)
 {
     if (cudaSetDevice(c->device) != cudaSuccess)
         die("cudaSetDevice", "cannot bind the engine thread to its GPU");
+    OP_CHECK(cudaEventRecord(c->ev_op[0], c->stream));
 }
 
 /* ------------------------------------------------------------ uploads */
@@ -303,9 +313,15 @@ static void cuda_matmul(struct kvr_compute_backend *be, float *y, const float *x
                                        c->stream));
         /* column-major: Y^T[nn][M] = W[n0..][K] (as K x nn, transposed) * X^T[K][M] */
         const char *Wn = (const char *)W + (size_t)n0 * (size_t)K * dt_size(w->dtype);
+        OP_CHECK(cudaEventRecord(c->ev_gemm[0], c->stream));
         BLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, nn, M, K, &one, Wn, ty, K, X, ty,
                                 K, acc ? &one : &zero, Y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
                                 CUBLAS_GEMM_DEFAULT));
+        OP_CHECK(cudaEventRecord(c->ev_gemm[1], c->stream));
+        OP_CHECK(cudaEventSynchronize(c->ev_gemm[1]));
+        float gms = 0;
+        if (cudaEventElapsedTime(&gms, c->ev_gemm[0], c->ev_gemm[1]) == cudaSuccess)
+            c->stats.gemm_ms += gms;
         if (b)
             kvr_cuda_add_bias(c->stream, Y, b + n0, M, nn);
         if (host_y)
@@ -315,7 +331,7 @@ static void cuda_matmul(struct kvr_compute_backend *be, float *y, const float *x
     }
     c->stats.gemms++;
     c->stats.gemm_flops += 2.0 * M * (double)N * K;
-    op_end(c, "matmul");
+    op_end(c, KVR_CUDA_OP_MATMUL);
 }
 
 static void cuda_embed(struct kvr_compute_backend *be, float *x, const int32_t *tokens, int32_t M,
@@ -336,7 +352,7 @@ static void cuda_embed(struct kvr_compute_backend *be, float *x, const int32_t *
         cudaMemcpyAsync(c->d_rows, c->h_rows, (size_t)M * 4, cudaMemcpyHostToDevice, c->stream));
     OP_CHECK(cudaEventRecord(c->rows_ev, c->stream));
     kvr_cuda_embed(c->stream, x, c->d_rows, M, E, emb->dtype, emb->cols);
-    op_end(c, "embed");
+    op_end(c, KVR_CUDA_OP_EMBED);
 }
 
 static void cuda_rmsnorm(struct kvr_compute_backend *be, float *y, const float *x, int32_t M,
@@ -346,7 +362,7 @@ static void cuda_rmsnorm(struct kvr_compute_backend *be, float *y, const float *
     op_begin(c);
     const float *W = (const float *)dev_ro(c, w, (size_t)dim * 4);
     kvr_cuda_rmsnorm(c->stream, y, x, M, dim, W, eps);
-    op_end(c, "rmsnorm");
+    op_end(c, KVR_CUDA_OP_RMSNORM);
 }
 
 static void cuda_rope(struct kvr_compute_backend *be, float *x, int32_t M, int32_t n_heads,
@@ -362,7 +378,7 @@ static void cuda_rope(struct kvr_compute_backend *be, float *x, int32_t M, int32
           memcmp(c->h_rows + c->p.max_rows, pos, (size_t)M * 4) == 0))
         rows_stage(c, M, pos, NULL, 1);
     kvr_cuda_rope(c->stream, x, M, n_heads, head_dim, c->d_pos, F);
-    op_end(c, "rope");
+    op_end(c, KVR_CUDA_OP_ROPE);
 }
 
 static struct kvr_cuda_attn attn_of(struct cuda_backend *c, const struct kvr_attn_args *a)
@@ -398,7 +414,7 @@ static void cuda_kv_store(struct kvr_compute_backend *be, const struct kvr_attn_
         return;
     struct kvr_cuda_attn g = attn_of(c, a);
     kvr_cuda_kv_store(c->stream, &g, k, v);
-    op_end(c, "kv_store");
+    op_end(c, KVR_CUDA_OP_KV_STORE);
 }
 
 static void cuda_attention(struct kvr_compute_backend *be, const struct kvr_attn_args *a,
@@ -412,7 +428,7 @@ static void cuda_attention(struct kvr_compute_backend *be, const struct kvr_attn
         die("attention", "head_dim above 256 or heads not a multiple of KV heads");
     struct kvr_cuda_attn g = attn_of(c, a);
     kvr_cuda_attention(c->stream, &g, q, out);
-    op_end(c, "attention");
+    op_end(c, KVR_CUDA_OP_ATTENTION);
 }
 
 static void cuda_swiglu(struct kvr_compute_backend *be, float *g, const float *u, size_t n)
@@ -420,7 +436,7 @@ static void cuda_swiglu(struct kvr_compute_backend *be, float *g, const float *u
     struct cuda_backend *c = cu(be);
     op_begin(c);
     kvr_cuda_swiglu(c->stream, g, u, n);
-    op_end(c, "swiglu");
+    op_end(c, KVR_CUDA_OP_SWIGLU);
 }
 
 /* ------------------------------------------------------------ lifetime */
@@ -466,6 +482,12 @@ static void cuda_destroy(struct kvr_compute_backend *be)
         cublasDestroy(c->blas);
     if (c->rows_ev)
         cudaEventDestroy(c->rows_ev);
+    for (int i = 0; i < 2; i++) {
+        if (c->ev_op[i])
+            cudaEventDestroy(c->ev_op[i]);
+        if (c->ev_gemm[i])
+            cudaEventDestroy(c->ev_gemm[i]);
+    }
     cudaFreeHost(c->h_rows);
     cudaFree(c->d_rows);
     cudaFree(c->xn);
@@ -485,6 +507,10 @@ static kvr_status_t cuda_create_inner(struct cuda_backend *c)
     KVR_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     KVR_CUDA_CHECK(cudaEventCreateWithFlags(&c->rows_ev, cudaEventDisableTiming));
     KVR_CUDA_CHECK(cudaEventRecord(c->rows_ev, c->stream));
+    for (int i = 0; i < 2; i++) {
+        KVR_CUDA_CHECK(cudaEventCreate(&c->ev_op[i]));
+        KVR_CUDA_CHECK(cudaEventCreate(&c->ev_gemm[i]));
+    }
     size_t mc = (size_t)p->max_cols, mr = (size_t)p->max_rows;
     KVR_CUDA_CHECK(cudaMalloc(&c->xn, mr * mc * 2));
     KVR_CUDA_CHECK(cudaMalloc((void **)&c->ycol, mr * mc * 4));
@@ -535,6 +561,18 @@ static kvr_status_t cuda_create(const struct kvr_backend_params *p,
     }
     *be_p = &c->base;
     return KVR_OK;
+}
+
+extern "C" const char *kvr_cuda_op_name(int op)
+{
+    static const char *const n[KVR_CUDA_OP_N] = {"matmul",   "embed",     "rmsnorm", "rope",
+                                                 "kv_store", "attention", "swiglu"};
+    return op >= 0 && op < KVR_CUDA_OP_N ? n[op] : "?";
+}
+
+extern "C" void kvr_cuda_backend_stats_reset(struct kvr_compute_backend *be)
+{
+    memset(&cu(be)->stats, 0, sizeof cu(be)->stats);
 }
 
 extern "C" void kvr_cuda_backend_stats(struct kvr_compute_backend *be, struct kvr_cuda_stats *st)

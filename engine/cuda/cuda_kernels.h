@@ -11,10 +11,10 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* KV slab element types (struct kvr_kv_layout dtype values) */
+/* KV slab element types (enum kvr_kv_dtype: the weights' numbers) */
 #define KVR_CUDA_KV_F32  0
-#define KVR_CUDA_KV_BF16 1
-#define KVR_CUDA_KV_F16  2
+#define KVR_CUDA_KV_F16  1
+#define KVR_CUDA_KV_BF16 2
 
 /* weight dtypes (enum kvr_dtype values) */
 #define KVR_CUDA_DT_F32  0

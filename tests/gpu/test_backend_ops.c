@@ -63,10 +63,10 @@ static uint16_t f2h(float f)
     return u;
 }
 
-/* n random values in dtype (enum kvr_dtype / kv dtype via is_kv) */
-static void *rand_typed(size_t n, int32_t dtype, bool is_kv, float scale)
+/* n random values in dtype (enum kvr_dtype; enum kvr_kv_dtype has the same numbers) */
+static void *rand_typed(size_t n, int32_t dtype, float scale)
 {
-    bool f32 = dtype == 0, bf16 = is_kv ? dtype == 1 : dtype == KVR_DT_BF16;
+    bool f32 = dtype == KVR_DT_F32, bf16 = dtype == KVR_DT_BF16;
     void *p = malloc(n * (f32 ? 4 : 2));
     for (size_t i = 0; i < n; i++) {
         float v = frand() * scale;
@@ -151,7 +151,7 @@ static const char *dtn(int32_t dt)
 static void t_matmul(int32_t M, int32_t N, int32_t K, int32_t dt, bool bias, bool acc, bool host_y)
 {
     struct pair b = pair_new();
-    void *wd = rand_typed((size_t)N * K, dt, false, 0.5f);
+    void *wd = rand_typed((size_t)N * K, dt, 0.5f);
     struct kvr_weight w = {wd, dt, N, K};
     float *bv = NULL;
     if (bias) {
@@ -192,7 +192,7 @@ static void t_matmul(int32_t M, int32_t N, int32_t K, int32_t dt, bool bias, boo
 static void t_embed(int32_t M, int32_t V, int32_t d, int32_t dt)
 {
     struct pair b = pair_new();
-    void *ed = rand_typed((size_t)V * d, dt, false, 1.0f);
+    void *ed = rand_typed((size_t)V * d, dt, 1.0f);
     struct kvr_weight e = {ed, dt, V, d};
     int32_t *tc = b.c->ops->alloc(b.c, (size_t)M * 4), *tg = b.g->ops->alloc(b.g, (size_t)M * 4);
     for (int32_t i = 0; i < M; i++)
@@ -321,7 +321,7 @@ static void t_attention(const char *what, int32_t Hkv, int32_t group, int32_t hd
         n_rows += new_rows[s];
     }
     size_t slab = (size_t)nb * 2 * (size_t)Hkv * (size_t)bs * (size_t)hd;
-    void *cpool = rand_typed(slab, kvdt, true, 1.0f), *gpool = NULL;
+    void *cpool = rand_typed(slab, kvdt, 1.0f), *gpool = NULL;
     if (cudaMalloc(&gpool, slab * esz) != cudaSuccess ||
         cudaMemcpy(gpool, cpool, slab * esz, cudaMemcpyHostToDevice) != cudaSuccess) {
         fprintf(stderr, "cudaMalloc/cudaMemcpy of the pool failed\n");
