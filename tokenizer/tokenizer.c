@@ -561,7 +561,8 @@ static void parse_post(struct loader *L, const kvr_json_t *p)
             ids->items[0]->type == KVR_JSON_NUMBER && ids->items[0]->is_int &&
             ids->items[0]->i64 >= 0 && ids->items[0]->i64 < L->t->n_ids)
             id = (int32_t)ids->items[0]->i64;
-        if (id < 0 || id >= L->t->n_ids)
+        /* an id without a piece would be encoded and then not decodable */
+        if (id < 0 || id >= L->t->n_ids || !L->t->piece[id])
             continue;
         if (end) {
             L->t->eos_id = L->t->eos_id < 0 ? id : L->t->eos_id;
@@ -741,7 +742,7 @@ static kvr_status_t load_configs(kvr_tokenizer_t *t, const char *dir, char *err,
         }
         if (t->bos_id < 0) {
             int64_t b = kvr_json_get_int(r, "bos_token_id", -1, NULL);
-            if (b >= 0 && b < t->n_ids)
+            if (b >= 0 && b < t->n_ids && t->piece[b])
                 t->bos_id = (int32_t)b;
         }
         kvr_json_free(doc);

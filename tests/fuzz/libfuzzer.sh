@@ -1,15 +1,18 @@
 #!/bin/sh
 # libfuzzer.sh - builds tests/fuzz's targets with clang's libFuzzer,
 # AddressSanitizer and UndefinedBehaviorSanitizer (every report fatal) and
-# runs each for RUNS inputs from its seed corpus (CI: a short bounded run;
-# a long campaign: RUNS=-1 with -max_total_time in FUZZ_ARGS).  The code
+# runs each for RUNS inputs from its seed corpus, or for N seconds when
+# RUNS is "Ns" (CI: a few seconds each; a long campaign: e.g. 600s).  The code
 # under test (router modules, framing, protobuf decoders, JSON) is compiled
 # here with clang so libFuzzer sees its coverage; the rest (tokenizer,
 # sampler, common) is linked from the meson build.  New inputs found go to a
 # scratch directory, not the committed corpus; a crash leaves its input in
 # $OUT (default: BUILD/fuzz-out) to be added to corpus/ as a regression.
 #
-#   tests/fuzz/libfuzzer.sh SRC BUILD [RUNS] [TARGET...]
+#   tests/fuzz/libfuzzer.sh SRC BUILD [RUNS | SECONDSs] [TARGET...]
+#
+# Targets: router json cluster model tokenizer (default: all).  The
+# last line of each target's run says how many inputs it executed.
 #
 # Exits 77 (skip) when clang or its libFuzzer runtime is missing
 # (Debian: clang, libclang-rt-14-dev; tools/install-deps.sh --test).
@@ -18,7 +21,7 @@ SRC=$1
 BUILD=$2
 RUNS=${3:-20000}
 shift $(( $# >= 3 ? 3 : $# ))
-TARGETS=${*:-router json}
+TARGETS=${*:-router json cluster model tokenizer}
 CC=${FUZZ_CC:-clang}
 OUT=${OUT:-$BUILD/fuzz-out}
 command -v "$CC" >/dev/null 2>&1 || { echo "skip: $CC not found (apt install clang)"; exit 77; }
@@ -30,7 +33,9 @@ if ! "$CC" -fsanitize=fuzzer "$probe" -o "$OUT/probe" 2>"$OUT/probe.err"; then
     exit 77
 fi
 CFLAGS="-g -O1 -std=gnu11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
-INC="-I$SRC/common -I$BUILD/common -I$SRC/proto -I$BUILD/proto -I$SRC/router -I$SRC/tokenizer -I$SRC/sample -I$BUILD"
+DATA="-DKVR_FUZZ_DATA=\"$SRC/tests/fuzz/data\""
+INC="-I$SRC/common -I$BUILD/common -I$SRC/proto -I$BUILD/proto -I$SRC/router -I$SRC/tokenizer -I$SRC/sample -I$BUILD
+     -I$SRC/engine -I$SRC/node -I$SRC/decode -I$SRC/transport"
 PKG=$(pkg-config --cflags --libs libprotobuf-c libzmq libxxhash yaml-0.1)
 # the meson-built router core last: only what the instrumented sources do not
 # define comes from it (metrics hooks, and whatever module is added later)
@@ -38,6 +43,18 @@ LIBS="$BUILD/router/libkvr_router_core.a $BUILD/common/libkvr_metrics_http.a
       $BUILD/tokenizer/libkvr_tokenizer.a $BUILD/sample/libkvr_sample.a $BUILD/common/libkvr_common.a"
 EXTRA=$(pkg-config --libs libutf8proc oniguruma 2>/dev/null || echo "-lutf8proc -lonig")
 EXTRA="$EXTRA $(pkg-config --libs libmicrohttpd 2>/dev/null || true)"
+# what the meson build links a target's plain driver with (the decode and
+# model targets: node runtime, engine and its backends, transfer engine),
+# the archives made absolute
+meson_link() {
+    sed -n "/^build tests\/fuzz\/$1:/,/LINK_ARGS/p" "$BUILD/build.ninja" | sed -n 's/^ LINK_ARGS = //p' |
+        tr ' ' '\n' | while read -r a; do
+            case $a in
+            /*|-*|'') printf '%s ' "$a" ;;
+            *) printf '%s ' "$BUILD/$a" ;;
+            esac
+        done
+}
 for t in $TARGETS; do
     case $t in
     router)
@@ -49,21 +66,41 @@ for t in $TARGETS; do
             srcs="$srcs $SRC/router/$f.c"
         done ;;
     json) srcs="$SRC/tests/fuzz/fuzz_json.c $SRC/common/json.c" ;;
+    decode) # fuzz_decode.c includes decode/decode.c
+        srcs="$SRC/tests/fuzz/fuzz_decode.c $SRC/node/blocktab.c $SRC/node/notif.c $SRC/proto/frame.c
+              $BUILD/proto/kvrail_common.pb-c.c $BUILD/proto/kvrail_client.pb-c.c
+              $BUILD/proto/kvrail_node.pb-c.c $(meson_link fuzz-decode)" ;;
+    cluster) srcs="$SRC/tests/fuzz/fuzz_cluster.c $SRC/common/cluster.c" ;;
+    model) srcs="$SRC/tests/fuzz/fuzz_model.c $SRC/engine/safetensors.c $SRC/engine/model.c
+                 $SRC/common/json.c $(meson_link fuzz-model)" ;;
+    tokenizer)
+        srcs="$SRC/tests/fuzz/fuzz_tokenizer.c"
+        for f in tokenizer tokenizer_bpe tokenizer_detok tokenizer_text tokenizer_pretok \
+                 tokenizer_regex tokenizer_unigram; do
+            srcs="$srcs $SRC/tokenizer/$f.c"
+        done ;;
     *) echo "unknown target $t"; exit 2 ;;
     esac
     # shellcheck disable=SC2086
-    "$CC" $CFLAGS $INC $srcs -o "$OUT/libfuzz-$t" $LIBS $PKG $EXTRA -lm -lpthread
+    "$CC" $CFLAGS $DATA $INC $srcs -o "$OUT/libfuzz-$t" $LIBS $PKG $EXTRA -lm -lpthread
     scratch="$OUT/corpus-$t"
     mkdir -p "$scratch"
-    echo "== $t: $RUNS runs from $SRC/tests/fuzz/corpus/$t"
+    case $RUNS in
+    *s) bound="-runs=-1 -max_total_time=${RUNS%s}" ;;
+    *) bound="-runs=$RUNS" ;;
+    esac
+    maxlen=8192
+    [ "$t" = model ] && maxlen=65536 # the tiny model's safetensors is 41 kB
+    echo "== $t: $bound from $SRC/tests/fuzz/corpus/$t"
     status=0
     # shellcheck disable=SC2086
-    ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} "$OUT/libfuzz-$t" -runs="$RUNS" -seed=1 \
-        -max_len=8192 -artifact_prefix="$OUT/crash-$t-" ${FUZZ_ARGS:-} \
+    ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} "$OUT/libfuzz-$t" $bound -seed=1 \
+        -max_len=$maxlen -artifact_prefix="$OUT/crash-$t-" ${FUZZ_ARGS:-} \
         "$scratch" "$SRC/tests/fuzz/corpus/$t" >"$OUT/log-$t" 2>&1 || status=$?
-    tail -n 40 "$OUT/log-$t"
     if [ "$status" -ne 0 ]; then
+        tail -n 40 "$OUT/log-$t"
         echo "FAIL: $t exited $status; the input is in $OUT/crash-$t-*"
         exit 1
     fi
+    grep -E '^Done [0-9]+ runs' "$OUT/log-$t" | sed "s/^/$t: /"
 done
