@@ -11,7 +11,7 @@
 #
 #   tests/fuzz/libfuzzer.sh SRC BUILD [RUNS | SECONDSs] [TARGET...]
 #
-# Targets: router json cluster model tokenizer (default: all).  The
+# Targets: router json decode cluster model tokenizer (default: all).  The
 # last line of each target's run says how many inputs it executed.
 #
 # Exits 77 (skip) when clang or its libFuzzer runtime is missing
@@ -21,7 +21,7 @@ SRC=$1
 BUILD=$2
 RUNS=${3:-20000}
 shift $(( $# >= 3 ? 3 : $# ))
-TARGETS=${*:-router json cluster model tokenizer}
+TARGETS=${*:-router json decode cluster model tokenizer}
 CC=${FUZZ_CC:-clang}
 OUT=${OUT:-$BUILD/fuzz-out}
 command -v "$CC" >/dev/null 2>&1 || { echo "skip: $CC not found (apt install clang)"; exit 77; }
