@@ -66,10 +66,12 @@ struct cuda_backend {
     int32_t *h_rows, *d_rows; /* pinned host / device, rows_cap int32s */
     size_t rows_cap;
     cudaEvent_t rows_ev; /* the last upload from h_rows has been read */
-    bool rows_valid;     /* d_rows holds this pass's pos and tables */
+    bool rows_valid;     /* d_rows holds staged rows */
+    bool rows_tables;    /* ... with their block tables */
     int32_t rows_n;
-    const int32_t *rows_pos;                   /* the pos array they came from */
-    const int32_t *const *rows_bt;             /* the block_table array */
+    size_t rows_total; /* int32s staged after the tokens */
+    int32_t *h_build;  /* the next staging, built on the host to compare */
+    size_t build_cap;
     int32_t *d_tokens, *d_pos, *d_off, *d_tab; /* into d_rows */
     /* scratch */
     void *xn;    /* [max_rows][max_cols] the activations narrowed to bf16/f16 */
@@ -223,20 +225,15 @@ static void rows_reserve(struct cuda_backend *c, size_t need)
     KVR_LOG_DEBUG(COMP, "row staging grown to %zu entries", cap);
 }
 
-/* Makes d_pos, d_off and d_tab this pass's: reads pos and the block tables
- * on the host (tables of rows sharing one table array are staged once),
- * and uploads them unless the pass already did (the same arrays, n_rows and
- * positions since embed() started the pass). */
+/* Makes d_pos, d_off and d_tab hold these rows' positions and block tables
+ * (tables of consecutive rows that share one table array are staged once,
+ * long enough for the highest of their positions).  They are built on the
+ * host and compared with what was uploaded last: the same content (the
+ * layers of one pass, rope after attention) is not uploaded again, and
+ * nothing is assumed from the arrays' addresses.  bt NULL: positions only. */
 static void rows_stage(struct cuda_backend *c, int32_t n, const int32_t *pos,
                        const int32_t *const *bt, int32_t bs)
 {
-    if (c->rows_valid && c->rows_n == n && c->rows_pos == pos && c->rows_bt == bt &&
-        memcmp(c->h_rows + c->p.max_rows, pos, (size_t)n * 4) == 0)
-        return;
-    OP_CHECK(cudaEventSynchronize(c->rows_ev));
-    /* layout: tokens [max_rows] | pos [n] | off [n] | tables; rows that
-     * share a table array (consecutive, as a prefill chunk's) share one
-     * copy, long enough for the highest of their positions */
     size_t nt = 0;
     for (int32_t r = 0; bt && r < n;) {
         int32_t hi = pos[r], e = r + 1;
@@ -245,9 +242,16 @@ static void rows_stage(struct cuda_backend *c, int32_t n, const int32_t *pos,
         nt += (size_t)(hi / bs) + 1;
         r = e;
     }
-    size_t need = (size_t)c->p.max_rows + 2 * (size_t)n + nt;
-    rows_reserve(c, need); /* the tokens in h_rows were uploaded and used already */
-    int32_t *h_pos = c->h_rows + c->p.max_rows, *h_off = h_pos + n, *h_tab = h_off + n;
+    size_t total = 2 * (size_t)n + nt;
+    if (total > c->build_cap) {
+        free(c->h_build);
+        c->build_cap = total * 2;
+        c->h_build = (int32_t *)malloc(c->build_cap * 4);
+        if (!c->h_build)
+            die("row staging", "out of host memory");
+        c->rows_valid = false;
+    }
+    int32_t *h_pos = c->h_build, *h_off = h_pos + n, *h_tab = h_off + n;
     memcpy(h_pos, pos, (size_t)n * 4);
     nt = 0;
     for (int32_t r = 0; r < n;) {
@@ -262,17 +266,23 @@ static void rows_stage(struct cuda_backend *c, int32_t n, const int32_t *pos,
         nt += (size_t)nb;
         r = e;
     }
-    size_t total = 2 * (size_t)n + nt;
-    OP_CHECK(cudaMemcpyAsync(c->d_rows + c->p.max_rows, h_pos, total * 4, cudaMemcpyHostToDevice,
-                             c->stream));
+    /* what is staged: the same rows, and tables wherever these need them */
+    if (c->rows_valid && c->rows_n == n && (!bt || (c->rows_tables && c->rows_total == total)) &&
+        memcmp(c->h_rows + c->p.max_rows, h_pos, (bt ? total : (size_t)n) * 4) == 0)
+        return;
+    OP_CHECK(cudaEventSynchronize(c->rows_ev));
+    rows_reserve(c, (size_t)c->p.max_rows + total); /* the tokens were uploaded and used */
+    memcpy(c->h_rows + c->p.max_rows, h_pos, total * 4);
+    OP_CHECK(cudaMemcpyAsync(c->d_rows + c->p.max_rows, c->h_rows + c->p.max_rows, total * 4,
+                             cudaMemcpyHostToDevice, c->stream));
     OP_CHECK(cudaEventRecord(c->rows_ev, c->stream));
     c->d_pos = c->d_rows + c->p.max_rows;
     c->d_off = c->d_pos + n;
     c->d_tab = c->d_off + n;
     c->rows_valid = true;
     c->rows_n = n;
-    c->rows_pos = pos;
-    c->rows_bt = bt;
+    c->rows_tables = bt != NULL;
+    c->rows_total = total;
 }
 
 /* ------------------------------------------------------------ ops */
@@ -339,7 +349,8 @@ static void cuda_embed(struct kvr_compute_backend *be, float *x, const int32_t *
 {
     struct cuda_backend *c = cu(be);
     op_begin(c);
-    c->rows_valid = false; /* a new pass: positions and tables are staged again */
+    c->rows_valid =
+        false; /* a new pass (the tokens' upload overwrote nothing else, but be plain) */
     if (M < 1)
         return;
     if (M > c->p.max_rows)
@@ -373,10 +384,7 @@ static void cuda_rope(struct kvr_compute_backend *be, float *x, int32_t M, int32
     if (M < 1)
         return;
     const float *F = (const float *)dev_ro(c, inv_freq, (size_t)(head_dim / 2) * 4);
-    /* positions only (no tables): staged like attention's, kept for the pass */
-    if (!(c->rows_valid && c->rows_n == M && c->rows_pos == pos &&
-          memcmp(c->h_rows + c->p.max_rows, pos, (size_t)M * 4) == 0))
-        rows_stage(c, M, pos, NULL, 1);
+    rows_stage(c, M, pos, NULL, 1); /* positions only (reuses a staging with tables) */
     kvr_cuda_rope(c->stream, x, M, n_heads, head_dim, c->d_pos, F);
     op_end(c, KVR_CUDA_OP_ROPE);
 }
@@ -490,6 +498,7 @@ static void cuda_destroy(struct kvr_compute_backend *be)
     }
     cudaFreeHost(c->h_rows);
     cudaFree(c->d_rows);
+    free(c->h_build);
     cudaFree(c->xn);
     cudaFree(c->ycol);
     if (c->stream)
