@@ -56,6 +56,7 @@
 #include "kvr_clock.h"
 #include "kvr_log.h"
 #include "node.h"
+#include "node_metrics.h"
 #include "pool.h"
 
 #define COMP              "decode"
@@ -453,6 +454,7 @@ static void start_decoding(struct decode *d, struct dreq *r, int32_t tok, float 
     r->ngen = 1;
     r->kv_len = r->n_prompt;
     r->t_ready = kvr_now_ns();
+    r->last_step_tok_ns = r->t_ready; /* the next token's gap counts from this one */
     d->tokens_out++;
     Kvrail__FinishReason fin = KVRAIL__FINISH_REASON__FINISH_NONE;
     bool done = finished(d, r, tok, &fin);
@@ -1185,6 +1187,8 @@ static void step_done(struct decode *d, struct djob *j)
         d->tokens_out++;
         if (r->last_step_tok_ns && now - r->last_step_tok_ns > d->itl_ns_max)
             d->itl_ns_max = now - r->last_step_tok_ns;
+        if (r->last_step_tok_ns)
+            kvr_node_metrics_itl(now - r->last_step_tok_ns);
         r->last_step_tok_ns = now;
         Kvrail__FinishReason fin = KVRAIL__FINISH_REASON__FINISH_NONE;
         bool done = finished(d, r, tok, &fin);
@@ -1376,6 +1380,37 @@ static int turn(void *arg)
     return cap;       /* idle: the next timer (heartbeat, stats) or an event wakes it */
 }
 
+/* The figures of the metrics mirror (node_metrics.h), from the fields. */
+static void role_counters(void *arg, void (*put)(void *ctx, int id, double v), void *ctx)
+{
+    struct decode *d = arg;
+    struct kvr_blocktab_counts c;
+    kvr_blocktab_counts(d->bt, &c);
+    put(ctx, KVR_NC_TOTAL_BLOCKS, c.total);
+    put(ctx, KVR_NC_FREE_BLOCKS, c.free);
+    put(ctx, KVR_NC_EVICTABLE_BLOCKS, c.evictable);
+    put(ctx, KVR_NC_CACHED_BLOCKS, c.cached);
+    put(ctx, KVR_NC_RESERVED_BLOCKS, c.referenced);
+    put(ctx, KVR_NC_BATCH, d->n_batch);
+    put(ctx, KVR_NC_DONE, (double)d->n_done);
+    put(ctx, KVR_NC_FAILED, (double)d->n_failed);
+    put(ctx, KVR_NC_CANCELED, (double)d->n_canceled);
+    put(ctx, KVR_NC_EXPIRED, (double)d->n_expired);
+    put(ctx, KVR_NC_REJECTED, (double)d->n_rejected);
+    put(ctx, KVR_NC_LOCAL_PREFILLS, (double)d->n_local);
+    put(ctx, KVR_NC_REMOTE_PREFILLS, (double)d->n_remote);
+    put(ctx, KVR_NC_KV_BYTES_RECEIVED, (double)d->kv_bytes);
+    put(ctx, KVR_NC_TOKENS_OUT, (double)d->tokens_out);
+    put(ctx, KVR_NC_STEPS, (double)d->steps);
+    put(ctx, KVR_NC_CACHED_TOKENS_REUSED, (double)d->cached_tokens);
+    put(ctx, KVR_NC_PREEMPTIONS, (double)d->preemptions);
+    put(ctx, KVR_NC_BAD_NOTIFICATIONS, (double)d->bad_notifs);
+    put(ctx, KVR_NC_CHUNKS, (double)d->chunks);
+    put(ctx, KVR_NC_STEP_NS_LAST, (double)d->step_ns_last);
+    put(ctx, KVR_NC_ITL_NS_MAX, (double)d->itl_ns_max);
+    put(ctx, KVR_NC_LEASE_RENEWALS, (double)d->lease_renewals);
+}
+
 static const struct kvr_node_ops decode_ops = {
     .send_register = send_register,
     .send_heartbeat = send_heartbeat,
@@ -1383,6 +1418,7 @@ static const struct kvr_node_ops decode_ops = {
     .on_worker = on_worker,
     .turn = turn,
     .stats = role_stats,
+    .counters = role_counters,
 };
 
 int main(int argc, char **argv)

@@ -2,13 +2,17 @@
  * metrics.c - a node's Prometheus endpoint (node_metrics.h).
  *
  * The node keeps its counters as plain fields of its loop thread; rather
- * than updating a second copy at every place they change, the loop renders
- * the same JSON object as the stats file (the runtime's common fields and
- * the role's ops->stats) at most once per KVR_NODE_METRICS_PERIOD_MS and
- * copies the fields named in the table below into registry series (a
- * counter set to a cumulative figure, a gauge to a level).  The HTTP
- * thread only ever reads the registry's atomics.  Fields a role does not
- * report are skipped, so one table serves prefill and decode.
+ * than updating a second copy at every place they change, the loop asks
+ * the role for them (ops->counters: one put(id, value) per figure, read
+ * straight from its fields) at most once per KVR_NODE_METRICS_PERIOD_MS and
+ * copies them into registry series (a counter set to a cumulative figure, a
+ * gauge to a level) by the table below, indexed by id.  The cost does not
+ * depend on the node's state (no stats JSON is rendered or parsed; the
+ * decode node's stats file lists every cached block hash).  Per-event
+ * figures - inter-token latency, KV bytes and seconds per transfer,
+ * transfer failures by status - are observed where they happen.  The HTTP
+ * thread only ever reads the registry's atomics.  Figures a role does not
+ * report are never created, so one table serves prefill and decode.
  */
 #include "node_metrics.h"
 
@@ -19,7 +23,6 @@
 #include <time.h>
 
 #include "kvr_clock.h"
-#include "kvr_json.h"
 #include "kvr_log.h"
 #include "kvr_metrics.h"
 #include "kvr_metrics_http.h"
@@ -27,101 +30,121 @@
 #define COMP "metrics"
 
 struct field {
-    const char *key; /* in the stats JSON */
     enum kvr_metric_type type;
     const char *name;
     const char *labels; /* extra labels, or NULL */
-    double scale;       /* value = field * scale */
+    double scale;       /* value = figure * scale */
     const char *help;
 };
 
 #define C KVR_METRIC_COUNTER
 #define G KVR_METRIC_GAUGE
-static const struct field fields[] = {
-    {"registered", G, "kvrail_node_registered", NULL, 1,
-     "1 while the router has accepted the node"},
-    {"bad_frames", C, "kvrail_bad_frames_total", NULL, 1, "Malformed frames dropped"},
+static const struct field fields[KVR_NC_COUNT] = {
     /* prefill */
-    {"prefills_ok", C, "kvrail_prefill_requests_total", "result=\"ok\"", 1,
-     "Prefills finished, by result"},
-    {"prefills_failed", C, "kvrail_prefill_requests_total", "result=\"failed\"", 1,
-     "Prefills finished, by result"},
-    {"prefills_canceled", C, "kvrail_prefill_requests_total", "result=\"canceled\"", 1,
-     "Prefills finished, by result"},
-    {"bytes_pushed", C, "kvrail_kv_bytes_pushed_total", NULL, 1,
-     "KV cache bytes written into decode nodes' pools"},
-    {"transfer_ns", C, "kvrail_kv_transfer_seconds_total", NULL, 1e-9,
-     "Time from the first KV write of a prefill to its completion, summed"},
-    {"descriptors_raw", C, "kvrail_kv_descriptors_total", "stage=\"before_coalescing\"", 1,
-     "KV write descriptors, before and after coalescing adjacent blocks"},
-    {"descriptors_posted", C, "kvrail_kv_descriptors_total", "stage=\"posted\"", 1,
-     "KV write descriptors, before and after coalescing adjacent blocks"},
-    {"computed_tokens", C, "kvrail:prompt_tokens_total", NULL, 1,
-     "Prompt tokens computed by this node"},
-    {"local_cached_tokens", C, "kvrail:prefix_cache_hits_total", NULL, 1,
-     "Prompt tokens found in this node's prefix cache"},
-    {"queued", G, "kvrail:num_requests_waiting", NULL, 1, "Requests waiting on this node"},
-    {"active", G, "kvrail:num_requests_running", NULL, 1, "Requests running on this node"},
-    {"batched_prefills", C, "kvrail_prefill_batches_total", NULL, 1,
-     "Prefills that ran more than one prompt at once"},
-    {"staging_total", G, "kvrail_prefill_staging_blocks", "state=\"total\"", 1,
-     "Prefill staging KV blocks, by state"},
-    {"staging_free", G, "kvrail_prefill_staging_blocks", "state=\"free\"", 1,
-     "Prefill staging KV blocks, by state"},
-    {"staging_cached", G, "kvrail_prefill_staging_blocks", "state=\"cached\"", 1,
-     "Prefill staging KV blocks, by state"},
+    [KVR_NC_PREFILLS_OK] = {C, "kvrail_prefill_requests_total", "result=\"ok\"", 1,
+                            "Prefills finished, by result"},
+    [KVR_NC_PREFILLS_FAILED] = {C, "kvrail_prefill_requests_total", "result=\"failed\"", 1,
+                                "Prefills finished, by result"},
+    [KVR_NC_PREFILLS_CANCELED] = {C, "kvrail_prefill_requests_total", "result=\"canceled\"", 1,
+                                  "Prefills finished, by result"},
+    [KVR_NC_BYTES_PUSHED] = {C, "kvrail_kv_bytes_pushed_total", NULL, 1,
+                             "KV cache bytes written into decode nodes' pools"},
+    [KVR_NC_TRANSFER_NS] = {C, "kvrail_kv_transfer_seconds_total", NULL, 1e-9,
+                            "Time from the first KV write of a prefill to its completion, summed"},
+    [KVR_NC_DESCRIPTORS_RAW] =
+        {C, "kvrail_kv_descriptors_total", "stage=\"before_coalescing\"", 1,
+         "KV write descriptors, before and after coalescing adjacent blocks"},
+    [KVR_NC_DESCRIPTORS_POSTED] = {C, "kvrail_kv_descriptors_total", "stage=\"posted\"", 1,
+                                   "KV write descriptors, before and after coalescing adjacent "
+                                   "blocks"},
+    [KVR_NC_COMPUTED_TOKENS] = {C, "kvrail:prompt_tokens_total", NULL, 1,
+                                "Prompt tokens computed by this node"},
+    [KVR_NC_LOCAL_CACHED_TOKENS] = {C, "kvrail:prefix_cache_hits_total", NULL, 1,
+                                    "Prompt tokens found in this node's prefix cache"},
+    [KVR_NC_QUEUED] = {G, "kvrail:num_requests_waiting", NULL, 1, "Requests waiting on this node"},
+    [KVR_NC_ACTIVE] = {G, "kvrail:num_requests_running", NULL, 1, "Requests running on this node"},
+    [KVR_NC_BATCHED_PREFILLS] = {C, "kvrail_prefill_batches_total", NULL, 1,
+                                 "Prefills that ran more than one prompt at once"},
+    [KVR_NC_STAGING_TOTAL] = {G, "kvrail_prefill_staging_blocks", "state=\"total\"", 1,
+                              "Prefill staging KV blocks, by state"},
+    [KVR_NC_STAGING_FREE] = {G, "kvrail_prefill_staging_blocks", "state=\"free\"", 1,
+                             "Prefill staging KV blocks, by state"},
+    [KVR_NC_STAGING_CACHED] = {G, "kvrail_prefill_staging_blocks", "state=\"cached\"", 1,
+                               "Prefill staging KV blocks, by state"},
     /* decode */
-    {"total_blocks", G, "kvrail_kv_pool_blocks", "state=\"total\"", 1, "KV pool blocks, by state"},
-    {"free_blocks", G, "kvrail_kv_pool_blocks", "state=\"free\"", 1, "KV pool blocks, by state"},
-    {"evictable_blocks", G, "kvrail_kv_pool_blocks", "state=\"evictable\"", 1,
-     "KV pool blocks, by state"},
-    {"cached_blocks", G, "kvrail_kv_pool_blocks", "state=\"cached\"", 1,
-     "KV pool blocks, by state"},
-    {"reserved_blocks", G, "kvrail_kv_pool_blocks", "state=\"reserved\"", 1,
-     "KV pool blocks, by state"},
-    {"batch", G, "kvrail:num_requests_running", NULL, 1, "Requests running on this node"},
-    {"done", C, "kvrail_decode_requests_total", "result=\"done\"", 1,
-     "Decode requests finished, by result"},
-    {"failed", C, "kvrail_decode_requests_total", "result=\"failed\"", 1,
-     "Decode requests finished, by result"},
-    {"canceled", C, "kvrail_decode_requests_total", "result=\"canceled\"", 1,
-     "Decode requests finished, by result"},
-    {"expired", C, "kvrail_decode_requests_total", "result=\"expired\"", 1,
-     "Decode requests finished, by result"},
-    {"rejected", C, "kvrail_decode_requests_total", "result=\"rejected\"", 1,
-     "Decode requests finished, by result"},
-    {"local_prefills", C, "kvrail_decode_prefills_total", "where=\"local\"", 1,
-     "Prompts of this node's requests prefilled here (local) or by a prefill node (remote)"},
-    {"remote_prefills", C, "kvrail_decode_prefills_total", "where=\"remote\"", 1,
-     "Prompts of this node's requests prefilled here (local) or by a prefill node (remote)"},
-    {"kv_bytes_received", C, "kvrail_kv_bytes_received_total", NULL, 1,
-     "KV cache bytes written into this node's pool by prefill nodes"},
-    {"tokens_out", C, "kvrail:generation_tokens_total", NULL, 1, "Tokens generated"},
-    {"steps", C, "kvrail_decode_steps_total", NULL, 1, "Decode steps run"},
-    {"cached_tokens_reused", C, "kvrail:prefix_cache_hits_total", NULL, 1,
-     "Prompt tokens found in this node's prefix cache"},
-    {"preemptions", C, "kvrail:num_preemptions_total", NULL, 1,
-     "Sequences preempted when the pool was full"},
-    {"bad_notifications", C, "kvrail_bad_notifications_total", NULL, 1,
-     "Malformed P->D notifications dropped"},
-    {"chunks", C, "kvrail_decode_prefill_chunks_total", NULL, 1, "Local prefill chunks run"},
-    {"step_ns_last", G, "kvrail_decode_step_seconds", NULL, 1e-9, "Duration of the last step"},
-    {"itl_ns_max", G, "kvrail_decode_inter_token_latency_max_seconds", NULL, 1e-9,
-     "Longest gap between two tokens of a sequence since start"},
-    {"lease_renewals", C, "kvrail_decode_lease_renewals_total", NULL, 1,
-     "Reservation leases renewed by prefill progress"},
+    [KVR_NC_TOTAL_BLOCKS] = {G, "kvrail_kv_pool_blocks", "state=\"total\"", 1,
+                             "KV pool blocks, by state"},
+    [KVR_NC_FREE_BLOCKS] = {G, "kvrail_kv_pool_blocks", "state=\"free\"", 1,
+                            "KV pool blocks, by state"},
+    [KVR_NC_EVICTABLE_BLOCKS] = {G, "kvrail_kv_pool_blocks", "state=\"evictable\"", 1,
+                                 "KV pool blocks, by state"},
+    [KVR_NC_CACHED_BLOCKS] = {G, "kvrail_kv_pool_blocks", "state=\"cached\"", 1,
+                              "KV pool blocks, by state"},
+    [KVR_NC_RESERVED_BLOCKS] = {G, "kvrail_kv_pool_blocks", "state=\"reserved\"", 1,
+                                "KV pool blocks, by state"},
+    [KVR_NC_BATCH] = {G, "kvrail:num_requests_running", NULL, 1, "Requests running on this node"},
+    [KVR_NC_DONE] = {C, "kvrail_decode_requests_total", "result=\"done\"", 1,
+                     "Decode requests finished, by result"},
+    [KVR_NC_FAILED] = {C, "kvrail_decode_requests_total", "result=\"failed\"", 1,
+                       "Decode requests finished, by result"},
+    [KVR_NC_CANCELED] = {C, "kvrail_decode_requests_total", "result=\"canceled\"", 1,
+                         "Decode requests finished, by result"},
+    [KVR_NC_EXPIRED] = {C, "kvrail_decode_requests_total", "result=\"expired\"", 1,
+                        "Decode requests finished, by result"},
+    [KVR_NC_REJECTED] = {C, "kvrail_decode_requests_total", "result=\"rejected\"", 1,
+                         "Decode requests finished, by result"},
+    [KVR_NC_LOCAL_PREFILLS] = {C, "kvrail_decode_prefills_total", "where=\"local\"", 1,
+                               "Prompts of this node's requests prefilled here (local) or by a "
+                               "prefill node (remote)"},
+    [KVR_NC_REMOTE_PREFILLS] = {C, "kvrail_decode_prefills_total", "where=\"remote\"", 1,
+                                "Prompts of this node's requests prefilled here (local) or by a "
+                                "prefill node (remote)"},
+    [KVR_NC_KV_BYTES_RECEIVED] = {C, "kvrail_kv_bytes_received_total", NULL, 1,
+                                  "KV cache bytes written into this node's pool by prefill nodes"},
+    [KVR_NC_TOKENS_OUT] = {C, "kvrail:generation_tokens_total", NULL, 1, "Tokens generated"},
+    [KVR_NC_STEPS] = {C, "kvrail_decode_steps_total", NULL, 1, "Decode steps run"},
+    [KVR_NC_CACHED_TOKENS_REUSED] = {C, "kvrail:prefix_cache_hits_total", NULL, 1,
+                                     "Prompt tokens found in this node's prefix cache"},
+    [KVR_NC_PREEMPTIONS] = {C, "kvrail:num_preemptions_total", NULL, 1,
+                            "Sequences preempted when the pool was full"},
+    [KVR_NC_BAD_NOTIFICATIONS] = {C, "kvrail_bad_notifications_total", NULL, 1,
+                                  "Malformed P->D notifications dropped"},
+    [KVR_NC_CHUNKS] = {C, "kvrail_decode_prefill_chunks_total", NULL, 1,
+                       "Local prefill chunks run"},
+    [KVR_NC_STEP_NS_LAST] = {G, "kvrail_decode_step_seconds", NULL, 1e-9,
+                             "Duration of the last step"},
+    [KVR_NC_ITL_NS_MAX] = {G, "kvrail_decode_inter_token_latency_max_seconds", NULL, 1e-9,
+                           "Longest gap between two tokens of a sequence since start"},
+    [KVR_NC_LEASE_RENEWALS] = {C, "kvrail_decode_lease_renewals_total", NULL, 1,
+                               "Reservation leases renewed by prefill progress"},
 };
 #undef C
 #undef G
-#define N_FIELDS (sizeof fields / sizeof fields[0])
+
+/* bytes per transfer: 4 KiB .. 4 GiB, by 4x */
+static const double kv_bytes_buckets[] = {4096.0,      16384.0,      65536.0,     262144.0,
+                                          1048576.0,   4194304.0,    16777216.0,  67108864.0,
+                                          268435456.0, 1073741824.0, 4294967296.0};
 
 static struct {
     kvr_metrics_t *reg;
     kvr_metrics_http_t *http;
-    kvr_metric_t *m[N_FIELDS];
-    kvr_metric_t *usage, *up, *cost;
+    kvr_metric_t *m[KVR_NC_COUNT];
+    double v[KVR_NC_COUNT];
+    bool have[KVR_NC_COUNT];
+    kvr_metric_t *usage, *up, *cost, *registered, *bad_frames;
+    kvr_metric_t *itl, *xfer_bytes, *xfer_secs;
     uint64_t last_ns;
 } g;
+
+static void put(void *ctx, int id, double v)
+{
+    (void)ctx;
+    if (id < 0 || id >= KVR_NC_COUNT)
+        return;
+    g.v[id] = v;
+    g.have[id] = true;
+}
 
 kvr_status_t kvr_node_metrics_start(kvr_node_t *node, char *err, size_t err_len)
 {
@@ -144,6 +167,27 @@ kvr_status_t kvr_node_metrics_start(kvr_node_t *node, char *err, size_t err_len)
                                "Loop time the last copy of the figures into the registry took "
                                "(once a second)",
                                NULL);
+    g.registered = kvr_metrics_gauge(g.reg, "kvrail_node_registered",
+                                     "1 while the router has accepted the node", NULL);
+    g.bad_frames =
+        kvr_metrics_counter(g.reg, "kvrail_bad_frames_total", "Malformed frames dropped", NULL);
+    const double *lb = kvr_metrics_latency_buckets;
+    size_t nl = kvr_metrics_latency_n;
+    if (node->role == KVR_NODE_ROLE_DECODE) {
+        g.itl = kvr_metrics_get(g.reg, KVR_METRIC_HISTOGRAM, "kvrail:inter_token_latency_seconds",
+                                "Time between two consecutive tokens of a sequence", NULL, lb, nl);
+    } else {
+        g.xfer_bytes =
+            kvr_metrics_get(g.reg, KVR_METRIC_HISTOGRAM, "kvrail_kv_transfer_bytes",
+                            "KV bytes written per request into a decode node's pool", NULL,
+                            kv_bytes_buckets, sizeof kv_bytes_buckets / sizeof kv_bytes_buckets[0]);
+        g.xfer_secs = kvr_metrics_get(g.reg, KVR_METRIC_HISTOGRAM, "kvrail_kv_transfer_seconds",
+                                      "Time on the wire of one request's KV writes (each layer's "
+                                      "post to its completion, summed)",
+                                      NULL, lb, nl);
+        /* present (0) before the first failure, so a rate() works from the start */
+        kvr_node_metrics_transfer_failed(KVR_OK);
+    }
     s = kvr_metrics_http_start(g.reg, node->self->host, node->self->metrics_port, &g.http, err,
                                err_len);
     if (s != KVR_OK) {
@@ -168,42 +212,60 @@ int kvr_node_metrics_update(kvr_node_t *node, uint64_t now_ns)
         clock_gettime(CLOCK_REALTIME, &ts);
         kvr_metric_set(g.up, (double)ts.tv_sec + ts.tv_nsec / 1e9);
     }
-    struct kvr_sbuf b = {0};
-    kvr_node_stats_render(node, &b);
-    kvr_json_doc_t *doc = NULL;
-    char err[128];
-    if (!b.failed && b.p && kvr_json_parse(b.p, b.n, &doc, err, sizeof err) == KVR_OK) {
-        const kvr_json_t *root = kvr_json_root(doc);
-        for (size_t i = 0; i < N_FIELDS; i++) {
-            bool ok = true; /* set false on a type mismatch only */
-            double v = kvr_json_get_num(root, fields[i].key, 0, &ok);
-            if (!ok || !kvr_json_get(root, fields[i].key))
+    if (node->ops && node->ops->counters) {
+        memset(g.have, 0, sizeof g.have);
+        node->ops->counters(node->ops_arg, put, NULL);
+        for (int i = 0; i < KVR_NC_COUNT; i++) {
+            if (!g.have[i])
                 continue;
             if (!g.m[i])
                 g.m[i] = kvr_metrics_get(g.reg, fields[i].type, fields[i].name, fields[i].help,
                                          fields[i].labels, NULL, 0);
-            kvr_metric_set(g.m[i], v * fields[i].scale);
+            kvr_metric_set(g.m[i], g.v[i] * fields[i].scale);
         }
-        bool ok = true;
-        double total = kvr_json_get_num(root, "total_blocks", 0, &ok);
-        double free_b = kvr_json_get_num(root, "free_blocks", 0, &ok) +
-                        kvr_json_get_num(root, "evictable_blocks", 0, &ok);
-        if (ok && total > 0) { /* evictable blocks (prefix cache) count as free */
+        if (g.have[KVR_NC_TOTAL_BLOCKS] && g.v[KVR_NC_TOTAL_BLOCKS] > 0) {
+            /* evictable blocks (prefix cache) count as free */
             if (!g.usage)
                 g.usage = kvr_metrics_gauge(g.reg, "kvrail:kv_cache_usage_perc",
                                             "Share of the KV pool in use (1 = full)", NULL);
-            kvr_metric_set(g.usage, 1.0 - free_b / total);
+            kvr_metric_set(g.usage, 1.0 - (g.v[KVR_NC_FREE_BLOCKS] + g.v[KVR_NC_EVICTABLE_BLOCKS]) /
+                                              g.v[KVR_NC_TOTAL_BLOCKS]);
         }
-    } else {
-        KVR_LOG_WARN(COMP, "the node's stats did not parse as JSON (%s): metrics not updated",
-                     b.failed ? "out of memory" : err);
     }
-    kvr_json_free(doc);
-    free(b.p);
+    kvr_metric_set(g.registered, node->registered ? 1 : 0);
+    kvr_metric_set(g.bad_frames, (double)node->bad_frames);
     kvr_metric_set(g.cost, (double)(kvr_now_ns() - now_ns) / 1e9);
     kvr_metrics_http_set_ready(g.http, node->registered,
                                node->registered ? "ready" : "not registered with the router");
     return KVR_NODE_METRICS_PERIOD_MS;
+}
+
+void kvr_node_metrics_itl(uint64_t ns)
+{
+    if (g.itl)
+        kvr_metric_observe(g.itl, (double)ns / 1e9);
+}
+
+void kvr_node_metrics_kv_transfer(uint64_t bytes, uint64_t ns)
+{
+    if (g.xfer_bytes)
+        kvr_metric_observe(g.xfer_bytes, (double)bytes);
+    if (g.xfer_secs)
+        kvr_metric_observe(g.xfer_secs, (double)ns / 1e9);
+}
+
+void kvr_node_metrics_transfer_failed(kvr_status_t st)
+{
+    if (!g.reg)
+        return;
+    /* KVR_OK only creates the series; a status gets its own label value */
+    char l[KVR_METRICS_LABELS_MAX] = "";
+    kvr_metrics_label(l, sizeof l, "status", st == KVR_OK ? "none" : kvr_status_name(st));
+    kvr_metric_t *m = kvr_metrics_counter(
+        g.reg, "kvrail_kv_transfer_failures_total",
+        "KV transfers to a decode node that failed, by status (timeout, peer failure, ...)", l);
+    if (st != KVR_OK)
+        kvr_metric_add(m, 1);
 }
 
 void kvr_node_metrics_stop(void)

@@ -55,6 +55,9 @@ struct kvr_node_ops {
     /* appends the role's fields to the stats object (after the common ones,
      * each starting with ", ") */
     void (*stats)(void *arg, struct kvr_sbuf *b);
+    /* hands the role's figures to the metrics mirror (node_metrics.h):
+     * put(ctx, id, value) once per figure, no rendering, no allocation */
+    void (*counters)(void *arg, void (*put)(void *ctx, int id, double v), void *ctx);
 };
 
 struct kvr_node {

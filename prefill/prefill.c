@@ -47,6 +47,7 @@
 #include "kvr_clock.h"
 #include "kvr_log.h"
 #include "node.h"
+#include "node_metrics.h"
 #include "pool.h"
 
 #define COMP "prefill"
@@ -1090,6 +1091,7 @@ static void check_active(struct prefill *p)
              * usable KV_READY and its lease fails the request there */
             KVR_LOG_WARN(COMP, "request %" PRIu64 ": KV transfer to '%s' failed: %s", r->id,
                          r->peer->name, kvr_status_str(st));
+            kvr_node_metrics_transfer_failed(st);
             r->peer->failed = true;
             p->n_failed++;
             req_free(p, r);
@@ -1105,11 +1107,14 @@ static void check_active(struct prefill *p)
          * by the next progress call (at the latest one layer of compute
          * later), so an upper bound of the wire time; the time between the
          * posts is not counted */
+        uint64_t wire_ns = 0;
         for (int32_t l = 0; r->dl && l < p->node.layout.n_layers; l++) {
             struct kvr_xfer_stats xs;
             kvr_xfer_dlist_stats(r->dl[l], &xs);
-            p->transfer_ns += xs.complete_ns;
+            wire_ns += xs.complete_ns;
         }
+        p->transfer_ns += wire_ns;
+        kvr_node_metrics_kv_transfer(r->bytes, wire_ns);
         kvr_node_stats_dirty(&p->node);
         /* keep the prompt's full blocks in the local prefix cache */
         uint32_t bs = (uint32_t)p->node.layout.block_size;
@@ -1228,6 +1233,34 @@ static int turn(void *arg)
     return p->queue && !p->busy ? 0 : waiting ? 1 : 1000;
 }
 
+/* The figures of the metrics mirror (node_metrics.h), from the fields. */
+static void role_counters(void *arg, void (*put)(void *ctx, int id, double v), void *ctx)
+{
+    struct prefill *p = arg;
+    struct kvr_blocktab_counts c;
+    kvr_blocktab_counts(p->bt, &c);
+    int nq = 0, na = 0;
+    for (struct preq *r = p->queue; r; r = r->next)
+        nq++;
+    for (struct preq *r = p->active; r; r = r->next)
+        na++;
+    put(ctx, KVR_NC_PREFILLS_OK, (double)p->n_ok);
+    put(ctx, KVR_NC_PREFILLS_FAILED, (double)p->n_failed);
+    put(ctx, KVR_NC_PREFILLS_CANCELED, (double)p->n_canceled);
+    put(ctx, KVR_NC_BYTES_PUSHED, (double)p->bytes_pushed);
+    put(ctx, KVR_NC_TRANSFER_NS, (double)p->transfer_ns);
+    put(ctx, KVR_NC_DESCRIPTORS_RAW, (double)p->ndesc_raw);
+    put(ctx, KVR_NC_DESCRIPTORS_POSTED, (double)p->ndesc_posted);
+    put(ctx, KVR_NC_COMPUTED_TOKENS, (double)p->computed_tokens);
+    put(ctx, KVR_NC_LOCAL_CACHED_TOKENS, (double)p->local_cached_tokens);
+    put(ctx, KVR_NC_QUEUED, nq);
+    put(ctx, KVR_NC_ACTIVE, na);
+    put(ctx, KVR_NC_BATCHED_PREFILLS, (double)p->n_batched);
+    put(ctx, KVR_NC_STAGING_TOTAL, c.total);
+    put(ctx, KVR_NC_STAGING_FREE, c.free);
+    put(ctx, KVR_NC_STAGING_CACHED, c.cached);
+}
+
 static const struct kvr_node_ops prefill_ops = {
     .send_register = send_register,
     .send_heartbeat = send_heartbeat,
@@ -1235,6 +1268,7 @@ static const struct kvr_node_ops prefill_ops = {
     .on_worker = on_worker,
     .turn = turn,
     .stats = role_stats,
+    .counters = role_counters,
 };
 
 int main(int argc, char **argv)

@@ -17,6 +17,7 @@
 #include "kvr_blockhash.h"
 #include "kvr_log.h"
 #include "router.h"
+#include "rt_metrics.h"
 
 void rt_failover_prefill_failed(rt_t *r, struct rt_req *q, uint64_t now, kvr_status_t code,
                                 const char *why)
@@ -67,6 +68,7 @@ static bool migrate(rt_t *r, struct rt_req *q, struct rt_node *n, uint64_t now, 
     KVR_LOG_WARN("router",
                  "request %" PRIu64 ": decode node %s %s; migrating with %u tokens streamed", q->id,
                  n->name, why, q->n_out);
+    rt_metrics_migration();
     rt_req_requeue(r, q, now);
     return true;
 }

@@ -33,8 +33,8 @@ static struct {
     uint64_t last_ns;
     kvr_metric_t *ttft, *e2e, *tpot, *prompt_hist, *gen_hist;
     kvr_metric_t *requests, *completed, *failed, *canceled, *overloaded, *bad_frames, *bad_requests,
-        *local, *disagg, *retries, *disconnects, *resyncs, *dead, *cached, *prompt, *refused,
-        *running, *waiting, *dir_blocks, *start, *cost;
+        *local, *disagg, *retries, *disconnects, *resyncs, *dead, *migrations, *cached, *prompt,
+        *refused, *running, *waiting, *dir_blocks, *start, *cost;
     struct node_m nodes[RT_MAX_NODES];
 } g;
 
@@ -97,6 +97,10 @@ bool rt_metrics_start(rt_t *r)
     g.resyncs = counter("kvrail_router_resyncs_total",
                         "Block directory resyncs asked of nodes (event gaps)", NULL);
     g.dead = counter("kvrail_router_node_deaths_total", "Nodes declared dead", NULL);
+    g.migrations = counter("kvrail_router_migrations_total",
+                           "Requests moved to another decode node mid-stream (prompt + the tokens "
+                           "streamed so far dispatched again)",
+                           NULL);
     g.cached = counter("kvrail:prefix_cache_hits_total",
                        "Prompt tokens found cached on the chosen decode node", NULL);
     g.prompt = counter("kvrail:prefix_cache_queries_total",
@@ -215,6 +219,12 @@ void rt_metrics_request_done(rt_t *r, const struct rt_req *q, kvr_status_t code,
         kvr_metric_observe(g.prompt_hist, (double)q->n_prompt);
         kvr_metric_observe(g.gen_hist, (double)q->n_out);
     }
+}
+
+void rt_metrics_migration(void)
+{
+    if (g.migrations)
+        kvr_metric_add(g.migrations, 1);
 }
 
 void rt_metrics_stop(void)

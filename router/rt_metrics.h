@@ -23,6 +23,10 @@ void rt_metrics_update(rt_t *r, uint64_t now);
  *  token and tokens go into the histograms). */
 void rt_metrics_request_done(rt_t *r, const struct rt_req *q, kvr_status_t code, uint64_t now);
 
+/** A request was migrated to another decode node (its node died or
+ *  re-registered mid-stream). */
+void rt_metrics_migration(void);
+
 void rt_metrics_stop(void);
 
 #endif

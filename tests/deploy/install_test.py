@@ -101,11 +101,12 @@ def case_install(a, dest, work):
     for f in ("lib/systemd/system/kvrail-router.service", "lib/systemd/system/kvrail-prefill@.service",
               "lib/systemd/system/kvrail-decode@.service", "lib/systemd/system/kvrail.target",
               "lib/sysusers.d/kvrail.conf", "share/kvrail/examples/cluster.yaml",
-              "share/kvrail/slurm/kvrail.sbatch", "share/kvrail/k8s/base/kustomization.yaml"):
+              "share/kvrail/slurm/kvrail.sbatch", "share/kvrail/k8s/base/kustomization.yaml",
+              "share/kvrail/prometheus/prometheus.yml", "share/kvrail/grafana/kvrail.json"):
         check(os.path.exists(d(f)), "%s not installed" % f)
     check(os.access(d("share/kvrail/slurm/kvrail.sbatch"), os.X_OK), "kvrail.sbatch not executable")
     print("installed: pkg-config file, headers, 4 man pages, units, sysusers, examples, "
-          "slurm, k8s")
+          "slurm, k8s, Prometheus scrape config, Grafana dashboard")
 
     # build against the installed files only
     env = dict(os.environ, PKG_CONFIG_PATH=os.path.dirname(pc), PKG_CONFIG_SYSROOT_DIR=dest)

@@ -200,6 +200,25 @@ def main():
             check(val(rm, "kvrail_node_up", peer=peer,
                       peer_role=peer.rstrip("0")) == 1, "router sees %s up" % peer)
         check(0 <= val(dm, "kvrail:kv_cache_usage_perc") <= 1, "kv_cache_usage_perc")
+        # per-event histograms: one inter-token gap per token after a request's first, one
+        # KV transfer per remote prefill (bytes summed == the counter), no failure
+        itl = val(dm, "kvrail:inter_token_latency_seconds_count")
+        check(itl == gen - n_req, "decode ITL count %s, want %d (tokens - requests)" %
+              (itl, gen - n_req))
+        check(val(dm, "kvrail:inter_token_latency_seconds_bucket", le="+Inf") == itl, "ITL +Inf")
+        check(val(pm, "kvrail_kv_transfer_bytes_count") == remote and
+              val(pm, "kvrail_kv_transfer_seconds_count") == remote,
+              "KV transfer histograms count %s / %s, want %s" % (
+                  val(pm, "kvrail_kv_transfer_bytes_count"),
+                  val(pm, "kvrail_kv_transfer_seconds_count"), remote))
+        check(val(pm, "kvrail_kv_transfer_bytes_sum") == d["pushed"], "KV bytes histogram sum")
+        check(val(pm, "kvrail_kv_transfer_seconds_sum") > 0, "KV seconds histogram sum")
+        check(val(pm, "kvrail_kv_transfer_failures_total", status="none") == 0,
+              "transfer failures series")
+        check(val(rm, "kvrail_router_migrations_total") == 0, "migrations")
+        print("ok kvrail:inter_token_latency_seconds count %d, KV transfer bytes/seconds "
+              "histograms count %d (bytes sum == pushed), failures 0, migrations 0" %
+              (itl, remote))
         cost = {n: val(m, "kvrail_metrics_update_seconds")
                  for n, m in (("router", rm), ("prefill0", pm), ("decode0", dm))}
         check(all(v is not None and v > 0 for v in cost.values()), "update cost %s" % cost)
@@ -258,9 +277,14 @@ def main():
             check(prom.poll() is None, "prometheus exited: see %s" % plog.name)
             res, body = query('kvrail_router_requests_total{result="ok"}')
             ttft, _ = query("kvrail:time_to_first_token_seconds_count")
+            itl_p, _ = query("kvrail:inter_token_latency_seconds_count")
+            xfer, _ = query("kvrail_kv_transfer_bytes_count")
+            mig, _ = query("kvrail_router_migrations_total")
             up, _ = query("up")
             ok = (res and float(res[0]["value"][1]) == n_req + 1 and ttft and
                   float(ttft[0]["value"][1]) == n_req + 1 and up and len(up) == 3 and
+                  itl_p and float(itl_p[0]["value"][1]) >= itl and
+                  xfer and float(xfer[0]["value"][1]) >= remote and mig and
                   all(u["value"][1] == "1" for u in up))
             return ok, (body, ttft, up)
         wait_for("Prometheus scraped kvrail series", prom_has, timeout=60)
