@@ -1,7 +1,9 @@
 """bench_frontend.py - the frontend's overhead: the same closed-loop load
 (C concurrent streams, random token-id prompts of P tokens, M output tokens,
-greedy, ignore_eos) through kvrail-frontend's HTTP (bench_http.mjs, SSE)
-and straight into the router with kvrail-loadgen (protobuf), on one real
+greedy, ignore_eos) through kvrail-frontend's HTTP (kvrail-loadgen --openai:
+streamed /v1/completions on keep-alive connections) and straight into the
+router (kvrail-loadgen, protobuf) - one client program, one measurement
+code, the transport apart - on one real
 1 prefill + 1 decode cluster, alternating R rounds; prints a markdown table
 of TTFT / e2e percentiles and output tokens/s, and HTTP / protobuf ratios
 (medians over the rounds).  Not a test: run it by hand.
@@ -104,12 +106,16 @@ def main():
                 rows["protobuf"].append(json.load(f))
             c0 = cpu_s(fe.pid)
             a0 = added_ttft(base)
-            r = cl.run(["node", os.path.join(HERE, "bench_http.mjs"), base, os.path.basename(model),
-                        str(a.concurrency), str(a.requests), str(a.prompt_len), str(a.output_len),
-                        str(vocab), str(seed + 1), "8"], timeout=600)
+            sj = os.path.join(work, "http%d.json" % rnd)
+            r = cl.run([bins.loadgen, "--openai", base, "--mode", "closed", "--concurrency",
+                        str(a.concurrency), "--requests", str(a.requests), "--prompt-len",
+                        str(a.prompt_len), "--output-len", str(a.output_len), "--vocab", str(vocab),
+                        "--seed", str(seed + 1), "--warmup", "8", "--summary-json", sj, "--quiet"],
+                       timeout=600)
             if r.returncode != 0:
-                raise cl.Fail("bench_http: %s %s" % (r.stdout, r.stderr))
-            rows["http"].append(json.loads(r.stdout))
+                raise cl.Fail("loadgen --openai: %s %s" % (r.stdout, r.stderr))
+            with open(sj) as f:
+                rows["http"].append(json.load(f))
             rows["http"][-1]["frontend_cpu_s"] = cpu_s(fe.pid) - c0
             a1 = added_ttft(base)
             rows["http"][-1]["added_ttft_us"] = {
@@ -142,7 +148,7 @@ def main():
         print("| HTTP - protobuf (ms) | %+.2f | %+.2f | %+.2f | %+.2f | |" % (
             h["ttft_p50"] - p["ttft_p50"], h["ttft_p99"] - p["ttft_p99"],
             h["e2e_p50"] - p["e2e_p50"], h["e2e_p99"] - p["e2e_p99"]))
-        fcpu = statistics.median(x["frontend_cpu_s"] / (x["requests"] + 8) for x in rows["http"])
+        fcpu = statistics.median(x["frontend_cpu_s"] / (a.requests + 8) for x in rows["http"])
         print("kvrail-frontend CPU time: %.0f us per request (%d output tokens), warm-up included"
               % (fcpu * 1e6, a.output_len))
         print("kvrail-frontend's own share of TTFT (its TTFT minus the router's, from /metrics): "

@@ -17,6 +17,11 @@
  * row per request), --summary-json FILE, --outputs FILE (JSON lines with the
  * generated token ids, for correctness tests) and --plot FILE.png (gnuplot,
  * when installed).  --status prints the router's StatusReply as JSON.
+ * --openai http://HOST:PORT sends the same load to an OpenAI-compatible
+ * endpoint (kvrail-frontend) instead: /v1/completions, streamed, on
+ * keep-alive connections (lg_http.c), so the two paths compare on one
+ * cluster; the model comes from GET /v1/models (or --model-name), and a
+ * wrong endpoint fails at once with the cause.
  * Test helpers: --cancel-after K cancels each request after K tokens;
  * --disconnect-after K drops the connection once any request has K tokens.
  */
@@ -39,6 +44,7 @@
 #include "kvr_log.h"
 #include "kvr_proto.h"
 #include "kvr_version.h"
+#include "lg_http.h"
 
 #define COMP "loadgen"
 
@@ -94,6 +100,8 @@ struct opts {
     int shared_prefix;
     double shared_frac;
     const char *label;
+    const char *openai;     /* http://HOST:PORT: the OpenAI mode */
+    const char *model_name; /* its model id (default: GET /v1/models) */
 };
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
@@ -152,7 +160,10 @@ static uint32_t draw(const struct dist *d)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvrail-loadgen --router ENDPOINT [options]\n"
+    fprintf(f, "usage: kvrail-loadgen (--router ENDPOINT | --openai http://HOST:PORT) [options]\n"
+               "  --openai URL             an OpenAI-compatible server (kvrail-frontend):\n"
+               "                           streamed /v1/completions instead of the router\n"
+               "  --model-name NAME        the model id to send (default: GET /v1/models)\n"
                "  --mode open|closed       Poisson arrivals at --rate, or --concurrency in flight"
                " (closed)\n"
                "  --rate R                 open loop: requests/s (default 1)\n"
@@ -735,6 +746,32 @@ static void handle_frame(void *sock, const struct opts *o, struct req *reqs, int
         protobuf_c_message_free_unpacked(m, NULL);
 }
 
+/* ---- the OpenAI mode's sink (lg_http.h) ---- */
+static int g_http_done; /* requests the HTTP side ended */
+
+static void http_tokens(struct req *r, uint32_t n, uint64_t now)
+{
+    if (r->state != 1)
+        return;
+    Kvrail__GenerateChunk c = KVRAIL__GENERATE_CHUNK__INIT;
+    for (uint32_t k = 0; k < n; k++) /* ids are not in the SSE text; gaps within an event 0 */
+        on_chunk(r, &c);
+    (void)now;
+}
+
+static void http_end(struct req *r, int status, const char *msg, uint32_t prompt_tokens,
+                     uint32_t completion_tokens, uint32_t cached_tokens)
+{
+    if (r->state != 1)
+        return;
+    r->usage.prompt_tokens = prompt_tokens;
+    r->usage.completion_tokens = completion_tokens;
+    r->usage.cached_tokens = cached_tokens;
+    r->have_usage = status == 0;
+    finish(r, status, msg);
+    g_http_done++;
+}
+
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig)
 {
@@ -784,6 +821,8 @@ int main(int argc, char **argv)
         O_SHARED,
         O_SHARED_FRAC,
         O_LABEL,
+        O_OPENAI,
+        O_MODEL_NAME,
         O_ROUTER,
         O_CONFIG
     };
@@ -815,6 +854,8 @@ int main(int argc, char **argv)
         {"shared-prefix", required_argument, 0, O_SHARED},
         {"shared-frac", required_argument, 0, O_SHARED_FRAC},
         {"label", required_argument, 0, O_LABEL},
+        {"openai", required_argument, 0, O_OPENAI},
+        {"model-name", required_argument, 0, O_MODEL_NAME},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0},
@@ -909,6 +950,12 @@ int main(int argc, char **argv)
         case O_LABEL:
             o.label = optarg;
             break;
+        case O_OPENAI:
+            o.openai = optarg;
+            break;
+        case O_MODEL_NAME:
+            o.model_name = optarg;
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -931,8 +978,9 @@ int main(int argc, char **argv)
         kvr_cluster_free(cl);
         o.router = endpoint;
     }
-    if (!o.router) {
-        fprintf(stderr, "kvrail-loadgen: --router ENDPOINT or --config FILE is required\n");
+    if (!o.router && !o.openai) {
+        fprintf(stderr, "kvrail-loadgen: --router ENDPOINT, --config FILE or --openai URL is "
+                        "required\n");
         usage(stderr);
         return 2;
     }
@@ -951,10 +999,18 @@ int main(int argc, char **argv)
     signal(SIGTERM, on_signal);
 
     int rc = 1;
-    void *ctx = zmq_ctx_new();
-    void *sock = ctx ? open_socket(ctx, o.router) : NULL;
-    if (!sock)
-        goto out_ctx;
+    void *ctx = NULL, *sock = NULL;
+    struct lg_http *http = NULL;
+    if (o.openai && o.status) {
+        fprintf(stderr, "kvrail-loadgen: --status needs --router (the router's status)\n");
+        return 2;
+    }
+    if (!o.openai) {
+        ctx = zmq_ctx_new();
+        sock = ctx ? open_socket(ctx, o.router) : NULL;
+        if (!sock)
+            goto out_ctx;
+    }
     if (o.status) {
         rc = do_status(sock, o.timeout_ms < 5000 ? o.timeout_ms : 5000);
         goto out_sock;
@@ -979,6 +1035,20 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < total; i++)
         reqs[i].call_id = (uint64_t)i + 1;
+    if (o.openai) {
+        static const struct lg_http_sink sink = {http_tokens, http_end};
+        char err[512];
+        int conns = strcmp(o.mode, "open") == 0 ? total : o.concurrency;
+        http = lg_http_open(o.openai, o.model_name, conns, &sink, err, sizeof err);
+        if (!http) {
+            fprintf(stderr, "kvrail-loadgen: %s\n", err);
+            rc = 2;
+            goto out_reqs;
+        }
+        if (o.cancel_after || o.disconnect_after)
+            fprintf(stderr, "kvrail-loadgen: --cancel-after / --disconnect-after are the "
+                            "protobuf path's; ignored with --openai\n");
+    }
 
     /* warm-up requests run closed-loop one at a time, then the measured load */
     bool open = strcmp(o.mode, "open") == 0;
@@ -1000,12 +1070,21 @@ int main(int argc, char **argv)
             r->t_sched = open && !warm ? next_arrival : now;
             r->t_send = now;
             r->state = 1;
-            kvr_status_t s = send_generate(sock, &o, r);
-            if (s != KVR_OK) {
-                finish(r, s, "send failed");
-                done++;
-            } else {
+            if (http) {
+                int before = g_http_done;
+                (void)lg_http_send(http, r, next, r->tokens, r->ntokens, r->max_tokens, r->id,
+                                   o.ignore_eos);
                 inflight++;
+                done += g_http_done - before;
+                inflight -= g_http_done - before;
+            } else {
+                kvr_status_t s = send_generate(sock, &o, r);
+                if (s != KVR_OK) {
+                    finish(r, s, "send failed");
+                    done++;
+                } else {
+                    inflight++;
+                }
             }
             next++;
             if (open && !warm)
@@ -1019,7 +1098,12 @@ int main(int argc, char **argv)
             int64_t dt = ((int64_t)next_arrival - (int64_t)kvr_now_ns()) / 1000000;
             timeout = dt < 0 ? 0 : dt < 50 ? (int)dt : 50;
         }
-        if (wait_readable(sock, timeout) > 0) {
+        if (http) {
+            int before = g_http_done;
+            lg_http_poll(http, timeout);
+            done += g_http_done - before;
+            inflight -= g_http_done - before;
+        } else if (wait_readable(sock, timeout) > 0) {
             for (int k = 0; k < 256; k++) {
                 kvr_proto_frame_t fr;
                 char err[256];
@@ -1041,6 +1125,8 @@ int main(int argc, char **argv)
         now = kvr_now_ns();
         for (int i = 0; i < next; i++)
             if (reqs[i].state == 1 && now - reqs[i].t_send > (uint64_t)o.timeout_ms * 1000000ull) {
+                if (http)
+                    lg_http_drop(http, &reqs[i]);
                 finish(&reqs[i], KVR_ERR_TIMEOUT, "no end of stream before --timeout-ms");
                 done++;
                 inflight--;
@@ -1068,6 +1154,8 @@ int main(int argc, char **argv)
             rc = 3;
     if (g_stop)
         rc = 130;
+out_reqs:
+    lg_http_close(http);
     for (int i = 0; i < total; i++) {
         free(reqs[i].tokens);
         free(reqs[i].out);
