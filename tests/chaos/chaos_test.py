@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+"""chaos_test.py - a 2 prefill + 2 decode cluster with CURVE on every socket,
+under a steady load of greedy requests with shared prefixes (a dozen in
+flight, kvr-chaos-client through libkvrail-client), while nodes fail one at
+a time, each role both ways:
+
+  kill -9 prefill0, restart it;   kill -9 decode1, restart it;
+  SIGSTOP prefill1 for longer than the heartbeat timeout, SIGCONT it;
+  SIGSTOP decode0 the same way, SIGCONT it.
+
+Each fault waits until the load has made progress since the last one, and
+until the node is back (alive in `kvrail status`) before the next.
+Asserted:
+- no request hangs: every stream ends by itself before the client's own
+  deadline (which is longer than the router's request deadline);
+- every request that completes has exactly `kvrail run`'s greedy tokens; every
+  other one failed with a status and a message saying why;
+- every fault is detected by the router (the node shown dead) and every
+  node rejoins (alive again) and serves requests afterwards (its own
+  counters rise after it is back);
+- once the load is gone, no blocks are stranded: every decode pool holds no
+  request and no reserved block, free + evictable blocks are the whole pool
+  (only the prefix cache remains), every prefill node is idle.
+Printed for the closing note: requests completed / failed (by message) /
+hung, outputs identical, and per fault the detection and rejoin times.
+"""
+import argparse
+import calendar
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+from cluster_lib import (Bins, ClientCluster, Fail, add_bin_args, check, killgroup, make_model,
+                         reference, run, run_main, spawn, stop_group, wait_for, workdir)
+
+HB_MS, HB_TIMEOUT_MS = 100, 1000
+
+
+def prompts_with_shared_prefixes(n, seed=21, vocab=512):
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(4, vocab) for _ in range(L)] for L in (48, 160, 320, 96)]
+    out = []
+    for i in range(n):
+        pre = prefixes[i % len(prefixes)] if i % 5 else []
+        suf = [rng.randrange(4, vocab) for _ in range(rng.randrange(3, 220))]
+        out.append((pre + suf, rng.randrange(4, 14)))
+    return out
+
+
+def node_alive(c, name):
+    st = c.status(timeout_ms=1000) or {}
+    for n in st.get("nodes", []):
+        if n.get("name") == name:
+            return n.get("alive")
+    return None
+
+
+def proc_of(c, name):
+    live = [p for n, p in c.procs if n == name and p.poll() is None]
+    return live[-1] if live else None
+
+
+def restart(c, bins, name):
+    c.procs = [(n, p) for n, p in c.procs if n != name or p.poll() is None]
+    log = c.logs[name]
+    os.replace(log, log + ".%d" % int(time.time() * 1000))
+    binary = bins.prefill if name.startswith("prefill") else bins.decode
+    c._start(name, [binary, "--config", c.config, "--node", name, "--stats-file",
+                    c.stats_path(name)])
+
+
+def router_event(c, pattern, after):
+    """Wall-clock time (s since the epoch) of the first router log line
+    matching pattern logged at or after `after`, or None."""
+    rx = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\.(\d{3})Z .*" + pattern)
+    with open(c.logs["router"]) as f:
+        for line in f:
+            m = rx.match(line)
+            if m:
+                t = calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) + \
+                    int(m.group(2)) / 1000.0
+                if t >= after - 0.002:
+                    return t
+    return None
+
+
+def served(c, name):
+    s = c.stats(name)
+    return s.get("prefills_ok", 0) if name.startswith("prefill") else s.get("done", 0)
+
+
+def completed(path):
+    try:
+        with open(path) as f:
+            return sum(1 for line in f if '"status": 0,' in line)
+    except OSError:
+        return 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    add_bin_args(ap)
+    ap.add_argument("--client", required=True, help="kvr-chaos-client")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--concurrency", type=int, default=12)
+    args = ap.parse_args()
+    bins = Bins(args)
+    r = run([bins.kvrail, "keygen", "/nonexistent-dir-for-probe"], timeout=10)
+    if "no CURVE" in (r.stderr or ""):
+        print("SKIP: libzmq without CURVE: %s" % r.stderr.strip())
+        return 77
+    wd = workdir("kvr-chaos-")
+    model = make_model(bins, wd)
+    prompts = prompts_with_shared_prefixes(args.prompts)
+    ref = reference(bins, model, prompts, jobs=2)
+    c = ClientCluster(bins, wd, model, n_prefill=2, n_decode=2, pool_blocks=512, lease_ms=3000,
+                      local_prefill_tokens=8, extra_yaml="auth: curve\nkeys: keys\n")
+    with open(c.config) as f:
+        y = f.read()
+    y = y.replace("heartbeat_ms: 200", "heartbeat_ms: %d" % HB_MS)
+    y = y.replace("heartbeat_timeout_ms: 3000", "heartbeat_timeout_ms: %d\n  prefill_ms: 5000"
+                  % HB_TIMEOUT_MS)
+    y = y.replace("request_ms: 120000", "request_ms: 30000")
+    with open(c.config, "w") as f:
+        f.write(y)
+    r = run([bins.kvrail, "keygen", "--config", c.config, "--client", "chaos"], timeout=30)
+    check(r.returncode == 0, "kvrail keygen failed: %s %s" % (r.stdout, r.stderr))
+    keys = os.path.join(wd, "keys")
+    os.environ["KVRAIL_ROUTER_KEY"] = os.path.join(keys, "router.pub")
+    os.environ["KVRAIL_CLIENT_KEY"] = os.path.join(keys, "clients", "chaos.key")
+    pf = os.path.join(wd, "chaos.prompts.jsonl")
+    with open(pf, "w") as f:
+        for i, (toks, mt) in enumerate(prompts):
+            f.write(json.dumps({"id": i, "tokens": toks, "max_tokens": mt}) + "\n")
+    of = os.path.join(wd, "chaos.outputs.jsonl")
+    stop = os.path.join(wd, "chaos.stop")
+    load = None
+    faults = []
+    ok_run = False
+    try:
+        c.start()
+        t_load = time.monotonic()
+        load = spawn([args.client, "--router", c.client_ep, "--prompts", pf, "--outputs", of,
+                      "--concurrency", str(args.concurrency), "--timeout-ms", "45000",
+                      "--min", "40", "--stop-file", stop],
+                     stdout=open(os.path.join(wd, "chaos-client.log"), "w"),
+                     stderr=subprocess.STDOUT)
+        plan = [("prefill0", "kill"), ("decode1", "kill"), ("prefill1", "stop"),
+                ("decode0", "stop")]
+        for name, how in plan:
+            base = completed(of)
+            wait_for("the load to progress before faulting %s" % name,
+                     lambda: completed(of) >= base + 12 or load.poll() is not None, timeout=60)
+            check(load.poll() is None, "the load ended early:\n%s" % c.tail("router"))
+            p = proc_of(c, name)
+            t0 = time.time()
+            killgroup(p, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+            if how == "kill":
+                p.wait(timeout=10)
+            wait_for("the router to find %s dead" % name, lambda: node_alive(c, name) is False,
+                     timeout=30, step=0.02)
+            # the router's own clock: when it logged the node dead, and back
+            # (registered again, or heartbeating again after SIGCONT; the
+            # status polls only synchronize)
+            t_dead = router_event(c, r"node %s \(\w+\) is dead" % name, t0)
+            check(t_dead is not None, "the router did not log %s dead" % name)
+            t_detect = t_dead - t0
+            # a bound only against a hang: the timeout itself is the router's
+            check(t_detect < 5 * HB_TIMEOUT_MS / 1000,
+                  "%s found dead only after %.1f s" % (name, t_detect))
+            t1 = time.time()
+            if how == "kill":
+                restart(c, bins, name)
+            else:
+                killgroup(p, signal.SIGCONT)
+            before = served(c, name)
+            wait_for("%s to rejoin" % name, lambda: node_alive(c, name) is True, timeout=30,
+                     step=0.02)
+            t_reg = router_event(c, r"node %s (registered|is back)" % name, t1)
+            check(t_reg is not None, "the router did not log %s back" % name)
+            t_rejoin = t_reg - t1
+            faults.append({"node": name, "fault": "kill -9" if how == "kill" else "SIGSTOP",
+                           "detect_s": t_detect, "rejoin_s": t_rejoin, "served_before": before})
+            print("%s %s: the router found it dead after %.2f s (heartbeat timeout %.1f s), "
+                  "back %.2f s after %s" % (
+                      how, name, t_detect, HB_TIMEOUT_MS / 1000, t_rejoin,
+                      "the restart" if how == "kill" else "SIGCONT"))
+        # every node serves again after coming back (the load goes on)
+        for f in faults:
+            n = f["node"]
+            wait_for("%s to serve requests after rejoining" % n,
+                     lambda: served(c, n) > (0 if f["fault"] == "kill -9" else f["served_before"]),
+                     timeout=40)
+        with open(stop, "w"):
+            pass
+        load.wait(timeout=90)
+        t_total = time.monotonic() - t_load
+        check(load.returncode == 0, "kvr-chaos-client exit %s" % load.returncode)
+        results = [json.loads(line) for line in open(of)]
+        hung = [o for o in results if o["hung"]]
+        ok = [o for o in results if o["status"] == 0]
+        bad = [o for o in ok if o["tokens"] != ref[o["id"]]]
+        failed = [o for o in results if o["status"] != 0 and not o["hung"]]
+        unclear = [o for o in failed if not o["message"]]
+        reasons = {}
+        for o in failed:
+            key = "%s: %s" % (o["status_name"], o["message"][:90])
+            reasons[key] = reasons.get(key, 0) + 1
+        print("requests %d: completed %d (identical to kvrail run: %d), failed with a clear "
+              "error %d, hung %d, in %.1f s" % (len(results), len(ok), len(ok) - len(bad),
+                                                len(failed), len(hung), t_total))
+        for k, v in sorted(reasons.items(), key=lambda kv: -kv[1]):
+            print("  %4d  %s" % (v, k))
+        check(not hung, "%d requests hung (no end of stream within 45 s), e.g. %s" % (
+            len(hung), hung[:2]))
+        check(not bad, "%d completed requests differ from kvrail run, e.g. id %s: %s vs %s" % (
+            len(bad), bad[0]["id"], bad[0]["tokens"], ref[bad[0]["id"]]) if bad else "")
+        check(not unclear, "failed without a message: %s" % unclear[:2])
+        check(len(ok) >= len(results) // 2, "most requests failed: %s" % reasons)
+
+        # no stranded blocks: only the prefix cache is left in the pools
+        ds = c.wait_idle(timeout=30)
+        for n, d in ds.items():
+            check(d["free_blocks"] + d["evictable_blocks"] == d["total_blocks"] and
+                  d["reserved_blocks"] == 0 and d["requests"] == 0,
+                  "%s holds blocks after the load: %s" % (n, {k: d.get(k) for k in (
+                      "free_blocks", "evictable_blocks", "cached_blocks", "reserved_blocks",
+                      "requests", "quarantined")}))
+            print("%s: %d blocks, %d cached (evictable), 0 reserved; quarantines fenced %s, "
+                  "expired %s" % (n, d["total_blocks"], d["evictable_blocks"],
+                                  d.get("quarantines_fenced"), d.get("quarantines_expired")))
+        st = c.status() or {}
+        rt = st.get("router", {})
+        print("router: dead_nodes %s, retries %s, auth_refused %s" % (
+            rt.get("dead_nodes"), rt.get("retries"), rt.get("auth_refused")))
+        print("| fault | node | detected dead after (s) | rejoined after (s) |")
+        print("|---|---|---:|---:|")
+        for f in faults:
+            print("| %s | %s | %.2f | %.2f |" % (f["fault"], f["node"], f["detect_s"],
+                                                f["rejoin_s"]))
+        c.check_alive()
+        ok_run = True
+    finally:
+        if load is not None and load.poll() is None:
+            stop_group(load, grace=0)
+        for n, p in c.procs:
+            if p.poll() is None:
+                killgroup(p, signal.SIGCONT)
+        c.stop()
+    if ok_run and not args.keep:
+        shutil.rmtree(wd, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
