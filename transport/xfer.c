@@ -21,6 +21,9 @@
  * completes nothing reads no clock.
  */
 #include "xfer_backend.h"
+#if KVR_HAVE_CUDA
+#include "cuda_ipc.h"
+#endif
 #include "xfer_mem.h"
 #include "xfer_blob.h"
 
@@ -95,6 +98,9 @@ static const struct kvr_xfer_ops *const registry[] = {
     &kvr_xfer_verbs_ops,
 #endif
     &kvr_xfer_loop_ops,
+#if KVR_HAVE_CUDA
+    &kvr_xfer_cuda_ipc_ops, /* transport/cuda/: device memory on one host */
+#endif
 };
 #define NBACKENDS (sizeof(registry) / sizeof(registry[0]))
 

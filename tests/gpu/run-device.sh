@@ -13,7 +13,8 @@
 #
 # Steps: the machine; nvcc -Werror build of engine/cuda/ for sm_90 + PTX
 # there (the toolchain check; the binaries that run are the carried ones);
-# the op tests (every CUDA op vs the CPU backend); kvrail run cuda vs cpu vs
+# the op tests (every CUDA op vs the CPU backend); the cuda_ipc transfer
+# backend between two processes (a push, the notification after it); kvrail run cuda vs cpu vs
 # the NumPy reference on seven test models; device: cuda:N at start (node
 # refusal, kvrail run, cuda:99); the benchmark on a 1B-shaped bf16 model.
 # Not run, and said so in the report: the 1P+1D cluster with the decode
@@ -102,6 +103,7 @@ export -f machine nvcc_build bench
 step machine 20 machine
 step nvcc_sm90_werror 80 nvcc_build
 step backend_ops 90 "$BIN/bin/test_backend_ops"
+step cuda_ipc_push 40 "$BIN/bin/test_cuda_ipc"
 step kvrail_run_vs_cpu_vs_numpy 110 "$PY" "$ROOT/tests/gpu/gpu_run_ref_test.py" "$BIN/bin/kvrail" "$BIN/bin/kvrail-mkmodel"
 step device_start 40 "$PY" "$ROOT/tests/gpu/device_refusal_test.py" --kvrail "$BIN/bin/kvrail" \
     --decode-bin "$BIN/bin/kvrail-decode" --mkmodel "$BIN/bin/kvrail-mkmodel" --cuda 1

@@ -1,0 +1,361 @@
+/*
+ * test_cuda_ipc.c - the "cuda_ipc" transfer backend (transport/cuda/).
+ *
+ * Without a GPU (CI) it checks what runs there: the backend is registered;
+ * two engines connect (address blobs, the same host); notifications arrive
+ * whole and in order; a datagram sent to an engine's socket by another user
+ * (a child that drops to uid 65534) is dropped, not delivered; device memory
+ * and posts without a GPU fail with the reason; require_rdma is refused.
+ *
+ * With a GPU (tests/gpu/run-device.sh) it also runs the data path between
+ * two processes: a target (this program, --target) registers 64 MiB of
+ * device memory and sends its address and rkey; this process pushes 4,096
+ * scattered 16 KiB blocks (a list, coalesced where adjacent) from its own
+ * device memory and sends a notification right after the post, without
+ * waiting: the target checks, on the notification, that every block holds
+ * the pattern (the notification is ordered after the copies).
+ *
+ * Exit 0: all checks passed (the GPU part skipped, saying so, without a GPU).
+ */
+#include <errno.h>
+#include <pwd.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cuda_runtime_api.h>
+
+#include "kvr_clock.h"
+#include "kvr_cuda.h"
+#include "kvr_xfer.h"
+
+extern char **environ;
+
+static int fails;
+#define CHECK(c, ...)                                                                              \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            fails++;                                                                               \
+        }                                                                                          \
+    } while (0)
+
+struct inbox {
+    int n;
+    char msgs[16][64];
+};
+
+static void on_notif(void *arg, const void *msg, size_t len)
+{
+    struct inbox *b = arg;
+    if (b->n < 16 && len < 64) {
+        memcpy(b->msgs[b->n], msg, len);
+        b->msgs[b->n][len] = 0;
+    }
+    b->n++;
+}
+
+static kvr_xfer_engine_t *engine(const char *name, struct inbox *box, int require_rdma)
+{
+    struct kvr_xfer_config c;
+    kvr_xfer_config_init(&c);
+    c.backend = "cuda_ipc";
+    c.name = name;
+    c.require_rdma = require_rdma;
+    c.notif_cb = on_notif;
+    c.notif_arg = box;
+    kvr_xfer_engine_t *e = NULL;
+    kvr_status_t s = kvr_xfer_engine_create(&c, &e);
+    if (s != KVR_OK)
+        return NULL;
+    return e;
+}
+
+/* progresses both until box holds want messages, or 5 s */
+static void pump(kvr_xfer_engine_t *a, kvr_xfer_engine_t *b, struct inbox *box, int want)
+{
+    uint64_t end = kvr_now_ns() + 5000000000ull;
+    while (box->n < want && kvr_now_ns() < end) {
+        kvr_xfer_progress(a);
+        if (b)
+            kvr_xfer_progress(b);
+    }
+}
+
+/* the engine's socket name, from its address blob */
+static int sock_name(kvr_xfer_engine_t *e, char *out, size_t cap)
+{
+    void *blob;
+    size_t len;
+    if (kvr_xfer_address(e, &blob, &len) != KVR_OK)
+        return -1;
+    const char *pfx = "kvrail-cuda-ipc-";
+    const char *p = memmem(blob, len, pfx, strlen(pfx));
+    int rc = p ? 0 : -1;
+    if (p)
+        snprintf(out, cap, "%s", p);
+    free(blob);
+    return rc;
+}
+
+static void cpu_part(void)
+{
+    const char *const *names = kvr_xfer_backends();
+    int found = 0;
+    for (size_t i = 0; names[i]; i++)
+        found |= !strcmp(names[i], "cuda_ipc");
+    CHECK(found, "cuda_ipc is not among the backends of a CUDA build");
+
+    struct inbox ba = {0}, bb = {0};
+    CHECK(!engine("rdma", &ba, 1), "require_rdma accepted by cuda_ipc");
+    kvr_xfer_engine_t *a = engine("a", &ba, 0), *b = engine("b", &bb, 0);
+    CHECK(a && b, "engine create failed");
+    if (!a || !b)
+        return;
+    void *blob;
+    size_t len;
+    CHECK(kvr_xfer_address(b, &blob, &len) == KVR_OK, "address");
+    kvr_xfer_peer_t *p = NULL;
+    CHECK(kvr_xfer_connect(a, blob, len, &p) == KVR_OK && p, "connect a -> b");
+    free(blob);
+    if (!p)
+        return;
+    CHECK(!strcmp(kvr_xfer_peer_transports(p), "cuda_ipc/copy-engine"), "transports: %s",
+          kvr_xfer_peer_transports(p));
+    const char *m[] = {"one", "two", "three"};
+    for (int i = 0; i < 3; i++)
+        CHECK(kvr_xfer_notify(p, m[i], strlen(m[i])) == KVR_OK, "notify %d", i);
+    pump(a, b, &bb, 3);
+    CHECK(bb.n == 3, "%d notifications arrived, want 3", bb.n);
+    for (int i = 0; i < 3 && i < bb.n; i++)
+        CHECK(!strcmp(bb.msgs[i], m[i]), "notification %d is '%s', want '%s'", i, bb.msgs[i], m[i]);
+    CHECK(kvr_xfer_flush(p, 2000) == KVR_OK, "flush after the notifications");
+
+    /* another user's datagram is dropped */
+    char name[64];
+    CHECK(sock_name(b, name, sizeof name) == 0, "no socket name in b's address");
+    if (getuid() == 0) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            if (setgid(65534) != 0 || setuid(65534) != 0)
+                _exit(3);
+            int s = socket(AF_UNIX, SOCK_DGRAM, 0);
+            struct sockaddr_un sa = {.sun_family = AF_UNIX};
+            memcpy(sa.sun_path + 1, name, strlen(name));
+            ssize_t w =
+                sendto(s, "forged", 6, 0, (struct sockaddr *)&sa,
+                       (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(name)));
+            _exit(w == 6 ? 0 : 4);
+        }
+        int st = 0;
+        waitpid(pid, &st, 0);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the other user's sendto failed (%d)", st);
+        for (int i = 0; i < 1000; i++)
+            kvr_xfer_progress(b);
+        CHECK(bb.n == 3, "a datagram of another user was delivered (%d notifications)", bb.n);
+    } else {
+        printf("(not root: the foreign-user datagram check needs setuid; skipped)\n");
+    }
+
+    /* device memory without a GPU: a clear error, not a crash */
+    if (kvr_cuda_device() < 0) {
+        char host[4096];
+        kvr_xfer_mem_t *mem = NULL;
+        kvr_status_t s = kvr_xfer_mem_reg(a, host, sizeof host, KVR_MEM_CUDA, 0, &mem);
+        CHECK(s != KVR_OK && !mem, "device memory registered without a GPU");
+    }
+    kvr_xfer_disconnect(p);
+    kvr_xfer_engine_destroy(a);
+    kvr_xfer_engine_destroy(b);
+    printf("cpu part: backend, connect, ordered notifications, foreign datagram dropped, "
+           "no-GPU refusal: %s\n",
+           fails ? "FAILED" : "OK");
+}
+
+/* ------------------------------------------------------------ GPU part */
+
+#define REGION  (64u << 20)
+#define BLOCK   16384u
+#define NBLOCKS 4096u
+
+static void put_blob(const void *b, size_t n)
+{
+    uint32_t l = (uint32_t)n;
+    fwrite(&l, 4, 1, stdout);
+    fwrite(b, 1, n, stdout);
+}
+
+static void *get_blob(FILE *f, size_t *n)
+{
+    uint32_t l;
+    if (fread(&l, 4, 1, f) != 1 || l > (1u << 20))
+        return NULL;
+    void *b = malloc(l);
+    if (b && fread(b, 1, l, f) != l) {
+        free(b);
+        return NULL;
+    }
+    *n = l;
+    return b;
+}
+
+/* block i of the push lands at (i * 7919) % (REGION / BLOCK), every 4th one next to the previous */
+static uint64_t dst_block(uint32_t i)
+{
+    return (uint64_t)((i / 4) * 4 * 7919u % (REGION / BLOCK / 4) * 4 + i % 4);
+}
+
+static int target(void)
+{
+    char err[256];
+    if (kvr_cuda_device_open(0, 0, err, sizeof err) != KVR_OK) {
+        fprintf(stderr, "target: %s\n", err);
+        return 1;
+    }
+    struct inbox box = {0};
+    kvr_xfer_engine_t *e = engine("target", &box, 0);
+    void *d;
+    if (!e || cudaMalloc(&d, REGION) != cudaSuccess || cudaMemset(d, 0, REGION) != cudaSuccess)
+        return 1;
+    kvr_xfer_mem_t *m;
+    void *a, *k;
+    size_t al, kl;
+    if (kvr_xfer_mem_reg(e, d, REGION, KVR_MEM_CUDA, 0, &m) != KVR_OK ||
+        kvr_xfer_address(e, &a, &al) != KVR_OK || kvr_xfer_mem_pack(m, &k, &kl) != KVR_OK)
+        return 1;
+    put_blob(a, al);
+    put_blob(k, kl);
+    fflush(stdout);
+    uint64_t end = kvr_now_ns() + 20000000000ull;
+    while (box.n < 1 && kvr_now_ns() < end)
+        kvr_xfer_progress(e);
+    if (box.n < 1) {
+        fprintf(stderr, "target: no notification in 20 s\n");
+        return 1;
+    }
+    /* on the notification: every pushed block is there */
+    unsigned char *h = malloc(REGION);
+    if (!h || cudaMemcpy(h, d, REGION, cudaMemcpyDeviceToHost) != cudaSuccess)
+        return 1;
+    uint32_t bad = 0;
+    for (uint32_t i = 0; i < NBLOCKS; i++) {
+        const unsigned char *blk = h + dst_block(i) * BLOCK;
+        for (uint32_t j = 0; j < BLOCK; j += 512)
+            if (blk[j] != (unsigned char)(i * 31 + j / 512 + 1)) {
+                bad++;
+                break;
+            }
+    }
+    fprintf(stderr, "target: notification '%s'; %u of %u blocks wrong\n", box.msgs[0], bad,
+            NBLOCKS);
+    free(h);
+    kvr_xfer_mem_dereg(m);
+    kvr_xfer_engine_destroy(e);
+    cudaFree(d);
+    return bad ? 2 : 0;
+}
+
+static void gpu_part(void)
+{
+    int to[2], from[2];
+    if (pipe(to) || pipe(from))
+        exit(1);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, to[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, from[1], 1);
+    posix_spawn_file_actions_addclose(&fa, to[1]);
+    posix_spawn_file_actions_addclose(&fa, from[0]);
+    char *argv[] = {(char *)"test_cuda_ipc", (char *)"--target", NULL};
+    pid_t pid;
+    if (posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, environ) != 0) {
+        CHECK(0, "spawn the target");
+        return;
+    }
+    close(to[0]);
+    close(from[1]);
+    FILE *f = fdopen(from[0], "r");
+    size_t al = 0, kl = 0;
+    void *a = get_blob(f, &al), *k = a ? get_blob(f, &kl) : NULL;
+    CHECK(a && k, "no address / rkey from the target");
+    struct inbox box = {0};
+    kvr_xfer_engine_t *e = engine("pusher", &box, 0);
+    void *src = NULL;
+    unsigned char *h = malloc((size_t)NBLOCKS * BLOCK);
+    for (uint32_t i = 0; h && i < NBLOCKS; i++)
+        for (uint32_t j = 0; j < BLOCK; j++)
+            h[(size_t)i * BLOCK + j] = (unsigned char)(i * 31 + j / 512 + 1);
+    kvr_xfer_mem_t *lm = NULL;
+    kvr_xfer_peer_t *p = NULL;
+    kvr_xfer_rmem_t *rm = NULL;
+    kvr_xfer_dlist_t *dl = NULL;
+    struct kvr_xfer_desc *ds = calloc(NBLOCKS, sizeof *ds);
+    if (a && k && e && h && ds && cudaMalloc(&src, (size_t)NBLOCKS * BLOCK) == cudaSuccess &&
+        cudaMemcpy(src, h, (size_t)NBLOCKS * BLOCK, cudaMemcpyHostToDevice) == cudaSuccess) {
+        CHECK(kvr_xfer_mem_reg(e, src, (size_t)NBLOCKS * BLOCK, KVR_MEM_CUDA, 0, &lm) == KVR_OK,
+              "register the source");
+        CHECK(kvr_xfer_connect(e, a, al, &p) == KVR_OK, "connect to the target");
+        CHECK(p && kvr_xfer_rmem_unpack(p, k, kl, &rm) == KVR_OK, "unpack the target's rkey");
+        for (uint32_t i = 0; i < NBLOCKS; i++)
+            ds[i] =
+                (struct kvr_xfer_desc){lm, (uint64_t)i * BLOCK, rm, dst_block(i) * BLOCK, BLOCK};
+        size_t co = 0;
+        CHECK(rm && lm && kvr_xfer_dlist_prepare(p, KVR_XFER_WRITE, ds, NBLOCKS, &dl) == KVR_OK,
+              "prepare");
+        if (dl) {
+            kvr_xfer_dlist_count(dl, &co);
+            kvr_status_t s = kvr_xfer_post(dl);
+            CHECK(s == KVR_OK || s == KVR_INPROGRESS, "post: %s", kvr_status_str(s));
+            CHECK(kvr_xfer_notify(p, "pushed", 6) == KVR_OK, "notify right after the post");
+            CHECK(kvr_xfer_wait(dl, 10000) == KVR_OK, "the push completes");
+            CHECK(kvr_xfer_flush(p, 10000) == KVR_OK, "flush");
+            printf("gpu part: %u blocks in %zu copies pushed over %s\n", NBLOCKS, co,
+                   kvr_xfer_peer_transports(p));
+        }
+    } else {
+        CHECK(0, "GPU setup of the pusher");
+    }
+    close(to[1]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+          "the target saw wrong blocks at the notification (or failed): status %d", st);
+    if (dl)
+        kvr_xfer_dlist_release(dl);
+    if (rm)
+        kvr_xfer_rmem_release(rm);
+    if (p)
+        kvr_xfer_disconnect(p);
+    if (lm)
+        kvr_xfer_mem_dereg(lm);
+    if (e)
+        kvr_xfer_engine_destroy(e);
+    cudaFree(src);
+    free(h);
+    free(ds);
+    free(a);
+    free(k);
+    if (f)
+        fclose(f);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "--target"))
+        return target();
+    cpu_part();
+    char err[256];
+    if (kvr_cuda_device_open(0, 0, err, sizeof err) != KVR_OK) {
+        printf("gpu part skipped: %s\n", err);
+    } else {
+        gpu_part();
+        printf("gpu part: %s\n", fails ? "FAILED" : "OK");
+    }
+    return fails ? 1 : 0;
+}
