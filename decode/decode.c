@@ -1301,6 +1301,8 @@ static void send_heartbeat(void *arg)
     h.kv_bytes_moved = d->kv_bytes;
     h.block_event_seq = d->ev_seq;
     h.incarnation = d->node.incarnation;
+    h.bad_frames = d->node.bad_frames;
+    h.bad_notifications = d->bad_notifs;
     kvr_node_send(&d->node, KVRAIL__METHOD__HEARTBEAT, &h.base);
 }
 

@@ -1156,6 +1156,7 @@ static void send_heartbeat(void *arg)
     h.kv_bytes_moved = p->bytes_pushed;
     h.kv_transfer_ns = p->transfer_ns;
     h.incarnation = p->node.incarnation;
+    h.bad_frames = p->node.bad_frames;
     kvr_node_send(&p->node, KVRAIL__METHOD__HEARTBEAT, &h.base);
 }
 

@@ -344,6 +344,8 @@ void rt_registry_on_heartbeat(rt_t *r, const kvr_proto_frame_t *f, struct rt_nod
     n->queued_prefill_hb = hb->queued_prefill_tokens;
     n->kv_bytes = hb->kv_bytes_moved;
     n->kv_ns = hb->kv_transfer_ns;
+    n->bad_frames_hb = hb->bad_frames;
+    n->bad_notifs_hb = hb->bad_notifications;
     /* free estimate: what the node says minus what is on its way to it */
     n->free_est = (int64_t)hb->free_blocks - (int64_t)n->reserving_blocks;
     if (hb->block_event_seq <= n->ev_seq)

@@ -100,6 +100,7 @@ struct rt_node {
     uint32_t total_blocks, free_blocks, cached_blocks, batch_size, reserved_blocks;
     uint64_t inflight_prefill_hb, queued_prefill_hb;
     uint64_t kv_bytes, kv_ns;
+    uint64_t bad_frames_hb, bad_notifs_hb; /* the node's own drops, from its heartbeats */
     uint64_t pd_bytes, pd_ns; /* the same, summed from PrefillDone (prefill and decode side) */
     /* load, router's estimate between heartbeats */
     int64_t free_est;

@@ -88,6 +88,8 @@ void rt_status_reply(rt_t *r, const kvr_proto_frame_t *f, uint64_t now)
         ns[i].block_event_seq = n->ev_seq;
         ns[i].resyncs = n->resyncs;
         ns[i].model_fingerprint = n->fingerprint;
+        ns[i].bad_frames = n->bad_frames_hb;
+        ns[i].bad_notifications = n->bad_notifs_hb;
         if (n->role == KVR_NODE_ROLE_PREFILL) {
             kb += nb;
             kns += nt;

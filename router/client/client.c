@@ -708,6 +708,8 @@ kvr_status_t kvr_client_status(kvr_client_t *c, int timeout_ms, struct kvr_clust
         d->kv_gbps = n->kv_gbps;
         d->block_event_seq = n->block_event_seq;
         d->resyncs = n->resyncs;
+        d->bad_frames = n->bad_frames;
+        d->bad_notifications = n->bad_notifications;
     }
     protobuf_c_message_free_unpacked(m, NULL);
     return KVR_OK;

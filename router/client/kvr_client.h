@@ -168,6 +168,9 @@ struct kvr_node_info {
     uint64_t kv_bytes_moved, kv_transfer_ns;
     double kv_gbps;
     uint64_t block_event_seq, resyncs;
+    /* the node's own counts (from its heartbeats): frames from the router
+     * and (decode) P->D notifications it dropped as malformed */
+    uint64_t bad_frames, bad_notifications;
 };
 
 struct kvr_cluster_status {

@@ -159,6 +159,20 @@ def main():
         st = c.status()
         alive = {n["name"] for n in st.get("nodes", []) if n.get("alive")}
         check(alive == {"prefill0", "decode0"}, "nodes alive after the rogues: %s" % alive)
+        # kvrail status shows the trust counters of every process: the
+        # router's refusals, and each node's own drops (none here)
+        rt = st.get("router", {})
+        check(rt.get("auth_refused", 0) >= 1 and "refused_registrations" in rt,
+              "kvrail status --json has no router refusals after %d rogues: %s" % (len(cases), rt))
+        for n in st.get("nodes", []):
+            check(n.get("bad_frames") == 0 and n.get("bad_notifications") == 0,
+                  "node %s's own drop counters missing or non-zero: %s" % (n.get("name"), n))
+        r = run([bins.kvrail, "status", "--router", c.client_ep], timeout=20)
+        check(r.returncode == 0 and "trust (router): auth refused %d" % rt["auth_refused"]
+              in r.stdout and "BAD NOTIF" in r.stdout,
+              "kvrail status does not print the trust counters:\n%s" % r.stdout)
+        print("kvrail status after the rogues: auth refused %d, registrations refused %d" % (
+            rt["auth_refused"], rt["refused_registrations"]))
         for i, (text, n) in enumerate(prompts):
             rc, got, err = generate(bins, c, text, n)
             check(rc == 0 and got == ref[i],

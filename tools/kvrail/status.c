@@ -7,10 +7,13 @@
  * bad frames, its own per-request overhead p50/p99), then one line per node:
  * role, alive, load (batch, in-flight prefill tokens), blocks (free/total,
  * cached in the directory) and the KV bytes moved prefill -> decode with the
- * rate.  With a cluster file (--config or KVRAIL_CONFIG), the nodes it
- * places that the router has never seen register are listed with the host
- * where they are expected.  --json prints one JSON object with the same
- * fields.
+ * rate, and the trust counters of every process: the router's (connections
+ * and messages refused by auth: curve, registrations refused, bad frames and
+ * requests, block events dropped during a resync, decode nodes declared
+ * unresponsive) and each node's own (frames from the router and, on a decode
+ * node, P->D notifications it dropped).  With a cluster file (--config or KVRAIL_CONFIG), the nodes
+ * it places that the router has never seen register are listed with the host where they are
+ * expected.  --json prints one JSON object with the same fields.
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -55,9 +58,13 @@ static void print_json(const struct kvr_cluster_status *s)
     printf(", \"kv_bytes_moved\": %" PRIu64 ", \"kv_transfer_ns\": %" PRIu64
            ", \"kv_gbps\": %.6f, \"directory_blocks\": %" PRIu64 ", \"cached_tokens\": %" PRIu64
            ", \"prompt_tokens\": %" PRIu64 ", \"client_disconnects\": %" PRIu64
-           ", \"resyncs\": %" PRIu64 ", \"dead_nodes\": %" PRIu64 "}, \"nodes\": [",
+           ", \"resyncs\": %" PRIu64 ", \"dead_nodes\": %" PRIu64,
            s->kv_bytes_moved, s->kv_transfer_ns, s->kv_gbps, s->directory_blocks, s->cached_tokens,
            s->prompt_tokens, s->client_disconnects, s->resyncs, s->dead_nodes);
+    printf(", \"auth_refused\": %" PRIu64 ", \"refused_registrations\": %" PRIu64
+           ", \"held_event_drops\": %" PRIu64 ", \"unresponsive_nodes\": %" PRIu64
+           "}, \"nodes\": [",
+           s->auth_refused, s->refused_registrations, s->held_event_drops, s->unresponsive_nodes);
     for (size_t i = 0; i < s->n_nodes; i++) {
         const struct kvr_node_info *n = &s->nodes[i];
         printf("%s{\"name\": ", i ? ", " : "");
@@ -71,10 +78,12 @@ static void print_json(const struct kvr_cluster_status *s)
                ", \"cached_blocks\": %u, \"batch_size\": %u, \"inflight_prefill_tokens\": %" PRIu64
                ", \"queued_prefill_tokens\": %" PRIu64 ", \"requests\": %" PRIu64
                ", \"kv_bytes_moved\": %" PRIu64 ", \"kv_transfer_ns\": %" PRIu64
-               ", \"kv_gbps\": %.6f, \"block_event_seq\": %" PRIu64 ", \"resyncs\": %" PRIu64 "}",
+               ", \"kv_gbps\": %.6f, \"block_event_seq\": %" PRIu64 ", \"resyncs\": %" PRIu64
+               ", \"bad_frames\": %" PRIu64 ", \"bad_notifications\": %" PRIu64 "}",
                n->last_heartbeat_ms_ago, n->total_blocks, n->free_blocks, n->cached_blocks,
                n->batch_size, n->inflight_prefill_tokens, n->queued_prefill_tokens, n->requests,
-               n->kv_bytes_moved, n->kv_transfer_ns, n->kv_gbps, n->block_event_seq, n->resyncs);
+               n->kv_bytes_moved, n->kv_transfer_ns, n->kv_gbps, n->block_event_seq, n->resyncs,
+               n->bad_frames, n->bad_notifications);
     }
     printf("]");
 }
@@ -126,9 +135,13 @@ static void print_text(const char *ep, const struct kvr_cluster_status *s)
     printf("prefills: %" PRIu64 " disaggregated, %" PRIu64 " local on the decode node; %" PRIu64
            " of %" PRIu64 " prompt tokens from prefix caches\n",
            s->disagg_prefills, s->local_prefills, s->cached_tokens, s->prompt_tokens);
-    printf("bad frames %" PRIu64 ", bad requests %" PRIu64 ", retries %" PRIu64
-           ", client disconnects %" PRIu64 ", resyncs %" PRIu64 "\n",
-           s->bad_frames, s->bad_requests, s->retries, s->client_disconnects, s->resyncs);
+    printf("retries %" PRIu64 ", client disconnects %" PRIu64 ", resyncs %" PRIu64 "\n", s->retries,
+           s->client_disconnects, s->resyncs);
+    printf("trust (router): auth refused %" PRIu64 ", registrations refused %" PRIu64
+           ", bad frames %" PRIu64 ", bad requests %" PRIu64 ", block events dropped %" PRIu64
+           ", decode nodes unresponsive %" PRIu64 "\n",
+           s->auth_refused, s->refused_registrations, s->bad_frames, s->bad_requests,
+           s->held_event_drops, s->unresponsive_nodes);
     printf("router overhead per request: p50 %.1f us, p99 %.1f us, max %.1f us (%" PRIu64
            " requests; CPU time p50 %.1f us, p99 %.1f us); per token p99 %.1f us\n",
            (double)s->overhead_p50_ns / 1e3, (double)s->overhead_p99_ns / 1e3,
@@ -143,18 +156,19 @@ static void print_text(const char *ep, const struct kvr_cluster_status *s)
            ", at least %.1f MB/s (%.3f GB/s)\n\n",
            s->kv_bytes_moved, (double)s->kv_bytes_moved / 1048576.0, secs * 1e3, rate / 1e6,
            rate / 1e9);
-    printf("%-12s %-8s %-5s %-10s %7s %13s %8s %6s %10s %12s %9s\n", "NODE", "ROLE", "ALIVE",
-           "TRANSPORT", "HB AGO", "FREE/TOTAL", "CACHED", "BATCH", "PREFILL TK", "KV BYTES",
-           "GB/S");
+    printf("%-12s %-8s %-5s %-10s %7s %13s %8s %6s %10s %12s %9s %9s %9s\n", "NODE", "ROLE",
+           "ALIVE", "TRANSPORT", "HB AGO", "FREE/TOTAL", "CACHED", "BATCH", "PREFILL TK",
+           "KV BYTES", "GB/S", "BAD FRMS", "BAD NOTIF");
     for (size_t i = 0; i < s->n_nodes; i++) {
         const struct kvr_node_info *n = &s->nodes[i];
         char blocks[32], hb[32];
         snprintf(blocks, sizeof(blocks), "%u/%u", n->free_blocks, n->total_blocks);
         snprintf(hb, sizeof(hb), "%" PRIu64 "ms", n->last_heartbeat_ms_ago);
-        printf("%-12s %-8s %-5s %-10s %7s %13s %8u %6u %10" PRIu64 " %12" PRIu64 " %9.3f\n",
+        printf("%-12s %-8s %-5s %-10s %7s %13s %8u %6u %10" PRIu64 " %12" PRIu64 " %9.3f %9" PRIu64
+               " %9" PRIu64 "\n",
                n->name, n->role, n->alive ? "yes" : "no", n->transport, hb, blocks,
                n->cached_blocks, n->batch_size, n->inflight_prefill_tokens, n->kv_bytes_moved,
-               n->kv_gbps);
+               n->kv_gbps, n->bad_frames, n->bad_notifications);
     }
 }
 
