@@ -573,14 +573,31 @@ static kvr_status_t ucx_connect(kvr_xfer_peer_t *base, const void *addr, size_t 
             mode_peer = true; /* no way to watch it: let UCX do it */
     }
 
+    /* UCX reads the address without its length and asserts on a bad one:
+     * parsed first in a child, then given to UCX padded (ucx_check.c) */
+    uint8_t *wa = ucx_check_pad((const uint8_t *)addr + sizeof(h), h.wa_len);
+    const char *why = "";
+    kvr_status_t cs = wa ? ucx_check_address(e, wa, &why) : KVR_ERR_NO_MEMORY;
+    if (cs != KVR_OK) {
+        KVR_LOG_ERROR(COMP,
+                      "%s: connect to pid %d: its UCX worker address (%u bytes) is not one this "
+                      "UCX can use: %s; the peer sent a damaged or foreign address",
+                      e->base.name, (int)p->pid, h.wa_len, wa ? why : "out of memory");
+        free(wa);
+        if (p->pidfd >= 0)
+            close(p->pidfd);
+        free(p->fl);
+        return cs;
+    }
     ucp_ep_params_t ep = {
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER,
-        .address = (const ucp_address_t *)((const uint8_t *)addr + sizeof(h)),
+        .address = (const ucp_address_t *)wa,
         .err_mode = mode_peer ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE,
         .err_handler = {.cb = ep_err_cb, .arg = p},
     };
     ucs_status_t st = ucp_ep_create(e->worker, &ep, &p->ep);
+    free(wa);
     if (st != UCS_OK) {
         KVR_LOG_ERROR(COMP, "%s: connect to pid %d: ucp_ep_create: %s%s", e->base.name, (int)p->pid,
                       ucs_status_string(st),
@@ -676,7 +693,21 @@ static kvr_status_t ucx_rmem_unpack(kvr_xfer_rmem_t *base, const void *buf, size
                       base->peer->engine->name, (int)p->pid);
         return KVR_ERR_CORRUPT;
     }
-    ucs_status_t st = ucp_ep_rkey_unpack(p->ep, (const uint8_t *)buf + sizeof(h), &r->rkey);
+    /* its structure checked, then given to UCX padded (ucx_check.c) */
+    uint8_t *rk = ucx_check_pad((const uint8_t *)buf + sizeof(h), h.rkey_len);
+    const char *why = "";
+    kvr_status_t cs = rk ? ucx_check_rkey(rk, h.rkey_len, &why) : KVR_ERR_NO_MEMORY;
+    if (cs != KVR_OK) {
+        KVR_LOG_ERROR(COMP,
+                      "%s: rkey of pid %d (%u bytes) is not one this UCX can use: %s; the peer "
+                      "sent a damaged or foreign rkey",
+                      base->peer->engine->name, (int)p->pid, h.rkey_len,
+                      rk ? why : "out of memory");
+        free(rk);
+        return cs;
+    }
+    ucs_status_t st = ucp_ep_rkey_unpack(p->ep, rk, &r->rkey);
+    free(rk);
     if (st != UCS_OK) {
         KVR_LOG_ERROR(COMP, "%s: ucp_ep_rkey_unpack: %s", base->peer->engine->name,
                       ucs_status_string(st));

@@ -155,6 +155,21 @@ void ucx_local_dlist_release(struct ucx_dlist *d);
 /** Posts a list of path MAPPED or CMA; synchronous: KVR_OK or an error. */
 kvr_status_t ucx_local_post(struct ucx_dlist *d);
 
+/* --- ucx_check.c --- */
+
+#define KVR_UCX_PAD      4096 /* zero bytes after a peer's blob handed to UCX */
+#define KVR_UCX_CHECK_MS 3000 /* bound on the child that parses it first */
+
+/** A malloc'd copy of len bytes followed by KVR_UCX_PAD zeros (NULL: no memory). */
+uint8_t *ucx_check_pad(const void *src, size_t len);
+/** Parses a padded worker address in a forked child as UCX would.
+ *  @return KVR_OK; KVR_ERR_CORRUPT (UCX refused it, crashed or hung on it;
+ *          *why_p says which); KVR_ERR_IO (no child could be made). */
+kvr_status_t ucx_check_address(struct ucx_engine *e, const uint8_t *padded, const char **why_p);
+/** Checks the structure of a packed UCX rkey of len bytes.
+ *  @return KVR_OK; KVR_ERR_CORRUPT (*why_p says what is wrong). */
+kvr_status_t ucx_check_rkey(const uint8_t *rk, size_t len, const char **why_p);
+
 /* from ucx.c */
 void ucx_peer_failed(struct ucx_peer *p, kvr_status_t s, const char *why);
 kvr_status_t ucx_mem_reg(kvr_xfer_mem_t *m);       /* ucp_mem_map of m->addr */
