@@ -1,22 +1,26 @@
-"""bench_curve.py - what CURVE costs the control plane: the same 1P+1D
-cluster with `auth: none` and `auth: curve`, side by side in one run, the
-same greedy requests (kvrail generate --stats, one at a time), and per mode
-the router's overhead per request and per token (its own status
-percentiles) and TTFT / total as the router measures them (they include
-every control message over the node endpoint, each encrypted with CURVE).
-Prints a markdown table with curve/none ratios.
+"""bench_curve.py - what CURVE costs the control plane: two identical 1P+1D
+clusters, one with `auth: none` and one with `auth: curve`, running side by
+side, given the same greedy requests in alternating rounds (so both see the
+same machine load), each round one kvr-chaos-client connection (CURVE keys
+from the environment for the curve cluster).  Per request, as the router
+measures it: its own overhead (the wall time the router spends on the
+request's messages: client frame, Reserve, Prefill, Reserved -> target,
+PrefillDone, every Token -> chunk; each of them encrypted and decrypted by
+CURVE in the curve cluster), the same in router CPU time, TTFT and total.
+Prints a markdown table of p50 / p99 per mode with curve/none ratios.
 
   PYTHONPATH=tests/integration python3 tests/chaos/bench_curve.py --router ... \\
-      --prefill-bin ... --decode-bin ... --kvrail ... --mkmodel ... --loadgen ... [-n 40]
+      --prefill-bin ... --decode-bin ... --kvrail ... --mkmodel ... --loadgen ... \\
+      --client build/tests/chaos/kvr-chaos-client [--rounds 6] [--per-round 40]
+      [--concurrency 1]
 """
 import argparse
+import json
 import os
-import re
-import statistics
+import random
+import shutil
 
-from cluster_lib import Bins, ClientCluster, add_bin_args, check, make_model, run, workdir
-
-STATS = re.compile(r"TTFT ([\d.]+) ms, total ([\d.]+) ms, router overhead ([\d.]+) us")
+from cluster_lib import (Bins, ClientCluster, add_bin_args, check, make_model, run, workdir)
 
 
 def pct(v, q):
@@ -24,55 +28,80 @@ def pct(v, q):
     return v[min(len(v) - 1, int(q * len(v)))]
 
 
-def one_mode(bins, model, mode, n):
-    wd = workdir("kvr-bench-curve-")
-    extra = "auth: none\n" if mode == "none" else "auth: curve\nkeys: keys\n"
-    c = ClientCluster(bins, wd, model, extra_yaml=extra)
-    env_keep = {k: os.environ.get(k) for k in ("KVRAIL_ROUTER_KEY", "KVRAIL_CLIENT_KEY")}
-    try:
-        if mode == "curve":
-            r = run([bins.kvrail, "keygen", "--config", c.config, "--client", "bench"], timeout=30)
-            check(r.returncode == 0, r.stderr)
-            os.environ["KVRAIL_ROUTER_KEY"] = os.path.join(wd, "keys", "router.pub")
-            os.environ["KVRAIL_CLIENT_KEY"] = os.path.join(wd, "keys", "clients", "bench.key")
-        c.start()
-        ttft, total, ovh = [], [], []
-        for i in range(n):
-            r = run([bins.kvrail, "generate", "--router", c.client_ep, "--max-tokens", "16",
-                     "--temperature", "0", "--stats", "--timeout", "60000",
-                     "request %d of the curve bench" % i], timeout=90)
-            m = STATS.search(r.stderr)
-            check(r.returncode == 0 and m, "generate failed: %s" % r.stderr)
-            ttft.append(float(m.group(1)))
-            total.append(float(m.group(2)))
-            ovh.append(float(m.group(3)))
-        return {"ttft": ttft, "total": total, "ovh": ovh}
-    finally:
-        c.stop()
-        for k, v in env_keep.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def main():
     ap = argparse.ArgumentParser()
     add_bin_args(ap)
-    ap.add_argument("-n", type=int, default=40)
+    ap.add_argument("--client", required=True, help="kvr-chaos-client")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--per-round", type=int, default=40)
+    ap.add_argument("--concurrency", type=int, default=1)
     args = ap.parse_args()
     bins = Bins(args)
-    model = make_model(bins, workdir("kvr-bench-curve-model-"))
-    res = {m: one_mode(bins, model, m, args.n) for m in ("none", "curve")}
-    print("| per request (%d, 16 tokens, 1P+1D) | none p50 | curve p50 | ratio | none p99 | "
-          "curve p99 | ratio |" % args.n)
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for key, label in (("ovh", "router overhead (us)"), ("ttft", "TTFT (ms)"),
-                       ("total", "total (ms)")):
-        a50, b50 = statistics.median(res["none"][key]), statistics.median(res["curve"][key])
-        a99, b99 = pct(res["none"][key], 0.99), pct(res["curve"][key], 0.99)
-        print("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |" %
-              (label, a50, b50, b50 / a50 if a50 else 0, a99, b99, b99 / a99 if a99 else 0))
+    wd = workdir("kvr-bench-curve-")
+    model = make_model(bins, wd)
+    rng = random.Random(5)
+    pf = os.path.join(wd, "prompts.jsonl")
+    with open(pf, "w") as f:
+        for i in range(20):
+            toks = [rng.randrange(4, 512) for _ in range(rng.randrange(64, 300))]
+            f.write(json.dumps({"id": i, "tokens": toks, "max_tokens": 16}) + "\n")
+    clusters, envs = {}, {}
+    try:
+        for mode in ("none", "curve"):
+            d = os.path.join(wd, mode)
+            os.makedirs(d)
+            extra = "auth: none\n" if mode == "none" else "auth: curve\nkeys: keys\n"
+            c = ClientCluster(bins, d, model, local_prefill_tokens=0, extra_yaml=extra)
+            env = {k: v for k, v in os.environ.items()
+                   if k not in ("KVRAIL_ROUTER_KEY", "KVRAIL_CLIENT_KEY")}
+            if mode == "curve":
+                r = run([bins.kvrail, "keygen", "--config", c.config, "--client", "bench"],
+                        timeout=30)
+                check(r.returncode == 0, r.stderr)
+                env["KVRAIL_ROUTER_KEY"] = os.path.join(d, "keys", "router.pub")
+                env["KVRAIL_CLIENT_KEY"] = os.path.join(d, "keys", "clients", "bench.key")
+            saved = dict(os.environ)
+            os.environ.clear()
+            os.environ.update(env)
+            try:
+                c.start()
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
+            clusters[mode], envs[mode] = c, env
+        res = {m: {"ovh": [], "cpu": [], "ttft": [], "total": []} for m in clusters}
+        for rd in range(args.rounds):
+            for mode in (("none", "curve") if rd % 2 == 0 else ("curve", "none")):
+                c = clusters[mode]
+                of = os.path.join(wd, "%s-%d.jsonl" % (mode, rd))
+                r = run([args.client, "--router", c.client_ep, "--prompts", pf, "--outputs", of,
+                         "--concurrency", str(args.concurrency), "--max", str(args.per_round),
+                         "--timeout-ms", "60000"], timeout=300, env=envs[mode])
+                check(r.returncode == 0, "kvr-chaos-client (%s): %s %s" % (mode, r.stdout,
+                                                                           r.stderr))
+                for line in open(of):
+                    o = json.loads(line)
+                    check(o["status"] == 0, "%s: a request failed: %s" % (mode, o["message"]))
+                    res[mode]["ovh"].append(o["router_overhead_ns"] / 1e3)
+                    res[mode]["cpu"].append(o["router_overhead_cpu_ns"] / 1e3)
+                    res[mode]["ttft"].append(o["ttft_us"] / 1e3)
+                    res[mode]["total"].append(o["total_us"] / 1e3)
+        n = len(res["none"]["ovh"])
+        print("| per request (%d each, 16 tokens, 1P+1D, %d in flight, rounds alternated) | "
+              "none p50 | curve p50 | ratio | none p99 | curve p99 | ratio |" %
+              (n, args.concurrency))
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for key, label in (("ovh", "router overhead, wall (us)"),
+                           ("cpu", "router overhead, CPU (us)"), ("ttft", "TTFT (ms)"),
+                           ("total", "total (ms)")):
+            a, b = res["none"][key], res["curve"][key]
+            a50, b50, a99, b99 = pct(a, 0.5), pct(b, 0.5), pct(a, 0.99), pct(b, 0.99)
+            print("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |" %
+                  (label, a50, b50, b50 / a50 if a50 else 0, a99, b99, b99 / a99 if a99 else 0))
+    finally:
+        for c in clusters.values():
+            c.stop()
+    shutil.rmtree(wd, ignore_errors=True)
     return 0
 
 

@@ -12,7 +12,8 @@
  * prompts: one JSON object a line, {"id": I, "tokens": [...], "max_tokens":
  * N}.  outputs: one line per request sent, {"seq", "id", "status" (0 =
  * completed), "status_name", "message", "tokens", "finish", "hung",
- * "start_ms", "end_ms", "prefill_node", "decode_node"}.  A request whose
+ * "start_ms", "end_ms", the router's "ttft_us", "total_us", "router_overhead_ns" and
+ * "router_overhead_cpu_ns", "prefill_node", "decode_node"}.  A request whose
  * stream has not ended within --timeout-ms of its start is canceled and
  * written with "hung": true (the test's failure: every stream must end by
  * itself, with its tokens or a clear error).  Exit 0 when every request
@@ -64,6 +65,10 @@ static void write_result(FILE *f, const struct slot *sl, const struct kvr_gen_re
     fprintf(f, "], \"finish\": %d, \"hung\": %s, \"start_ms\": %.3f, \"end_ms\": %.3f",
             (int)r->finish, hung ? "true" : "false", (double)(sl->t0 - t_base) / 1e6,
             (double)(kvr_now_ns() - t_base) / 1e6);
+    fprintf(f,
+            ", \"ttft_us\": %" PRIu64 ", \"total_us\": %" PRIu64
+            ", \"router_overhead_ns\": %" PRIu64 ", \"router_overhead_cpu_ns\": %" PRIu64,
+            r->ttft_us, r->total_us, r->router_overhead_ns, r->router_overhead_cpu_ns);
     fprintf(f, ", \"prefill_node\": ");
     put_json_str(f, r->prefill_node);
     fprintf(f, ", \"decode_node\": ");
