@@ -246,7 +246,8 @@ static kvr_status_t bpe_word(void *ctx, const char *w, size_t len)
         e->len = (uint8_t)len;
         e->n = (uint8_t)made;
         memcpy(e->w, w, len);
-        memcpy(e->ids, b->out->p + n0, made * sizeof(int32_t));
+        if (made) /* a word that made no id (nothing encodable): out->p may be NULL */
+            memcpy(e->ids, b->out->p + n0, made * sizeof(int32_t));
     }
     return st;
 }
