@@ -161,6 +161,13 @@ kvr_status_t fe_token_text(uint32_t id, char **text_p, size_t *len_p);
 
 /* ---- generation (generate.c) ---- */
 #define FE_PING_MS 2000
+/* A new router client skips its ping when a client had an answer from the
+ * router this recently (a burst of new connections would otherwise ping a
+ * busy router all at once, and time out on a loaded host). */
+#define FE_ROUTER_FRESH_MS 10000
+/* Idle router clients kept for reuse; a burst beyond it closes the extra
+ * ones when they come back (each holds ZeroMQ sockets and buffers). */
+#define FE_POOL_IDLE_MAX 128
 /** Borrows a router client from the pool (connecting a new one when none
  *  is idle, and pinging the router on it, FE_PING_MS); NULL when that
  *  fails, with the reason in err. */

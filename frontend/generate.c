@@ -38,13 +38,19 @@ static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static kvr_client_t **pool;
 static size_t pool_n, pool_cap;
 static void *zctx; /* one ZeroMQ context (one I/O thread) for every client */
+static atomic_uint_fast64_t router_seen_ns; /* a client last had an answer (ping, request) */
 
 kvr_client_t *fe_client_get(char *err, size_t err_len)
 {
     pthread_mutex_lock(&pool_mu);
     kvr_client_t *c = pool_n ? pool[--pool_n] : NULL;
-    if (!zctx)
+    if (!zctx) {
         zctx = zmq_ctx_new();
+        /* one router client per connection at most, three sockets each (its
+         * DEALER and the monitor's pair); ZeroMQ's default bound is 1023 */
+        if (zctx)
+            zmq_ctx_set(zctx, ZMQ_MAX_SOCKETS, (int)fe_cfg.max_connections * 5 / 4 * 3 + 64);
+    }
     void *ctx = zctx;
     pthread_mutex_unlock(&pool_mu);
     if (c)
@@ -61,7 +67,11 @@ kvr_client_t *fe_client_get(char *err, size_t err_len)
         KVR_LOG_ERROR(FE_COMP, "%s", err);
         return NULL;
     }
-    /* a new connection: make sure the router is there before a request waits on it */
+    /* a new connection: make sure the router is there before a request waits on
+     * it - unless a client had an answer from it in the last FE_ROUTER_FRESH_MS */
+    uint64_t now = kvr_now_ns(), seen = atomic_load_explicit(&router_seen_ns, memory_order_relaxed);
+    if (seen && now - seen < (uint64_t)FE_ROUTER_FRESH_MS * 1000000u)
+        return c;
     st = kvr_client_ping(c, FE_PING_MS);
     if (st != KVR_OK) {
         snprintf(err, err_len, "the router at %s does not answer (no PING reply within %d ms)",
@@ -70,6 +80,7 @@ kvr_client_t *fe_client_get(char *err, size_t err_len)
         kvr_client_close(c);
         return NULL;
     }
+    atomic_store_explicit(&router_seen_ns, kvr_now_ns(), memory_order_relaxed);
     return c;
 }
 
@@ -78,7 +89,7 @@ void fe_client_put(kvr_client_t *c, bool healthy)
     if (!c)
         return;
     pthread_mutex_lock(&pool_mu);
-    if (healthy && pool_n < fe_cfg.max_connections) {
+    if (healthy && pool_n < FE_POOL_IDLE_MAX && pool_n < fe_cfg.max_connections) {
         if (pool_n == pool_cap) {
             size_t cap = pool_cap ? 2 * pool_cap : 16;
             kvr_client_t **p = realloc(pool, cap * sizeof(*p));
@@ -405,6 +416,8 @@ kvr_status_t fe_run_start(struct fe_req *req, int peer_fd, uint64_t t_arrival,
             goto err;
         }
     }
+    /* every stream has its first event: the router answers */
+    atomic_store_explicit(&router_seen_ns, kvr_now_ns(), memory_order_relaxed);
     const struct choice *bad = failed(run);
     if (bad) {
         error_of(bad, http_status_p, msg, msg_len);

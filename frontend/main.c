@@ -16,6 +16,7 @@
 #include <getopt.h>
 #include <limits.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,6 +154,37 @@ static void read_gen_defaults(const char *model_dir)
     kvr_json_free(doc);
 }
 
+/* Every connection may hold an HTTP socket and a router client (three ZeroMQ
+ * sockets with their mailboxes, and a TCP connection), so the bound on
+ * connections needs about 8 descriptors each.  The soft limit is raised towards the hard
+ * one; a hard limit too low for --max-connections is a start-up error with
+ * the fix, not a failure under load. */
+static bool fd_budget(void)
+{
+    rlim_t need = (rlim_t)fe_cfg.max_connections * 5 / 4 * 8 + 256;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return true;
+    if (rl.rlim_cur >= need)
+        return true;
+    rlim_t want = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > need ? need : rl.rlim_max;
+    struct rlimit nr = {want, rl.rlim_max};
+    if (want > rl.rlim_cur && setrlimit(RLIMIT_NOFILE, &nr) == 0)
+        rl.rlim_cur = want;
+    if (rl.rlim_cur < need) {
+        fprintf(stderr,
+                "kvrail-frontend: --max-connections %u needs about %llu file descriptors, the "
+                "limit is %llu (hard %llu): raise it (ulimit -n, LimitNOFILE= in the systemd "
+                "unit) or lower --max-connections\n",
+                fe_cfg.max_connections, (unsigned long long)need, (unsigned long long)rl.rlim_cur,
+                (unsigned long long)rl.rlim_max);
+        return false;
+    }
+    KVR_LOG_INFO(FE_COMP, "file descriptor limit raised to %llu for %u connections",
+                 (unsigned long long)rl.rlim_cur, fe_cfg.max_connections);
+    return true;
+}
+
 int main(int argc, char **argv)
 {
     enum {
@@ -285,6 +317,8 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    if (!fd_budget())
+        return 1;
     if (fe_http_start() != KVR_OK)
         return 1;
     while (!stop_flag)

@@ -47,7 +47,7 @@ static atomic_uint_fast64_t added_count[N_FINE + 1], added_sum_ns;
 static atomic_uint_fast64_t requests[FE_EP_COUNT][N_CODES];
 static struct hist duration[FE_EP_COUNT];
 static struct hist ttft, e2e;
-static atomic_int_fast64_t inflight, connections;
+static atomic_int_fast64_t inflight, connections, connections_max;
 static atomic_uint_fast64_t rejected, bad_http, prompt_tokens, gen_tokens;
 
 const char *fe_endpoint_name(enum fe_endpoint ep)
@@ -107,7 +107,12 @@ void fe_metrics_inflight(int delta)
 
 void fe_metrics_connection(int delta, bool was_rejected)
 {
-    atomic_fetch_add_explicit(&connections, delta, memory_order_relaxed);
+    int_fast64_t now = atomic_fetch_add_explicit(&connections, delta, memory_order_relaxed) + delta;
+    int_fast64_t peak = atomic_load_explicit(&connections_max, memory_order_relaxed);
+    while (now > peak &&
+           !atomic_compare_exchange_weak_explicit(&connections_max, &peak, now,
+                                                  memory_order_relaxed, memory_order_relaxed))
+        ;
     if (was_rejected)
         atomic_fetch_add_explicit(&rejected, 1, memory_order_relaxed);
 }
@@ -170,6 +175,10 @@ void fe_metrics_render(struct fe_buf *b)
                   "# HELP kvrail_frontend_connections Open HTTP connections.\n"
                   "# TYPE kvrail_frontend_connections gauge\n"
                   "kvrail_frontend_connections{%s} %lld\n"
+                  "# HELP kvrail_frontend_connections_max Most HTTP connections open at once "
+                  "since start.\n"
+                  "# TYPE kvrail_frontend_connections_max gauge\n"
+                  "kvrail_frontend_connections_max{%s} %lld\n"
                   "# HELP kvrail_frontend_connections_rejected_total Connections answered 503 "
                   "past the connection bound.\n"
                   "# TYPE kvrail_frontend_connections_rejected_total counter\n"
@@ -179,7 +188,8 @@ void fe_metrics_render(struct fe_buf *b)
                   "# TYPE kvrail_frontend_bad_http_total counter\n"
                   "kvrail_frontend_bad_http_total{%s} %llu\n",
                   base, (long long)atomic_load(&connections), base,
-                  (unsigned long long)ld(&rejected), base, (unsigned long long)ld(&bad_http));
+                  (long long)atomic_load(&connections_max), base, (unsigned long long)ld(&rejected),
+                  base, (unsigned long long)ld(&bad_http));
     fe_buf_printf(b,
                   "# HELP kvrail:prompt_tokens_total Prompt tokens of answered requests.\n"
                   "# TYPE kvrail:prompt_tokens_total counter\n"
