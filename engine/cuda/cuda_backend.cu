@@ -20,13 +20,20 @@
  * (round to nearest even) and f32 accumulation and output.  The other ops
  * are cuda_kernels.cu.
  *
- * Synchronization and errors.  Ops return void; the engine core reads host
- * copies between ops (the out_rows gather) and a prefill node reads each
- * layer's KV from layer_done.  Until forward.c calls an ops->sync hook
- * (asked for in /work/notes/cuda-to-engine.md), every op ends with a stream
- * synchronize (correct, slower), and a CUDA error in an op is logged and
- * aborts the process: after a kernel fault the CUDA context is unusable and
- * the results would be garbage, and the op has no way to return it.
+ * Synchronization and errors.  Ops are asynchronous on the stream, and the
+ * backend synchronizes where the engine core's host code reads GPU results
+ * (forward.c as it is): after a matmul that accumulates into the residual
+ * stream (the end of attention and of the MLP: forward.c then gathers rows
+ * of it on the host, and a prefill node's layer_done reads the layer's KV
+ * from the pool) and after a matmul whose output is host memory (the
+ * logits).  Tokens, positions and block tables are read by the host only:
+ * the backend stages its own copies.  An ops->sync hook in forward.c would
+ * make that explicit (asked for in /work/notes/cuda-to-engine.md).  With
+ * profiling on (kvr_cuda_backend_set_profile: benchmarks, and the op tests,
+ * which read every output at once) every op synchronizes and is timed by
+ * CUDA events.  A CUDA error is found at the next synchronization; it is
+ * logged and aborts the process: after a kernel fault the CUDA context is
+ * unusable, and an op has no way to return it.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +64,7 @@ struct cuda_backend {
     int device;
     cudaStream_t stream;
     cudaEvent_t ev_op[2], ev_gemm[2]; /* op timing (kvr_cuda_stats) */
+    bool profile;                     /* every op synchronizes and is timed */
     cublasHandle_t blas;
     struct kvr_cuda_stats stats;
     /* the upload cache: open addressing on the host address, power-of-two capacity */
@@ -107,22 +115,23 @@ static void die(const char *what, const char *why)
             die(#call, cublasGetStatusString(b_));                                                 \
     } while (0)
 
-/* End of an op: launch errors now; with no engine sync hook, the whole op
- * (which also makes its GPU time known). */
-static void op_end(struct cuda_backend *c, int op)
+/* End of an op: launch errors now; a stream synchronize where the host
+ * reads results next (host_sync), or for every op when profiling (which
+ * also makes its GPU time known). */
+static void op_end(struct cuda_backend *c, int op, bool host_sync)
 {
     const char *name = kvr_cuda_op_name(op);
     cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess)
+    if (e == cudaSuccess && c->profile)
         e = cudaEventRecord(c->ev_op[1], c->stream);
-    if (e == cudaSuccess)
+    if (e == cudaSuccess && (host_sync || c->profile))
         e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess) {
         kvr_cuda_fail(e, name, __FILE__, __LINE__);
         die(name, cudaGetErrorString(e));
     }
     float ms = 0;
-    if (cudaEventElapsedTime(&ms, c->ev_op[0], c->ev_op[1]) == cudaSuccess)
+    if (c->profile && cudaEventElapsedTime(&ms, c->ev_op[0], c->ev_op[1]) == cudaSuccess)
         c->stats.op_ms[op] += ms;
     c->stats.op_calls[op]++;
 }
@@ -131,7 +140,8 @@ static void op_begin(struct cuda_backend *c)
 {
     if (cudaSetDevice(c->device) != cudaSuccess)
         die("cudaSetDevice", "cannot bind the engine thread to its GPU");
-    OP_CHECK(cudaEventRecord(c->ev_op[0], c->stream));
+    if (c->profile)
+        OP_CHECK(cudaEventRecord(c->ev_op[0], c->stream));
 }
 
 /* ------------------------------------------------------------ uploads */
@@ -323,15 +333,18 @@ static void cuda_matmul(struct kvr_compute_backend *be, float *y, const float *x
                                        c->stream));
         /* column-major: Y^T[nn][M] = W[n0..][K] (as K x nn, transposed) * X^T[K][M] */
         const char *Wn = (const char *)W + (size_t)n0 * (size_t)K * dt_size(w->dtype);
-        OP_CHECK(cudaEventRecord(c->ev_gemm[0], c->stream));
+        if (c->profile)
+            OP_CHECK(cudaEventRecord(c->ev_gemm[0], c->stream));
         BLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, nn, M, K, &one, Wn, ty, K, X, ty,
                                 K, acc ? &one : &zero, Y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
                                 CUBLAS_GEMM_DEFAULT));
-        OP_CHECK(cudaEventRecord(c->ev_gemm[1], c->stream));
-        OP_CHECK(cudaEventSynchronize(c->ev_gemm[1]));
-        float gms = 0;
-        if (cudaEventElapsedTime(&gms, c->ev_gemm[0], c->ev_gemm[1]) == cudaSuccess)
-            c->stats.gemm_ms += gms;
+        if (c->profile) {
+            OP_CHECK(cudaEventRecord(c->ev_gemm[1], c->stream));
+            OP_CHECK(cudaEventSynchronize(c->ev_gemm[1]));
+            float gms = 0;
+            if (cudaEventElapsedTime(&gms, c->ev_gemm[0], c->ev_gemm[1]) == cudaSuccess)
+                c->stats.gemm_ms += gms;
+        }
         if (b)
             kvr_cuda_add_bias(c->stream, Y, b + n0, M, nn);
         if (host_y)
@@ -341,7 +354,7 @@ static void cuda_matmul(struct kvr_compute_backend *be, float *y, const float *x
     }
     c->stats.gemms++;
     c->stats.gemm_flops += 2.0 * M * (double)N * K;
-    op_end(c, KVR_CUDA_OP_MATMUL);
+    op_end(c, KVR_CUDA_OP_MATMUL, acc || host_y);
 }
 
 static void cuda_embed(struct kvr_compute_backend *be, float *x, const int32_t *tokens, int32_t M,
@@ -363,7 +376,7 @@ static void cuda_embed(struct kvr_compute_backend *be, float *x, const int32_t *
         cudaMemcpyAsync(c->d_rows, c->h_rows, (size_t)M * 4, cudaMemcpyHostToDevice, c->stream));
     OP_CHECK(cudaEventRecord(c->rows_ev, c->stream));
     kvr_cuda_embed(c->stream, x, c->d_rows, M, E, emb->dtype, emb->cols);
-    op_end(c, KVR_CUDA_OP_EMBED);
+    op_end(c, KVR_CUDA_OP_EMBED, false);
 }
 
 static void cuda_rmsnorm(struct kvr_compute_backend *be, float *y, const float *x, int32_t M,
@@ -373,7 +386,7 @@ static void cuda_rmsnorm(struct kvr_compute_backend *be, float *y, const float *
     op_begin(c);
     const float *W = (const float *)dev_ro(c, w, (size_t)dim * 4);
     kvr_cuda_rmsnorm(c->stream, y, x, M, dim, W, eps);
-    op_end(c, KVR_CUDA_OP_RMSNORM);
+    op_end(c, KVR_CUDA_OP_RMSNORM, false);
 }
 
 static void cuda_rope(struct kvr_compute_backend *be, float *x, int32_t M, int32_t n_heads,
@@ -386,7 +399,7 @@ static void cuda_rope(struct kvr_compute_backend *be, float *x, int32_t M, int32
     const float *F = (const float *)dev_ro(c, inv_freq, (size_t)(head_dim / 2) * 4);
     rows_stage(c, M, pos, NULL, 1); /* positions only (reuses a staging with tables) */
     kvr_cuda_rope(c->stream, x, M, n_heads, head_dim, c->d_pos, F);
-    op_end(c, KVR_CUDA_OP_ROPE);
+    op_end(c, KVR_CUDA_OP_ROPE, false);
 }
 
 static struct kvr_cuda_attn attn_of(struct cuda_backend *c, const struct kvr_attn_args *a)
@@ -422,7 +435,7 @@ static void cuda_kv_store(struct kvr_compute_backend *be, const struct kvr_attn_
         return;
     struct kvr_cuda_attn g = attn_of(c, a);
     kvr_cuda_kv_store(c->stream, &g, k, v);
-    op_end(c, KVR_CUDA_OP_KV_STORE);
+    op_end(c, KVR_CUDA_OP_KV_STORE, false);
 }
 
 static void cuda_attention(struct kvr_compute_backend *be, const struct kvr_attn_args *a,
@@ -436,7 +449,7 @@ static void cuda_attention(struct kvr_compute_backend *be, const struct kvr_attn
         die("attention", "head_dim above 256 or heads not a multiple of KV heads");
     struct kvr_cuda_attn g = attn_of(c, a);
     kvr_cuda_attention(c->stream, &g, q, out);
-    op_end(c, KVR_CUDA_OP_ATTENTION);
+    op_end(c, KVR_CUDA_OP_ATTENTION, false);
 }
 
 static void cuda_swiglu(struct kvr_compute_backend *be, float *g, const float *u, size_t n)
@@ -444,7 +457,7 @@ static void cuda_swiglu(struct kvr_compute_backend *be, float *g, const float *u
     struct cuda_backend *c = cu(be);
     op_begin(c);
     kvr_cuda_swiglu(c->stream, g, u, n);
-    op_end(c, KVR_CUDA_OP_SWIGLU);
+    op_end(c, KVR_CUDA_OP_SWIGLU, false);
 }
 
 /* ------------------------------------------------------------ lifetime */
@@ -577,6 +590,13 @@ extern "C" const char *kvr_cuda_op_name(int op)
     static const char *const n[KVR_CUDA_OP_N] = {"matmul",   "embed",     "rmsnorm", "rope",
                                                  "kv_store", "attention", "swiglu"};
     return op >= 0 && op < KVR_CUDA_OP_N ? n[op] : "?";
+}
+
+extern "C" void kvr_cuda_backend_set_profile(struct kvr_compute_backend *be, bool on)
+{
+    struct cuda_backend *c = cu(be);
+    cudaStreamSynchronize(c->stream);
+    c->profile = on;
 }
 
 extern "C" void kvr_cuda_backend_stats_reset(struct kvr_compute_backend *be)

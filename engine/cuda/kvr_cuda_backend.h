@@ -5,6 +5,7 @@
 #ifndef KVR_CUDA_BACKEND_H
 #define KVR_CUDA_BACKEND_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -41,6 +42,11 @@ struct kvr_cuda_stats {
     double gemm_ms;
     uint64_t op_calls[KVR_CUDA_OP_N];
 };
+
+/** Profiling on: every op synchronizes the stream and its GPU time (and
+ *  the cuBLAS calls' inside matmul) is measured by CUDA events; off (the
+ *  default): ops run asynchronously, op_ms and gemm_ms stay 0. */
+void kvr_cuda_backend_set_profile(struct kvr_compute_backend *be, bool on);
 
 /** Zeroes the counters (the upload cache stays). */
 void kvr_cuda_backend_stats_reset(struct kvr_compute_backend *be);

@@ -423,6 +423,7 @@ int main(void)
         fprintf(stderr, "cannot create the backends\n");
         return 1;
     }
+    kvr_cuda_backend_set_profile(g_pair.g, true); /* each op synchronizes: outputs read at once */
     const int32_t dts[] = {KVR_DT_F32, KVR_DT_F16, KVR_DT_BF16};
     const int32_t mm[][3] = {{1, 64, 64},     {5, 192, 64},   {33, 64, 192},
                              {64, 1000, 128}, {300, 256, 96}, {1, 4096, 2048}};
