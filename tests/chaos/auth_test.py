@@ -14,6 +14,7 @@ registers: the test would fail if the refusals came from anything but the
 keys; and the router warns at start.
 """
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -116,6 +117,29 @@ def main():
             check(rc == 0 and got == ref[i],
                   "prompt %d with keys: rc %d, %s; kvrail run gives %s (%s)" %
                   (i, rc, got, ref[i], err))
+
+        # kvrail-loadgen is a CURVE client too: keys by flags (not the environment)
+        env = dict(os.environ)
+        env.pop("KVRAIL_ROUTER_KEY")
+        env.pop("KVRAIL_CLIENT_KEY")
+        lg = [bins.loadgen, "--router", c.client_ep, "--mode", "closed", "--concurrency", "2",
+              "--requests", "4", "--prompt-len", "12", "--output-len", "5", "--quiet"]
+        r = run(lg + ["--router-key", os.path.join(keys, "router.pub"), "--client-key",
+                      os.path.join(keys, "clients", "tester.key"), "--summary-json",
+                      os.path.join(wd, "lg-curve.json")], timeout=90, env=env)
+        with open(os.path.join(wd, "lg-curve.json")) as f:
+            lgs = json.load(f)
+        check(r.returncode == 0 and lgs["ok"] == 4 and lgs["out_tok_per_s"] > 0,
+              "kvrail-loadgen with --router-key/--client-key: rc %d %s %s" % (
+                  r.returncode, lgs, r.stderr[-500:]))
+        r = run(lg + ["--timeout-ms", "1500"], timeout=60, env=env)
+        check(r.returncode != 0, "kvrail-loadgen without a key was served: %s" % r.stdout)
+        r = run(lg + ["--router-key", os.path.join(keys, "router.pub")], timeout=60, env=env)
+        check(r.returncode != 0 and "KVRAIL_CLIENT_KEY" in r.stderr,
+              "kvrail-loadgen with a router key and no client key: rc %d, %s" % (
+                  r.returncode, r.stderr))
+        print("kvrail-loadgen: 4 requests as a CURVE client (--router-key, --client-key); "
+              "without a key nothing is served; half a key pair is refused at start")
 
         cases = [
             ("no key, as decode0", dict(name="decode0", role="decode")),

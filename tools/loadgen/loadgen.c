@@ -22,6 +22,9 @@
  * keep-alive connections (lg_http.c), so the two paths compare on one
  * cluster; the model comes from GET /v1/models (or --model-name), and a
  * wrong endpoint fails at once with the cause.
+ * With a cluster whose auth is curve, --router-key FILE.pub and
+ * --client-key FILE.key (or $KVRAIL_ROUTER_KEY / $KVRAIL_CLIENT_KEY, as
+ * libkvrail-client) make the router connection a CURVE client.
  * Test helpers: --cancel-after K cancels each request after K tokens;
  * --disconnect-after K drops the connection once any request has K tokens.
  */
@@ -164,6 +167,9 @@ static void usage(FILE *f)
                "  --openai URL             an OpenAI-compatible server (kvrail-frontend):\n"
                "                           streamed /v1/completions instead of the router\n"
                "  --model-name NAME        the model id to send (default: GET /v1/models)\n"
+               "  --router-key FILE        CURVE: the router's public key (.pub), with\n"
+               "  --client-key FILE        this client's key pair (.key) from `kvrail keygen`\n"
+               "                           (default: $KVRAIL_ROUTER_KEY, $KVRAIL_CLIENT_KEY)\n"
                "  --mode open|closed       Poisson arrivals at --rate, or --concurrency in flight"
                " (closed)\n"
                "  --rate R                 open loop: requests/s (default 1)\n"
@@ -200,6 +206,16 @@ static void *open_socket(void *ctx, const char *endpoint)
     zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    /* CURVE: KVRAIL_ROUTER_KEY (the router's .pub) and KVRAIL_CLIENT_KEY (this
+     * client's .key, from `kvrail keygen`), as libkvrail-client takes them
+     * (--router-key / --client-key set them); keys asked for and unusable
+     * are an error, never a silent plain connection */
+    char kerr[512];
+    if (kvr_proto_curve_client_env(s, kerr, sizeof kerr) != KVR_OK) {
+        fprintf(stderr, "kvrail-loadgen: %s\n", kerr);
+        zmq_close(s);
+        return NULL;
+    }
     if (zmq_connect(s, endpoint) != 0) {
         fprintf(stderr, "kvrail-loadgen: cannot connect to '%s': %s\n", endpoint,
                 zmq_strerror(errno));
@@ -822,6 +838,8 @@ int main(int argc, char **argv)
         O_SHARED_FRAC,
         O_LABEL,
         O_OPENAI,
+        O_ROUTER_KEY,
+        O_CLIENT_KEY,
         O_MODEL_NAME,
         O_ROUTER,
         O_CONFIG
@@ -855,6 +873,8 @@ int main(int argc, char **argv)
         {"shared-frac", required_argument, 0, O_SHARED_FRAC},
         {"label", required_argument, 0, O_LABEL},
         {"openai", required_argument, 0, O_OPENAI},
+        {"router-key", required_argument, 0, O_ROUTER_KEY},
+        {"client-key", required_argument, 0, O_CLIENT_KEY},
         {"model-name", required_argument, 0, O_MODEL_NAME},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
@@ -952,6 +972,12 @@ int main(int argc, char **argv)
             break;
         case O_OPENAI:
             o.openai = optarg;
+            break;
+        case O_ROUTER_KEY:
+            setenv("KVRAIL_ROUTER_KEY", optarg, 1);
+            break;
+        case O_CLIENT_KEY:
+            setenv("KVRAIL_CLIENT_KEY", optarg, 1);
             break;
         case O_MODEL_NAME:
             o.model_name = optarg;
