@@ -13,7 +13,7 @@ dest=${2:-$root/gpu-carry}
 grep -qx '/gpu-carry/' "$root/.git/info/exclude" 2>/dev/null || echo '/gpu-carry/' >>"$root/.git/info/exclude"
 rm -rf "$dest"
 mkdir -p "$dest/bin" "$dest/lib" "$dest/include"
-bins="tests/gpu/test_backend_ops tests/gpu/test_cuda_ipc tests/gpu/test_cuda_stage tests/gpu/bench_gpu tools/kvrail/kvrail tools/mkmodel/kvrail-mkmodel
+bins="tests/gpu/test_backend_ops tests/gpu/test_cuda_ipc tests/gpu/test_cuda_stage tests/gpu/test_nccl tests/gpu/bench_gpu tools/kvrail/kvrail tools/mkmodel/kvrail-mkmodel
       decode/kvrail-decode"
 for b in $bins; do
     [ -x "$build/$b" ] || { echo "prepare-device: $build/$b not built (ninja -C $build)" >&2; exit 1; }

@@ -105,6 +105,7 @@ step nvcc_sm90_werror 80 nvcc_build
 step backend_ops 90 "$BIN/bin/test_backend_ops"
 step cuda_ipc_push 40 "$BIN/bin/test_cuda_ipc"
 step staging_ring 20 "$BIN/bin/test_cuda_stage"
+step nccl_pair 20 "$BIN/bin/test_nccl"
 step kvrail_run_vs_cpu_vs_numpy 110 "$PY" "$ROOT/tests/gpu/gpu_run_ref_test.py" "$BIN/bin/kvrail" "$BIN/bin/kvrail-mkmodel"
 step device_start 40 "$PY" "$ROOT/tests/gpu/device_refusal_test.py" --kvrail "$BIN/bin/kvrail" \
     --decode-bin "$BIN/bin/kvrail-decode" --mkmodel "$BIN/bin/kvrail-mkmodel" --cuda 1
