@@ -9,7 +9,9 @@
  *
  * With a GPU (tests/gpu/run-device.sh) it also runs the data path between
  * two processes: a target (this program, --target) registers 64 MiB of
- * device memory and sends its address and rkey; this process pushes 4,096
+ * device memory 1 MiB into a cudaMalloc allocation (the rkey's offset) and
+ * sends its address and rkey; this process pushes, from a region of
+ * kvr_xfer_mem_alloc (cudaMalloc inside the backend), 4,096
  * scattered 16 KiB blocks (a list, coalesced where adjacent) from its own
  * device memory and sends a notification right after the post, without
  * waiting: the target checks, on the notification, that every block holds
@@ -220,9 +222,12 @@ static int target(void)
     }
     struct inbox box = {0};
     kvr_xfer_engine_t *e = engine("target", &box, 0);
-    void *d;
-    if (!e || cudaMalloc(&d, REGION) != cudaSuccess || cudaMemset(d, 0, REGION) != cudaSuccess)
+    /* the region 1 MiB into its allocation: the rkey carries the offset */
+    void *alloc, *d;
+    if (!e || cudaMalloc(&alloc, REGION + (1u << 20)) != cudaSuccess ||
+        cudaMemset(alloc, 0, REGION + (1u << 20)) != cudaSuccess)
         return 1;
+    d = (char *)alloc + (1u << 20);
     kvr_xfer_mem_t *m;
     void *a, *k;
     size_t al, kl;
@@ -257,7 +262,7 @@ static int target(void)
     free(h);
     kvr_xfer_mem_dereg(m);
     kvr_xfer_engine_destroy(e);
-    cudaFree(d);
+    cudaFree(alloc);
     return bad ? 2 : 0;
 }
 
@@ -296,10 +301,11 @@ static void gpu_part(void)
     kvr_xfer_rmem_t *rm = NULL;
     kvr_xfer_dlist_t *dl = NULL;
     struct kvr_xfer_desc *ds = calloc(NBLOCKS, sizeof *ds);
-    if (a && k && e && h && ds && cudaMalloc(&src, (size_t)NBLOCKS * BLOCK) == cudaSuccess &&
+    /* the source from kvr_xfer_mem_alloc (cudaMalloc'd, registered) */
+    if (a && k && e && h && ds &&
+        kvr_xfer_mem_alloc(e, (size_t)NBLOCKS * BLOCK, KVR_MEM_CUDA, 0, &lm) == KVR_OK &&
+        (src = kvr_xfer_mem_addr(lm)) != NULL &&
         cudaMemcpy(src, h, (size_t)NBLOCKS * BLOCK, cudaMemcpyHostToDevice) == cudaSuccess) {
-        CHECK(kvr_xfer_mem_reg(e, src, (size_t)NBLOCKS * BLOCK, KVR_MEM_CUDA, 0, &lm) == KVR_OK,
-              "register the source");
         CHECK(kvr_xfer_connect(e, a, al, &p) == KVR_OK, "connect to the target");
         CHECK(p && kvr_xfer_rmem_unpack(p, k, kl, &rm) == KVR_OK, "unpack the target's rkey");
         for (uint32_t i = 0; i < NBLOCKS; i++)
@@ -336,7 +342,6 @@ static void gpu_part(void)
         kvr_xfer_mem_dereg(lm);
     if (e)
         kvr_xfer_engine_destroy(e);
-    cudaFree(src);
     free(h);
     free(ds);
     free(a);

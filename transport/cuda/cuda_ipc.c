@@ -10,7 +10,9 @@
  * handle per process, shared and counted across rkeys).  A host region may
  * be registered as a local source or destination (pinned with
  * cudaHostRegister) but cannot be packed: remote host memory is another
- * backend's (ucx).
+ * backend's (ucx).  kvr_xfer_mem_alloc gives zeroed device memory
+ * (cudaMalloc) for KVR_MEM_CUDA - a decode node's KV pool in HBM - and
+ * pinned host memory for KVR_MEM_HOST.
  *
  * Data.  A post queues one cudaMemcpyAsync per coalesced segment on the
  * engine's stream (device to device; the GPU's copy engines, over NVLink or
@@ -105,6 +107,7 @@ struct ci_mem {
     struct kvr_xfer_mem base;
     struct ci_rkey key;
     bool host_registered;
+    bool owned; /* allocated by mem_alloc: freed at dereg */
 };
 
 struct ci_peer {
@@ -282,8 +285,45 @@ static kvr_status_t ci_mem_reg(kvr_xfer_mem_t *base)
 static void ci_mem_dereg(kvr_xfer_mem_t *base)
 {
     struct ci_mem *m = container_of(base, struct ci_mem, base);
-    if (m->host_registered)
+    if (m->owned) {
+        if (base->kind == KVR_MEM_CUDA)
+            cudaFree(base->addr);
+        else
+            cudaFreeHost(base->addr);
+    } else if (m->host_registered) {
         cudaHostUnregister(base->addr);
+    }
+}
+
+/* Device memory (cudaMalloc, zeroed) for KVR_MEM_CUDA, exported as above;
+ * pinned host memory (cudaMallocHost, local only) for KVR_MEM_HOST. */
+static kvr_status_t ci_mem_alloc(kvr_xfer_mem_t *base)
+{
+    struct ci_mem *m = container_of(base, struct ci_mem, base);
+    kvr_status_t s = ensure_cuda(ce(base->engine));
+    if (s != KVR_OK)
+        return s;
+    if (base->kind == KVR_MEM_HOST) {
+        KVR_CUDA_CHECK(cudaMallocHost(&base->addr, base->len));
+        memset(base->addr, 0, base->len);
+        m->owned = true;
+        return KVR_OK;
+    }
+    KVR_CUDA_CHECK(cudaMalloc(&base->addr, base->len));
+    cudaError_t e = cudaMemset(base->addr, 0, base->len);
+    if (e == cudaSuccess)
+        e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        cudaFree(base->addr);
+        return kvr_cuda_fail(e, "cudaMemset of a new region", __FILE__, __LINE__);
+    }
+    s = ci_mem_reg(base);
+    if (s != KVR_OK) {
+        cudaFree(base->addr);
+        return s;
+    }
+    m->owned = true;
+    return KVR_OK;
 }
 
 static kvr_status_t ci_mem_pack(kvr_xfer_mem_t *base, void **buf_p, size_t *len_p)
@@ -622,4 +662,5 @@ const struct kvr_xfer_ops kvr_xfer_cuda_ipc_ops = {
     .notify = ci_notify,
     .peer_idle = ci_peer_idle,
     .progress = ci_progress,
+    .mem_alloc = ci_mem_alloc,
 };
