@@ -356,6 +356,15 @@ static inline __attribute__((always_inline)) void mm_panel(const struct mm_job *
 #define MM_XBLOCK     (512u << 10)
 #define MM_WIDEN_ROWS 8
 
+/* A decode step (M <= MM_PREFETCH_ROWS) streams every weight from memory
+ * once and does little arithmetic on it: one thread then stalls on memory
+ * at about half the bandwidth it can have.  So each panel of 4 weight rows
+ * is prefetched MM_PREFETCH panels ahead (into L2) while the current one is
+ * computed: 16-bit decode GEMVs 1.3-1.6x faster (1 thread, weights from
+ * DRAM); prefill (large M) does enough arithmetic per weight not to need it. */
+#define MM_PREFETCH      4
+#define MM_PREFETCH_ROWS 16
+
 static inline __attribute__((always_inline)) void mm_rows(const struct mm_job *j, int32_t dtype,
                                                           int32_t n0, int32_t n1, int tid)
 {
@@ -369,9 +378,15 @@ static inline __attribute__((always_inline)) void mm_rows(const struct mm_job *j
     for (int32_t m0 = 0; m0 < j->M; m0 += mb) {
         int32_t m1 = j->M - m0 < mb ? j->M : m0 + mb;
         bool widen = dtype != KVR_DT_F32 && m1 - m0 > MM_WIDEN_ROWS;
+        bool prefetch = m0 == 0 && j->M <= MM_PREFETCH_ROWS;
         for (int32_t n = n0; n < n1;) {
             int R = n1 - n >= 4 ? 4 : 1;
             const void *wr = W + (size_t)n * K * esz;
+            if (prefetch && n + 4 * MM_PREFETCH + 4 <= n1) {
+                const char *pp = W + (size_t)(n + 4 * MM_PREFETCH) * K * esz;
+                for (size_t o = 0; o < 4 * K * esz; o += 64)
+                    __builtin_prefetch(pp + o, 0, 2);
+            }
             if (widen) {
                 size_t i = 0, cnt = (size_t)R * K;
                 for (; i + 16 <= cnt; i += 16) {

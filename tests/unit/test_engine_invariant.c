@@ -10,9 +10,10 @@
  *  - batched prefill (kvr_engine_prefill_batch) with the sequence among
  *    2..36 others of mixed lengths and cached prefixes, at each position of
  *    the batch: its last logits and K/V;
- *  - a decode step of the sequence's next token alone and in a batch of 8
- *    (other sequences at other lengths, in every slot): the logits equal
- *    the (N+1)-token prefill's last row.
+ *  - a decode step of the sequence's next token alone and in batches of
+ *    2..36 (other sequences at other lengths; every slot of a batch of 8,
+ *    the ends and middle of others): the logits equal the (N+1)-token
+ *    prefill's last row.
  * On Llama models stored in f32, bf16 and f16, and a Qwen2 one (biases), a
  * sliding-window Mistral one, and head_dim / hidden not multiples of 16
  * (the kernels' padded tails); each over KV pools of f32, bf16 and f16
@@ -198,15 +199,21 @@ static void run_model(const char *dir, const char *what, int32_t kv_dt)
         KVR_CHECK(kv_equal(&pool, N));
     }
 
-    /* decode of token N alone and among 7 others, in every slot, == the
-     * prefill's last row (the pool holds positions 0..N-1 from above) */
-    struct kvr_decode_seq ds[8];
-    for (int o = 0; o < 7; o++) /* the others: their prompts in the pool */
+    /* decode of token N alone and among 1..35 others (batches of 2..36,
+     * the decode GEMV's register tiles and its widened panels), in every
+     * slot of the batch of 8 and at both ends and the middle of the
+     * others, == the prefill's last row (the pool holds positions 0..N-1
+     * from above) */
+    struct kvr_decode_seq ds[NOTH];
+    for (int o = 0; o < NOTH - 1; o++) /* the others: their prompts in the pool */
         prefill(ctx, &pool, oth[o], oth_len[o], 0, bt[o + 1], NULL, last);
-    for (int slot = -1; slot < 8; slot++) {
-        int32_t n = slot < 0 ? 1 : 8;
+    static const int32_t dsz[][2] = {{1, 0},  {2, 1},  {5, 2},  {8, 0},   {8, 1},   {8, 2},
+                                     {8, 3},  {8, 4},  {8, 5},  {8, 6},   {8, 7},   {9, 8},
+                                     {12, 5}, {16, 0}, {17, 9}, {33, 32}, {36, 17}, {36, 35}};
+    for (size_t di = 0; di < sizeof(dsz) / sizeof(dsz[0]); di++) {
+        int32_t n = dsz[di][0], slot = dsz[di][1];
         for (int32_t i = 0, o = 0; i < n; i++) {
-            if (i == slot || slot < 0) {
+            if (i == slot) {
                 ds[i] = (struct kvr_decode_seq){seq[N], N, bt[0], NB};
                 continue;
             }
@@ -214,10 +221,9 @@ static void run_model(const char *dir, const char *what, int32_t kv_dt)
             o++;
         }
         KVR_CHECK_STATUS(kvr_engine_decode(ctx, &pool, ds, n, last), KVR_OK);
-        int32_t at = slot < 0 ? 0 : slot;
-        if (!rows_equal(last + (size_t)at * (size_t)V, N, 1))
-            printf("%s: decode in a batch of %d, slot %d: logits differ\n", what, n, at);
-        KVR_CHECK(rows_equal(last + (size_t)at * (size_t)V, N, 1));
+        if (!rows_equal(last + (size_t)slot * (size_t)V, N, 1))
+            printf("%s: decode in a batch of %d, slot %d: logits differ\n", what, n, slot);
+        KVR_CHECK(rows_equal(last + (size_t)slot * (size_t)V, N, 1));
         KVR_CHECK(kv_equal(&pool, N + 1));
     }
     /* and with one thread: the same bits */

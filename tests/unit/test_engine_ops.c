@@ -72,8 +72,10 @@ static float maxdiff(const float *a, const float *b, size_t n)
 
 static void test_matmul(struct kvr_compute_backend *be)
 {
-    const int Ms[] = {1, 2, 3, 4, 5, 7, 31, 32, 33, 70};
-    const int NK[][2] = {{37, 19}, {64, 64}, {130, 48}, {9, 200}};
+    /* decode batches (1..36: prefetched panels, dotted in registers up to
+     * 8 rows, widened once above) and prefill row counts */
+    const int Ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 31, 32, 33, 36, 70};
+    const int NK[][2] = {{37, 19}, {64, 64}, {130, 48}, {9, 200}, {200, 96}};
     for (int dt = 0; dt < 3; dt++) {
         for (size_t s = 0; s < sizeof(NK) / sizeof(NK[0]); s++) {
             int N = NK[s][0], K = NK[s][1];
