@@ -113,7 +113,7 @@ def main():
                 "8", "--temperature", "0", "--json", "--ignore-eos"]
         got = chroot(root, ["kvrail"] + argv)
         ref = run([a.kvrail] + argv[:2] + [os.path.join(root, "tmp/tiny")] + argv[3:], timeout=60)
-        ids = lambda s: [json.loads(x).get("token_id") for x in s.splitlines()[1:]]  # noqa: E731
+        ids = lambda s: [o["token_id"] for o in map(json.loads, s.splitlines()) if "token_id" in o]  # noqa: E731,E501
         check(got.returncode == 0 and ref.returncode == 0 and ids(got.stdout) == ids(ref.stdout)
               and len(ids(got.stdout)) == 8, "kvrail run in the rootfs %s %s != here %s" % (
                   got.stdout, got.stderr, ref.stdout))

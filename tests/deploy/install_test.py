@@ -240,7 +240,7 @@ def case_systemd(a, dest, work):
                "--max-tokens", "8", "--json"], timeout=60)
     got = run([a.kvrail, "generate", "--router", "tcp://127.0.0.1:%d" % pc, "--max-tokens", "8",
                "--json", prompt], timeout=60)
-    ids = lambda s: [json.loads(x).get("token_id") for x in s.splitlines()[1:]]  # noqa: E731
+    ids = lambda s: [o["token_id"] for o in map(json.loads, s.splitlines()) if "token_id" in o]  # noqa: E731,E501
     check(ref.returncode == 0 and got.returncode == 0 and ids(got.stdout) == ids(ref.stdout)
           and ids(got.stdout), "generate %s (%s) != run %s" % (got.stdout, got.stderr,
                                                               ref.stdout))
