@@ -46,7 +46,9 @@ def main():
                 "--ignore-eos")
         js = lines(r.stdout)
         assert js[0] == {"prompt_tokens": prompt}, js[0]
-        gen = js[1:]
+        assert js[-1] == {"finish_reason": "length", "usage": {
+            "prompt_tokens": len(prompt), "completion_tokens": 24, "cached_tokens": 0}}, js[-1]
+        gen = js[1:-1]
         assert len(gen) == 24, len(gen)
         for g in gen:
             assert set(g) == {"token_id", "text", "logprob"}, g
@@ -71,7 +73,7 @@ def main():
                 "--temperature", "1.0", "--seed", "6", "--ignore-eos").stdout
         assert a == b, "same seed, different output"
         assert a != c, "different seeds gave the same 16 sampled tokens"
-        ta = [x["token_id"] for x in lines(a)[1:]]
+        ta = [x["token_id"] for x in lines(a)[1:-1]]
         assert ta != got[:16], "temperature 1 sampled exactly the greedy tokens"
         r = run(kvrail, "--model", m, "--prompt-tokens", ptxt, "--max-tokens", "16", "--json",
                 "--temperature", "0.7", "--top-k", "5", "--top-p", "0.9", "--seed", "5")
@@ -86,15 +88,16 @@ def main():
             bos = json.load(f)["bos_token_id"]
         assert js[0]["prompt_tokens"][0] == bos, js[0]
         assert len(js[0]["prompt_tokens"]) > 2
-        text = "".join(x["text"] for x in js[1:])
+        text = "".join(x["text"] for x in js[1:-1])
         plain = run(kvrail, "--model", m, "--prompt", "Hello, world! 123", "--max-tokens", "12",
                     "--ignore-eos").stdout
         assert plain == text + "\n", f"plain {plain!r} != json texts {text!r}"
         print("text prompt: bos first,", len(js[0]["prompt_tokens"]), "tokens; texts concatenate")
 
-        # --max-tokens 0: only the prompt line
+        # --max-tokens 0: the prompt line and the finish/usage line
         r = run(kvrail, "--model", m, "--prompt-tokens", "1,2", "--max-tokens", "0", "--json")
-        assert lines(r.stdout) == [{"prompt_tokens": [1, 2]}]
+        assert lines(r.stdout) == [{"prompt_tokens": [1, 2]}, {"finish_reason": "length", "usage": {
+            "prompt_tokens": 2, "completion_tokens": 0, "cached_tokens": 0}}], r.stdout
 
         # errors
         bad = [

@@ -55,7 +55,7 @@ def main():
             bos = 256  # kvr_tokenizer_gen_bytelevel: id 256 is <|begin_of_text|>
             if toks[0] != bos or toks.count(bos) != 1:
                 sys.exit(f"FAIL: {args[0]}: prompt tokens {toks[:8]}... must hold exactly one bos first")
-            gen = [x["token_id"] for x in lines[2:]]
+            gen = [x["token_id"] for x in lines[2:] if "token_id" in x]
             if len(gen) != 3:
                 sys.exit(f"FAIL: {args[0]}: generated {gen}, want 3 tokens")
             outs.append((toks, gen))
