@@ -287,8 +287,9 @@ static kvr_status_t parse_transport(struct ctx *c, const yaml_node_t *v, const c
     if (st != KVR_OK)
         return st;
     if (strcmp(n->transport, "ucx") && strcmp(n->transport, "verbs") &&
-        strcmp(n->transport, "loop"))
-        return fail(c, v, key, "unknown transport '%s' (want ucx, verbs or loop)", n->transport);
+        strcmp(n->transport, "loop") && strcmp(n->transport, "cuda_ipc"))
+        return fail(c, v, key, "unknown transport '%s' (want ucx, verbs, loop or cuda_ipc)",
+                    n->transport);
     return KVR_OK;
 }
 

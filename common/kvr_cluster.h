@@ -42,7 +42,7 @@ typedef struct kvr_cluster_node {
     enum kvr_node_role role;
     char device[32];                   /* "cpu" (default) or "cuda:N" */
     int device_index;                  /* N of cuda:N, -1 for cpu */
-    char transport[16];                /* "ucx" (default) | "verbs" | "loop" */
+    char transport[16];                /* "ucx" (default) | "verbs" | "loop" | "cuda_ipc" */
     char tls[KVR_CLUSTER_STR_MAX];     /* UCX_TLS value, "" = UCX default */
     char devices[KVR_CLUSTER_STR_MAX]; /* UCX_NET_DEVICES / verbs device, "" = any */
     bool require_rdma;                 /* a TCP fallback is a start-up error */

@@ -35,6 +35,7 @@
 
 #include "kvr_clock.h"
 #include "kvr_log.h"
+#include "pool_device.h"
 
 #define COMP         "pool"
 #define CHUNK_BYTES  (2u << 20) /* of one layer: one transparent huge page */
@@ -128,6 +129,8 @@ static kvr_status_t create(kvr_xfer_engine_t *xfer, const struct kvr_kv_layout *
 {
     struct kvr_node_pool P;
     memset(&P, 0, sizeof P);
+    const int dev = kvr_node_pool_device(); /* >= 0: slabs in that GPU's HBM, resident at once */
+    async = async && dev < 0;
     size_t bb = kvr_kv_block_bytes(L);
     if (n_blocks == 0 || n_blocks * bb > (4ull << 30) || n_blocks > (1u << 30)) {
         snprintf(err, err_len,
@@ -158,15 +161,17 @@ static kvr_status_t create(kvr_xfer_engine_t *xfer, const struct kvr_kv_layout *
     bool huge = true;
     for (size_t l = 0; l < nl; l++) {
         uint64_t a = kvr_now_ns();
-        kvr_status_t s = kvr_xfer_mem_alloc_flags(xfer, slab, KVR_MEM_HOST, 0,
-                                                  KVR_XFER_MEM_DEFER_PREFAULT, &P.mem[l]);
+        kvr_status_t s = dev >= 0
+                             ? kvr_xfer_mem_alloc_flags(xfer, slab, KVR_MEM_CUDA, dev, 0, &P.mem[l])
+                             : kvr_xfer_mem_alloc_flags(xfer, slab, KVR_MEM_HOST, 0,
+                                                        KVR_XFER_MEM_DEFER_PREFAULT, &P.mem[l]);
         uint64_t b = kvr_now_ns();
         t_alloc += b - a;
         const char *what = "allocating and registering";
         if (s == KVR_OK) {
             P.kv.layer_base[l] = kvr_xfer_mem_addr(P.mem[l]);
-            huge &= advise_huge(P.kv.layer_base[l], slab);
-            if (!async) {
+            huge &= dev < 0 && advise_huge(P.kv.layer_base[l], slab);
+            if (!async && dev < 0) {
                 what = "pre-faulting";
                 s = kvr_xfer_mem_populate(P.mem[l], 0, slab);
                 t_fault += kvr_now_ns() - b;

@@ -132,14 +132,17 @@ kvr_status_t kvr_node_init(kvr_node_t *node, int argc, char **argv, enum kvr_nod
                      node->self->device, why);
             return s;
         }
-        /* the GPU is there, but a node's KV pool is not in HBM yet (issue
-         * 15): refuse rather than run on the CPU */
-        snprintf(err, err_len,
-                 "%s: node '%s' asks for device %s: the GPU is there, but cluster nodes do not "
-                 "run on CUDA yet (the KV pool in HBM is not wired); set `device: cpu`, or use "
-                 "kvrail run --device %s",
-                 config, name, node->self->device, node->self->device);
-        return KVR_ERR_UNSUPPORTED;
+        /* the pool goes to HBM (pool_device.c) and the engine to the cuda
+         * backend (engine/backend.c's default in a process with a GPU); the
+         * one transfer backend that moves device memory is cuda_ipc */
+        if (strcmp(node->self->transport, "cuda_ipc") != 0) {
+            snprintf(err, err_len,
+                     "%s: node '%s' asks for device %s, whose KV pool is in HBM: only transport "
+                     "backend cuda_ipc (GPUs of one host) moves it in this build; set `transport: "
+                     "{backend: cuda_ipc}` on the cluster's nodes, or `device: cpu`",
+                     config, name, node->self->device);
+            return KVR_ERR_UNSUPPORTED;
+        }
 #else
         snprintf(err, err_len,
                  "%s: node '%s' asks for device %s, but this build of kvrail has no CUDA "

@@ -7,10 +7,10 @@ never a silent CPU run (issue 15), on any machine:
   - a CUDA build on a machine without a GPU (CI): both fail at start with
     CUDA's own reason from cudaGetDeviceCount and the hint to use cpu;
   - a CUDA build on a machine with a GPU: `kvrail run --device cuda:0` runs
-    and prints the same tokens as --device cpu for a greedy run of the tiny
-    model (exactly: the first token; the op tests bound the rest), a node
-    with device: cuda:0 refuses with the reason it is not wired yet, and
-    cuda:99 is refused as no such GPU.
+    and prints the same first token as --device cpu for a greedy run of the
+    tiny model (gpu_run_ref bounds the rest), a node with device: cuda:0 and
+    a ucx transport refuses (its HBM pool needs cuda_ipc), and cuda:99 is
+    refused as no such GPU.
 The same binaries run --device cpu first, so a failure here is the device's.
 
 usage: device_refusal_test.py --kvrail K --decode-bin D --mkmodel M --cuda 0|1
@@ -85,7 +85,7 @@ def cases(a, bins, wd):
     elif not has_gpu:
         want = "cudaGetDeviceCount"
     else:
-        want = "do not run on CUDA yet"
+        want = "only transport backend cuda_ipc"  # the test's cluster uses ucx
     check("asks for device cuda:0" in out and want in out,
           "the node's refusal must say '%s': %s" % (want, out))
     print("OK")
