@@ -33,8 +33,8 @@ static struct {
     uint64_t last_ns;
     kvr_metric_t *ttft, *e2e, *tpot, *prompt_hist, *gen_hist;
     kvr_metric_t *requests, *completed, *failed, *canceled, *overloaded, *bad_frames, *bad_requests,
-        *local, *disagg, *retries, *disconnects, *resyncs, *dead, *migrations, *cached, *prompt,
-        *refused, *running, *waiting, *dir_blocks, *start, *cost;
+        *local, *disagg, *retries, *disconnects, *resyncs, *dead, *migrations, *success_stop,
+        *success_length, *cached, *prompt, *refused, *running, *waiting, *dir_blocks, *start, *cost;
     struct node_m nodes[RT_MAX_NODES];
 } g;
 
@@ -97,6 +97,10 @@ bool rt_metrics_start(rt_t *r)
     g.resyncs = counter("kvrail_router_resyncs_total",
                         "Block directory resyncs asked of nodes (event gaps)", NULL);
     g.dead = counter("kvrail_router_node_deaths_total", "Nodes declared dead", NULL);
+    const char *sr = "Requests that ended ok, by finish reason (stop: EOS, a stop token or "
+                     "string; length: max_tokens or the context)";
+    g.success_stop = counter("kvrail:request_success_total", sr, "finished_reason=\"stop\"");
+    g.success_length = counter("kvrail:request_success_total", sr, "finished_reason=\"length\"");
     g.migrations = counter("kvrail_router_migrations_total",
                            "Requests moved to another decode node mid-stream (prompt + the tokens "
                            "streamed so far dispatched again)",
@@ -204,7 +208,8 @@ void rt_metrics_update(rt_t *r, uint64_t now)
     kvr_metric_set(g.cost, (double)(kvr_now_ns() - now) / 1e9);
 }
 
-void rt_metrics_request_done(rt_t *r, const struct rt_req *q, kvr_status_t code, uint64_t now)
+void rt_metrics_request_done(rt_t *r, const struct rt_req *q, kvr_status_t code,
+                             Kvrail__FinishReason fin, uint64_t now)
 {
     (void)r;
     if (!g.reg)
@@ -216,6 +221,8 @@ void rt_metrics_request_done(rt_t *r, const struct rt_req *q, kvr_status_t code,
     if (code == KVR_OK && q->t_first && q->n_out > 1 && now >= q->t_first)
         kvr_metric_observe(g.tpot, (double)(now - q->t_first) / 1e9 / (double)(q->n_out - 1));
     if (code == KVR_OK) {
+        kvr_metric_add(
+            fin == KVRAIL__FINISH_REASON__FINISH_LENGTH ? g.success_length : g.success_stop, 1);
         kvr_metric_observe(g.prompt_hist, (double)q->n_prompt);
         kvr_metric_observe(g.gen_hist, (double)q->n_out);
     }

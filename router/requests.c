@@ -218,7 +218,7 @@ void rt_req_finish(rt_t *r, struct rt_req *q, kvr_status_t code, Kvrail__FinishR
     }
     rt_samples_add(&r->st.overhead, q->overhead_ns);
     rt_samples_add(&r->st.overhead_cpu, q->overhead_cpu_ns);
-    rt_metrics_request_done(r, q, code, now);
+    rt_metrics_request_done(r, q, code, fin, now);
     if (code == KVR_OK)
         r->st.completed++;
     else if (code == KVR_ERR_CANCELED)

@@ -19,9 +19,11 @@ bool rt_metrics_start(rt_t *r);
  *  be served, prefilled remotely or locally). */
 void rt_metrics_update(rt_t *r, uint64_t now);
 
-/** A request ended with code (its TTFT, end-to-end time, time per output
- *  token and tokens go into the histograms). */
-void rt_metrics_request_done(rt_t *r, const struct rt_req *q, kvr_status_t code, uint64_t now);
+/** A request ended with code and fin (its TTFT, end-to-end time, time per
+ *  output token and tokens go into the histograms; a success is counted by
+ *  its finish reason). */
+void rt_metrics_request_done(rt_t *r, const struct rt_req *q, kvr_status_t code,
+                             Kvrail__FinishReason fin, uint64_t now);
 
 /** A request was migrated to another decode node (its node died or
  *  re-registered mid-stream). */

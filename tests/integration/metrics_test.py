@@ -216,6 +216,10 @@ def main():
         check(val(pm, "kvrail_kv_transfer_failures_total", status="none") == 0,
               "transfer failures series")
         check(val(rm, "kvrail_router_migrations_total") == 0, "migrations")
+        succ = (val(rm, "kvrail:request_success_total", finished_reason="stop"),
+                val(rm, "kvrail:request_success_total", finished_reason="length"))
+        check(succ[0] + succ[1] == n_req and succ[1] >= 1,
+              "kvrail:request_success_total stop/length %s, want %d in all" % (succ, n_req))
         print("ok kvrail:inter_token_latency_seconds count %d, KV transfer bytes/seconds "
               "histograms count %d (bytes sum == pushed), failures 0, migrations 0" %
               (itl, remote))
