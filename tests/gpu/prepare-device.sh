@@ -14,7 +14,7 @@ grep -qx '/gpu-carry/' "$root/.git/info/exclude" 2>/dev/null || echo '/gpu-carry
 rm -rf "$dest"
 mkdir -p "$dest/bin" "$dest/lib" "$dest/include"
 bins="tests/gpu/test_backend_ops tests/gpu/test_cuda_ipc tests/gpu/test_cuda_stage tests/gpu/test_nccl tests/gpu/bench_gpu tools/kvrail/kvrail tools/mkmodel/kvrail-mkmodel
-      decode/kvrail-decode"
+      decode/kvrail-decode prefill/kvrail-prefill router/kvrail-router tools/loadgen/kvrail-loadgen"
 for b in $bins; do
     [ -x "$build/$b" ] || { echo "prepare-device: $build/$b not built (ninja -C $build)" >&2; exit 1; }
     cp "$build/$b" "$dest/bin/"
