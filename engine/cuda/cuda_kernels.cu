@@ -241,33 +241,46 @@ __global__ void attn_kernel(struct kvr_cuda_attn a, const float *q, float *out)
             acc[g][j] = 0;
         }
     }
-    for (int32_t t = t0; t < t1; t++) {
-        const int32_t blk = bt[t / a.block_size], slot = t % a.block_size;
-        const T *kp = base + kv_off(blk, 0, kvh, slot, a.n_kv_heads, a.block_size, hd);
-        const T *vp = base + kv_off(blk, 1, kvh, slot, a.n_kv_heads, a.block_size, hd);
-        float kk[DJ], vv[DJ];
+    /* KU keys a step: their K/V loads are all issued before the first is
+     * used (the memory-level parallelism a decode row needs); the keys are
+     * still folded in one at a time, in order */
+    constexpr int KU = DJ <= 4 ? 4 : 2;
+    for (int32_t t = t0; t < t1; t += KU) {
+        float kk[KU][DJ], vv[KU][DJ];
 #pragma unroll
-        for (int j = 0; j < DJ; j++) {
-            int d = lane + 32 * j;
-            kk[j] = d < hd ? ldf<T>(kp, (size_t)d) : 0.0f;
-            vv[j] = d < hd ? ldf<T>(vp, (size_t)d) : 0.0f;
+        for (int u = 0; u < KU; u++) {
+            const int32_t tu = t + u < t1 ? t + u : t; /* past the end: a valid key, unused */
+            const int32_t blk = bt[tu / a.block_size], slot = tu % a.block_size;
+            const T *kp = base + kv_off(blk, 0, kvh, slot, a.n_kv_heads, a.block_size, hd);
+            const T *vp = base + kv_off(blk, 1, kvh, slot, a.n_kv_heads, a.block_size, hd);
+#pragma unroll
+            for (int j = 0; j < DJ; j++) {
+                int d = lane + 32 * j;
+                kk[u][j] = d < hd ? ldf<T>(kp, (size_t)d) : 0.0f;
+                vv[u][j] = d < hd ? ldf<T>(vp, (size_t)d) : 0.0f;
+            }
         }
 #pragma unroll
-        for (int g = 0; g < ATTN_GB; g++) {
-            if (g >= ng)
+        for (int u = 0; u < KU; u++) {
+            if (t + u >= t1)
                 break;
-            float dot = 0;
 #pragma unroll
-            for (int j = 0; j < DJ; j++)
-                dot = fmaf(qv[g][j], kk[j], dot);
-            float sc = warp_sum(dot) * a.scale;
-            float mn = sc > m[g] ? sc : m[g];
-            float corr = expf(m[g] - mn), pe = expf(sc - mn);
-            l[g] = l[g] * corr + pe;
+            for (int g = 0; g < ATTN_GB; g++) {
+                if (g >= ng)
+                    break;
+                float dot = 0;
 #pragma unroll
-            for (int j = 0; j < DJ; j++)
-                acc[g][j] = fmaf(pe, vv[j], acc[g][j] * corr);
-            m[g] = mn;
+                for (int j = 0; j < DJ; j++)
+                    dot = fmaf(qv[g][j], kk[u][j], dot);
+                float sc = warp_sum(dot) * a.scale;
+                float mn = sc > m[g] ? sc : m[g];
+                float corr = expf(m[g] - mn), pe = expf(sc - mn);
+                l[g] = l[g] * corr + pe;
+#pragma unroll
+                for (int j = 0; j < DJ; j++)
+                    acc[g][j] = fmaf(pe, vv[u][j], acc[g][j] * corr);
+                m[g] = mn;
+            }
         }
     }
 #pragma unroll
