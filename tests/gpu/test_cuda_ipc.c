@@ -207,10 +207,12 @@ static void *get_blob(FILE *f, size_t *n)
     return b;
 }
 
-/* block i of the push lands at (i * 7919) % (REGION / BLOCK), every 4th one next to the previous */
+/* block i of the push lands at block dst_block(i) of the target's region:
+ * groups of 4 adjacent blocks (coalesced into one copy), the groups
+ * scattered by a permutation (7919 is odd, so k -> 7919 k mod 1024 is one) */
 static uint64_t dst_block(uint32_t i)
 {
-    return (uint64_t)((i / 4) * 4 * 7919u % (REGION / BLOCK / 4) * 4 + i % 4);
+    return (uint64_t)((i / 4) * 7919u % (REGION / BLOCK / 4)) * 4 + i % 4;
 }
 
 static int target(void)
