@@ -6,7 +6,8 @@ a time, each role both ways:
 
   kill -9 prefill0, restart it;   kill -9 decode1, restart it;
   SIGSTOP prefill1 for longer than the heartbeat timeout, SIGCONT it;
-  SIGSTOP decode0 the same way, SIGCONT it.
+  SIGSTOP decode0 the same way, SIGCONT it;
+  kill -9 the router, restart it on the same endpoints.
 
 Each fault waits until the load has made progress since the last one, and
 until the node is back (alive in `kvrail status`) before the next.
@@ -17,7 +18,9 @@ Asserted:
   other one failed with a status and a message saying why;
 - every fault is detected by the router (the node shown dead) and every
   node rejoins (alive again) and serves requests afterwards (its own
-  counters rise after it is back);
+  counters rise after it is back); after the router's restart every node
+  registers again and requests complete through it (the streams open at
+  the kill end with the lost-connection error, counted as failed);
 - once the load is gone, no blocks are stranded: every decode pool holds no
   request and no reserved block, free + evictable blocks are the whole pool
   (only the prefix cache remains), every prefill node is idle.
@@ -190,8 +193,41 @@ def main():
                   "back %.2f s after %s" % (
                       how, name, t_detect, HB_TIMEOUT_MS / 1000, t_rejoin,
                       "the restart" if how == "kill" else "SIGCONT"))
+        # the router itself: kill -9 under load and restart it on the same
+        # endpoints; open streams end with the lost-connection error, the
+        # nodes register again, the client's connection comes back
+        base = completed(of)
+        wait_for("the load to progress before killing the router",
+                 lambda: completed(of) >= base + 12 or load.poll() is not None, timeout=60)
+        rt0 = (c.status() or {}).get("router", {})
+        check(rt0.get("dead_nodes", 0) >= 4,
+              "the router counted %s dead nodes for 4 faults" % rt0.get("dead_nodes"))
+        print("first router: dead_nodes %s, retries %s, auth_refused %s" % (
+            rt0.get("dead_nodes"), rt0.get("retries"), rt0.get("auth_refused")))
+        rp = proc_of(c, "router")
+        killgroup(rp, signal.SIGKILL)
+        rp.wait(timeout=10)
+        t1 = time.time()
+        c.procs = [(n, p) for n, p in c.procs if n != "router" or p.poll() is None]
+        os.replace(c.logs["router"], c.logs["router"] + ".killed")
+        c._start("router", [bins.router, "--config", c.config, "--node", "router"])
+        want = set(c.prefills + c.decodes)
+        wait_for("every node to register with the restarted router",
+                 lambda: want <= {n["name"] for n in (c.status(timeout_ms=1000) or {}).get(
+                     "nodes", []) if n.get("alive")}, timeout=40, step=0.05)
+        t_all = time.time() - t1
+        base = completed(of)
+        wait_for("requests to complete through the restarted router",
+                 lambda: completed(of) >= base + 12 or load.poll() is not None, timeout=60)
+        check(load.poll() is None, "the load ended at the router restart")
+        faults.append({"node": "router", "fault": "kill -9", "detect_s": float("nan"),
+                       "rejoin_s": t_all, "served_before": 0})
+        print("kill router: restarted; all 4 nodes registered again %.2f s after the restart"
+              % t_all)
         # every node serves again after coming back (the load goes on)
         for f in faults:
+            if f["node"] == "router":
+                continue
             n = f["node"]
             wait_for("%s to serve requests after rejoining" % n,
                      lambda: served(c, n) > (0 if f["fault"] == "kill -9" else f["served_before"]),
@@ -236,13 +272,14 @@ def main():
                                   d.get("quarantines_fenced"), d.get("quarantines_expired")))
         st = c.status() or {}
         rt = st.get("router", {})
-        print("router: dead_nodes %s, retries %s, auth_refused %s" % (
+        print("restarted router: dead_nodes %s, retries %s, auth_refused %s" % (
             rt.get("dead_nodes"), rt.get("retries"), rt.get("auth_refused")))
         print("| fault | node | detected dead after (s) | rejoined after (s) |")
         print("|---|---|---:|---:|")
         for f in faults:
-            print("| %s | %s | %.2f | %.2f |" % (f["fault"], f["node"], f["detect_s"],
-                                                f["rejoin_s"]))
+            print("| %s | %s | %s | %.2f |" % (
+                f["fault"], f["node"], "-" if f["node"] == "router" else "%.2f" % f["detect_s"],
+                f["rejoin_s"]))
         c.check_alive()
         ok_run = True
     finally:
