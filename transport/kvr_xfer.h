@@ -77,7 +77,17 @@ struct kvr_xfer_config {
     int gid_index;                /* verbs: GID index, -1 = auto (RoCE v2, IPv4-mapped first) */
     kvr_xfer_notif_cb_t notif_cb; /* optional: notifications for this engine */
     void *notif_arg;
+    int require_token; /* 1: accept only peers that present a token given to
+                          kvr_xfer_token_allow (kvr_xfer_connect_token): a
+                          side channel (verbs) or notification (ucx) without
+                          one is refused and counted (stats.refused) */
 };
+
+/** Per-pair token: whoever introduces two engines (the router) makes one,
+ *  gives it to the target (kvr_xfer_token_allow) and to the initiator
+ *  (kvr_xfer_connect_token). */
+#define KVR_XFER_TOKEN_LEN  16
+#define KVR_XFER_TOKENS_MAX 4096 /* tokens an engine holds at once */
 
 /** Initializes cfg to defaults (backend NULL, gid_index -1, ...). */
 void kvr_xfer_config_init(struct kvr_xfer_config *cfg);
@@ -177,6 +187,22 @@ kvr_status_t kvr_xfer_mem_pack(kvr_xfer_mem_t *mem, void **blob_p, size_t *len_p
  *          connection would use TCP or shared memory); KVR_ERR_IO. */
 kvr_status_t kvr_xfer_connect(kvr_xfer_engine_t *engine, const void *blob, size_t len,
                               kvr_xfer_peer_t **peer_p);
+
+/** kvr_xfer_connect presenting token to the target (a target created with
+ *  require_token accepts the connection's side channel / notifications
+ *  only when it was given the same token).  Same returns. */
+kvr_status_t kvr_xfer_connect_token(kvr_xfer_engine_t *engine, const void *blob, size_t len,
+                                    const uint8_t token[KVR_XFER_TOKEN_LEN],
+                                    kvr_xfer_peer_t **peer_p);
+
+/** Lets peers that present token in (kept until revoked).
+ *  @return KVR_OK (also when already allowed); KVR_ERR_INVALID (NULL, all
+ *          zero); KVR_ERR_NO_RESOURCE (KVR_XFER_TOKENS_MAX held). */
+kvr_status_t kvr_xfer_token_allow(kvr_xfer_engine_t *engine,
+                                  const uint8_t token[KVR_XFER_TOKEN_LEN]);
+
+/** Stops accepting token for new side channels and notifications. */
+void kvr_xfer_token_revoke(kvr_xfer_engine_t *engine, const uint8_t token[KVR_XFER_TOKEN_LEN]);
 
 /** Closes a connection (without waiting on a dead peer for more than a short,
  *  bounded time).  Remote regions and lists made on it are released too. */
@@ -300,6 +326,7 @@ struct kvr_xfer_engine_stats {
     uint64_t notifs_received;
     uint64_t errors;
     uint64_t failovers; /* verbs: rails that failed with their transfers moved to others */
+    uint64_t refused;   /* require_token: side channels / notifications without a token */
 };
 void kvr_xfer_engine_stats(const kvr_xfer_engine_t *engine, struct kvr_xfer_engine_stats *stats_p);
 

@@ -378,6 +378,7 @@ void kvr_xfer_engine_destroy(kvr_xfer_engine_t *e)
     while (!link_empty(&e->mems))
         kvr_xfer_mem_dereg(container_of(e->mems.next, kvr_xfer_mem_t, link));
     e->ops->engine_fini(e);
+    kvr_xfer_tokens_free(e);
     free(e);
 }
 
@@ -595,6 +596,13 @@ kvr_status_t kvr_xfer_mem_pack(kvr_xfer_mem_t *m, void **blob_p, size_t *len_p)
 kvr_status_t kvr_xfer_connect(kvr_xfer_engine_t *e, const void *blob, size_t len,
                               kvr_xfer_peer_t **peer_p)
 {
+    return kvr_xfer_connect_token(e, blob, len, NULL, peer_p);
+}
+
+kvr_status_t kvr_xfer_connect_token(kvr_xfer_engine_t *e, const void *blob, size_t len,
+                                    const uint8_t token[KVR_XFER_TOKEN_LEN],
+                                    kvr_xfer_peer_t **peer_p)
+{
     const void *pl;
     size_t pl_len;
     const char *why = NULL;
@@ -611,6 +619,8 @@ kvr_status_t kvr_xfer_connect(kvr_xfer_engine_t *e, const void *blob, size_t len
         return KVR_ERR_NO_MEMORY;
     p->engine = e;
     p->status = KVR_OK;
+    if (token) /* presented by the backend's connect (xfer_token.c) */
+        memcpy(p->token, token, KVR_XFER_TOKEN_LEN);
     link_init(&p->rmems);
     link_init(&p->dlists);
     s = e->ops->connect(p, pl, pl_len);

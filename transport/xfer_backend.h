@@ -41,7 +41,9 @@ struct kvr_xfer_engine {
     char devices[256];
     char tls[256];
     struct kvr_xfer_engine_stats stats;
-    struct kvr_xfer_link mems, peers; /* core-private */
+    struct kvr_xfer_link mems, peers;      /* core-private */
+    uint8_t (*tokens)[KVR_XFER_TOKEN_LEN]; /* kvr_xfer_token_allow's (xfer_token.c) */
+    size_t ntokens;
 };
 
 struct kvr_xfer_mem {
@@ -59,6 +61,7 @@ struct kvr_xfer_peer {
     kvr_status_t status;  /* KVR_OK or the sticky failure */
     char transports[256]; /* filled by connect: what the link really uses */
     uint32_t inflight;    /* posts + notifications not yet complete (backend keeps it) */
+    uint8_t token[KVR_XFER_TOKEN_LEN];        /* presented to the target (zeros: none) */
     struct kvr_xfer_link link, rmems, dlists; /* core-private */
 };
 
@@ -147,6 +150,12 @@ void kvr_xfer_dlist_complete(kvr_xfer_dlist_t *d, kvr_status_t s);
 /** Marks a peer failed (sticky) and logs it once. */
 void kvr_xfer_peer_fail(kvr_xfer_peer_t *p, kvr_status_t s, const char *why);
 
+/** require_token: whether token (KVR_XFER_TOKEN_LEN bytes, or NULL for
+ *  none) is one the engine was given; counts a refusal in stats.refused.
+ *  Always true without require_token. */
+bool kvr_xfer_token_ok(kvr_xfer_engine_t *e, const uint8_t *token);
+/** Frees the engine's tokens (engine destroy). */
+void kvr_xfer_tokens_free(kvr_xfer_engine_t *e);
 /** Delivers a received notification to the engine's callback. */
 void kvr_xfer_deliver_notif(kvr_xfer_engine_t *e, const void *msg, size_t len);
 

@@ -484,6 +484,80 @@ static void test_damaged_blobs(struct side *a, struct side *b, kvr_xfer_peer_t *
     free(rb);
 }
 
+/* require_token: a target accepts only peers that present a token it was
+ * given (per-pair tokens, xfer_token.c).  Without a token, or with one it
+ * was not given or that was revoked, the peer's notification is never
+ * delivered (verbs: the handshake is refused) and the refusal is counted;
+ * with the allowed token it is delivered. */
+static kvr_status_t token_try(struct side *a, kvr_xfer_engine_t *t, const uint8_t *token)
+{
+    void *blob;
+    size_t len;
+    KVR_CHECK_STATUS(kvr_xfer_address(t, &blob, &len), KVR_OK);
+    kvr_xfer_peer_t *p;
+    kvr_status_t s = token ? kvr_xfer_connect_token(a->eng, blob, len, token, &p)
+                           : kvr_xfer_connect(a->eng, blob, len, &p);
+    free(blob);
+    if (s != KVR_OK)
+        return s;
+    struct kvr_xfer_engine_stats st0, st;
+    kvr_xfer_engine_stats(t, &st0);
+    int before = notifs_seen;
+    s = kvr_xfer_notify(p, "tok", 3);
+    uint64_t deadline = kvr_deadline_ns(5000);
+    for (;;) {
+        kvr_xfer_progress(a->eng);
+        kvr_xfer_progress(t);
+        kvr_xfer_engine_stats(t, &st);
+        if (notifs_seen > before) {
+            s = KVR_OK;
+            break;
+        }
+        if (st.refused > st0.refused || kvr_xfer_peer_status(p) != KVR_OK) {
+            s = KVR_ERR_MISMATCH;
+            break;
+        }
+        if (kvr_now_ns() > deadline) {
+            s = KVR_ERR_TIMEOUT;
+            break;
+        }
+    }
+    kvr_xfer_disconnect(p);
+    return s;
+}
+
+static void test_tokens(struct side *a)
+{
+    struct kvr_xfer_config cfg;
+    kvr_xfer_config_init(&cfg);
+    cfg.backend = backend;
+    cfg.name = "guarded";
+    cfg.notif_cb = notif_cb;
+    cfg.require_token = 1;
+    kvr_xfer_engine_t *t;
+    KVR_CHECK_STATUS(kvr_xfer_engine_create(&cfg, &t), KVR_OK);
+    uint8_t t1[KVR_XFER_TOKEN_LEN], t2[KVR_XFER_TOKEN_LEN], z[KVR_XFER_TOKEN_LEN] = {0};
+    for (int i = 0; i < KVR_XFER_TOKEN_LEN; i++) {
+        t1[i] = (uint8_t)(0x40 + i);
+        t2[i] = (uint8_t)(0x40 + i);
+    }
+    t2[7] ^= 1; /* one bit off */
+    KVR_CHECK_STATUS(kvr_xfer_token_allow(t, z), KVR_ERR_INVALID);
+    KVR_CHECK_STATUS(kvr_xfer_token_allow(t, t1), KVR_OK);
+    KVR_CHECK_STATUS(kvr_xfer_token_allow(t, t1), KVR_OK); /* once held, once counted */
+    KVR_CHECK_STATUS(token_try(a, t, NULL), KVR_ERR_MISMATCH);
+    KVR_CHECK_STATUS(token_try(a, t, t2), KVR_ERR_MISMATCH);
+    KVR_CHECK_STATUS(token_try(a, t, t1), KVR_OK);
+    kvr_xfer_token_revoke(t, t1);
+    KVR_CHECK_STATUS(token_try(a, t, t1), KVR_ERR_MISMATCH);
+    struct kvr_xfer_engine_stats st;
+    kvr_xfer_engine_stats(t, &st);
+    KVR_CHECK(st.refused >= 3);
+    fprintf(stderr, "tokens: none, wrong and revoked refused (%llu), the allowed one accepted\n",
+            (unsigned long long)st.refused);
+    kvr_xfer_engine_destroy(t);
+}
+
 /* the target disappears with a transfer in flight; then a new target */
 static void test_peer_gone(struct side *a, struct side *b, kvr_xfer_peer_t *p, kvr_xfer_rmem_t *r)
 {
@@ -830,6 +904,7 @@ int main(int argc, char **argv)
     test_timeouts(&a, &b, p, r);
     test_event_fd(&a, &b, p);
     test_damaged_blobs(&a, &b, p);
+    test_tokens(&a);
     test_peer_gone(&a, &b, p, r);
 
     free(b.buf);

@@ -44,6 +44,7 @@ struct loop_region { /* shared between the owner mem and remote handles */
 struct loop_notif {
     struct loop_notif *next;
     size_t len;
+    uint8_t token[KVR_XFER_TOKEN_LEN]; /* the sender's (xfer_token.c) */
     unsigned char msg[];
 };
 
@@ -458,6 +459,7 @@ static kvr_status_t loop_notify(kvr_xfer_peer_t *base, const void *msg, size_t l
         return KVR_ERR_NO_MEMORY;
     n->next = NULL;
     n->len = len;
+    memcpy(n->token, base->token, sizeof(n->token));
     if (len)
         memcpy(n->msg, msg, len);
     pthread_mutex_lock(&g_lock);
@@ -499,7 +501,8 @@ static int loop_progress(kvr_xfer_engine_t *base)
         pthread_mutex_unlock(&g_lock);
         while (list) {
             struct loop_notif *next = list->next;
-            kvr_xfer_deliver_notif(base, list->msg, list->len);
+            if (kvr_xfer_token_ok(base, list->token)) /* require_token: introduced only */
+                kvr_xfer_deliver_notif(base, list->msg, list->len);
             free(list);
             list = next;
             n++;

@@ -195,6 +195,9 @@ static ucs_status_t am_notif_cb(void *arg, const void *header, size_t header_len
                       e->base.name, length);
         return UCS_OK;
     }
+    /* require_token: only from a peer the engine was introduced to */
+    if (!kvr_xfer_token_ok(&e->base, header_length == KVR_XFER_TOKEN_LEN ? header : NULL))
+        return UCS_OK;
     kvr_xfer_deliver_notif(&e->base, data, length);
     return UCS_OK;
 }
@@ -915,7 +918,11 @@ static void notif_send(struct ucx_peer *p, struct ucx_notif *n)
         .flags = UCP_AM_SEND_FLAG_EAGER,
     };
     n->state = N_SENDING;
-    ucs_status_ptr_t r = ucp_am_send_nbx(p->ep, KVR_UCX_AM_NOTIF, NULL, 0, n->msg, n->len, &prm);
+    /* the header is the pair's token (xfer_token.c), copied: the send may
+     * outlive the peer */
+    memcpy(n->token, p->base.token, sizeof(n->token));
+    ucs_status_ptr_t r =
+        ucp_am_send_nbx(p->ep, KVR_UCX_AM_NOTIF, n->token, sizeof(n->token), n->msg, n->len, &prm);
     if (UCS_PTR_IS_PTR(r)) {
         n->req = r;
         return;

@@ -44,6 +44,7 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <uct/api/uct.h>
 #include <unistd.h>
 
 #define COMP "ucx"
@@ -53,6 +54,7 @@
  * IFACE_ADDR | EP_ADDR; SYS_DEVICE is read from the address itself) and
  * NO_TRACE. */
 struct uc_unpacked;
+uint16_t ucs_crc16_string(const char *s); /* libucs: transport names are known by it */
 ucs_status_t ucp_address_unpack(ucp_worker_h worker, const void *buffer, unsigned unpack_flags,
                                 struct uc_unpacked *unpacked);
 #define UNPACK_FLAGS 0x1001fu
@@ -61,7 +63,12 @@ ucs_status_t ucp_address_unpack(ucp_worker_h worker, const void *buffer, unsigne
  * ucp_types.h: UCP_MAX_LANES 6, UCP_MAX_RESOURCES 128): the lane selection
  * after the parse scores each entry by its overhead, bandwidth and latency
  * and asserts that the score is not negative (select.c:294), so those must
- * be finite and not negative.  Other UCX versions: the parse alone. */
+ * be finite and not negative; and asks each transport whether the device
+ * address is reachable, dereferencing it: only "self" may have none, and a
+ * transport that connects to interfaces needs an interface address; posix
+ * segments in the procfs or shm_open mode only (UCX_POSIX_USE_PROC_LINK=n
+ * with a directory is refused: run with KVR_UCX_CHECK=0 then).  Other UCX versions: the parse
+ * alone. */
 #if UCP_API_MAJOR == 1 && UCP_API_MINOR == 13
 #define UC_ATTR_CHECK 1
 struct uc_entry {
@@ -109,11 +116,28 @@ static int child_parse(struct ucx_engine *e, const uint8_t *padded)
     if (u.address_count > 128)
         return 2;
     const struct uc_entry *a = u.address_list;
+    /* transports whose is_reachable reads the interface address: it must be there */
+    static const char *const by_iface[] = {"self", "cma",   "posix",    "sysv",   "tcp",
+                                           "knem", "xpmem", "ud_verbs", "ud_mlx5"};
+    uint16_t cs[sizeof(by_iface) / sizeof(by_iface[0])];
+    for (size_t k = 0; k < sizeof(cs) / sizeof(cs[0]); k++)
+        cs[k] = ucs_crc16_string(by_iface[k]);
     for (unsigned i = 0; i < u.address_count; i++) {
+        bool needs_iface = (a[i].iface_attr.flags & UCT_IFACE_FLAG_CONNECT_TO_IFACE) != 0;
+        for (size_t k = 0; k < sizeof(cs) / sizeof(cs[0]); k++)
+            needs_iface = needs_iface || a[i].tl_name_csum == cs[k];
         if (a[i].num_ep_addrs > 6 || !sane(a[i].iface_attr.overhead) ||
             !sane(a[i].iface_attr.bandwidth) || !sane(a[i].iface_attr.lat_ovh) ||
-            a[i].dev_num_paths == 0)
-            return 3;
+            a[i].dev_num_paths == 0 || (!a[i].dev_addr && a[i].tl_name_csum != cs[0]) ||
+            (!a[i].iface_addr && needs_iface))
+            return 3; /* (a missing address: NULL dereference in is_reachable) */
+        /* posix: the FIFO segment id leads the interface address; with neither
+         * procfs (UCX's default, proc link) nor shm_open mode UCX wants a
+         * directory name and asserts (mm_posix.c:369) */
+        uint64_t seg;
+        if (a[i].tl_name_csum == cs[2] && a[i].iface_addr &&
+            (memcpy(&seg, a[i].iface_addr, 8), (seg & (3ull << 62)) == 0))
+            return 4;
     }
 #endif
     return 0;

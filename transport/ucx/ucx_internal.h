@@ -44,6 +44,7 @@ struct ucx_notif {
     enum notif_state state;
     void *req;
     uint32_t len;
+    uint8_t token[KVR_XFER_TOKEN_LEN]; /* the AM header: the pair's token */
     unsigned char msg[KVR_XFER_NOTIF_MAX];
 };
 

@@ -716,6 +716,7 @@ static kvr_status_t vb_connect(kvr_xfer_peer_t *p, const void *addr, size_t len)
     req->magic = VB_HS_MAGIC;
     req->version = VB_HS_VERSION;
     req->nonce = a->nonce;
+    memcpy(req->token, p->token, sizeof(req->token));
     req->nrails = (uint32_t)vp->nrails;
     snprintf(req->who, sizeof(req->who), "%s", ve->who);
     for (int i = 0; i < vp->nrails; i++) {
@@ -1125,6 +1126,10 @@ static void vb_inbound_accept(struct vb_inbound *in)
     } else if (rq->nonce != ve->nonce) {
         s = KVR_ERR_MISMATCH;
         snprintf(rp->why, sizeof(rp->why), "address blob of another engine (nonce)");
+    } else if (!kvr_xfer_token_ok(&ve->base, rq->token)) {
+        s = KVR_ERR_MISMATCH;
+        snprintf(rp->why, sizeof(rp->why),
+                 "no token this engine was given: a peer not introduced to it");
     } else if (rq->nrails == 0 || rq->nrails > (uint32_t)ve->ndev) {
         s = KVR_ERR_INVALID;
         snprintf(rp->why, sizeof(rp->why), "%u rails asked, %d devices here", rq->nrails, ve->ndev);
@@ -1505,6 +1510,7 @@ static void vb_probe_start(struct vb_peer *vp, int ri)
     req->magic = VB_HS_MAGIC;
     req->version = VB_HS_VERSION;
     req->nonce = vp->remote.nonce;
+    memcpy(req->token, vp->base.token, sizeof(req->token));
     req->nrails = 1;
     snprintf(req->who, sizeof(req->who), "%s", ve->who);
     const struct vb_dev *d = &ve->dev[r->ldev];

@@ -98,8 +98,9 @@ struct vb_hs {
     uint64_t nonce;
     int32_t status; /* reply */
     uint32_t nrails;
-    char who[64];  /* request: initiator name; reply: target name */
-    char why[160]; /* reply: the reason of a refusal */
+    char who[64];                      /* request: initiator name; reply: target name */
+    char why[160];                     /* reply: the reason of a refusal */
+    uint8_t token[KVR_XFER_TOKEN_LEN]; /* request: the pair's token (xfer_token.c) */
     struct vb_wire_rail rail[VB_MAX_DEV];
 } __attribute__((packed));
 
