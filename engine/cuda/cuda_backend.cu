@@ -84,6 +84,8 @@ struct cuda_backend {
     /* scratch */
     void *xn;    /* [max_rows][max_cols] the activations narrowed to bf16/f16 */
     float *ycol; /* [max_rows][max_cols] a column slice of a host-bound output */
+    float *part; /* attention's split partials (kvr_cuda_attn), grown on demand */
+    size_t part_cap;
 };
 
 static struct cuda_backend *cu(struct kvr_compute_backend *be)
@@ -423,6 +425,29 @@ static struct kvr_cuda_attn attn_of(struct cuda_backend *c, const struct kvr_att
     g.pos = c->d_pos;
     g.tab_off = c->d_off;
     g.tables = c->d_tab;
+    /* splits of the longest row's keys, and room for their partials */
+    int32_t most = 1;
+    for (int32_t r = 0; r < a->n_rows; r++) {
+        int32_t p = a->pos[r], lo = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+        most = p - lo + 1 > most ? p - lo + 1 : most;
+    }
+    g.n_splits = kvr_cuda_attn_splits(most);
+    g.part_ml = g.part_o = NULL;
+    if (g.n_splits > 1) {
+        size_t rh = (size_t)a->n_rows * (size_t)a->n_heads * (size_t)g.n_splits;
+        size_t need = rh * (2 + (size_t)l->head_dim);
+        if (need > c->part_cap) {
+            OP_CHECK(cudaStreamSynchronize(c->stream));
+            cudaFree(c->part);
+            c->part = NULL;
+            c->part_cap = 0;
+            OP_CHECK(cudaMalloc((void **)&c->part, need * 2 * sizeof(float)));
+            c->part_cap = need * 2;
+            KVR_LOG_DEBUG(COMP, "attention partials grown to %zu floats", c->part_cap);
+        }
+        g.part_ml = c->part;
+        g.part_o = c->part + 2 * rh;
+    }
     return g;
 }
 
@@ -514,6 +539,7 @@ static void cuda_destroy(struct kvr_compute_backend *be)
     free(c->h_build);
     cudaFree(c->xn);
     cudaFree(c->ycol);
+    cudaFree(c->part);
     if (c->stream)
         cudaStreamDestroy(c->stream);
     KVR_LOG_DEBUG(COMP, "backend destroyed: %llu uploads (%llu bytes), %llu GEMMs",

@@ -12,12 +12,15 @@
  * ordered differently from the CPU's, hence the op tests' tolerances).
  *
  * Paged attention: one thread block per (row, KV head, group of up to
- * ATTN_GB query heads sharing it); NW warps split the row's key range into
- * contiguous chunks; a warp's lanes split head_dim (lane + 32 j), so every
+ * ATTN_GB query heads sharing it, split of ATTN_SPLIT keys of the row: a
+ * decode step of one sequence still fills the GPU); NW warps split the
+ * block's keys into contiguous chunks; a warp's lanes split head_dim (lane + 32 j), so every
  * K/V load of a warp is one coalesced run of a key's head_dim elements,
  * read once for all the heads of the group.  Each warp keeps an online
  * softmax (running max, sum, weighted V); the warps' partials are merged in
- * warp order.  Decode and prefill rows are the same kernel: a prefill row
+ * warp order, the splits' by a second kernel in split order.  The cuts
+ * depend only on the row's own key range, so a row's result is the same in
+ * any batch.  Decode and prefill rows are the same kernel: a prefill row
  * reads its whole causal prefix (no tiling across rows yet: its K/V reads
  * grow with the square of the prompt; see the benchmark's prefill split).
  */
@@ -27,8 +30,9 @@
 
 #include "cuda_kernels.h"
 
-#define ATTN_NW 4 /* warps a block */
-#define ATTN_GB 4 /* query heads a block */
+#define ATTN_NW    4   /* warps a block */
+#define ATTN_GB    4   /* query heads a block */
+#define ATTN_SPLIT 256 /* keys a block: a row's keys in splits of this many */
 
 static unsigned blocks_for(size_t n, unsigned per)
 {
@@ -222,8 +226,12 @@ __global__ void attn_kernel(struct kvr_cuda_attn a, const float *q, float *out)
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int32_t p = a.pos[r];
     const int32_t lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
-    const int32_t nk = p - lo + 1, chunk = (nk + ATTN_NW - 1) / ATTN_NW;
-    const int32_t t0 = lo + w * chunk, t1 = t0 + chunk < p + 1 ? t0 + chunk : p + 1;
+    /* this block's split of the row's keys: [s0, s1), ATTN_SPLIT keys from
+     * lo, the same cut whatever the batch; its warps take a quarter each */
+    const int32_t s0 = lo + (int32_t)blockIdx.z * ATTN_SPLIT;
+    const int32_t s1 = s0 + ATTN_SPLIT < p + 1 ? s0 + ATTN_SPLIT : p + 1;
+    const int32_t nk = s1 > s0 ? s1 - s0 : 0, chunk = (nk + ATTN_NW - 1) / ATTN_NW;
+    const int32_t t0 = s0 + w * chunk, t1 = t0 + chunk < s1 ? t0 + chunk : s1;
     const int32_t *bt = a.tables + a.tab_off[r];
     const T *base = (const T *)a.layer_base;
 
@@ -294,7 +302,10 @@ __global__ void attn_kernel(struct kvr_cuda_attn a, const float *q, float *out)
             sh_o[w][g][lane + 32 * j] = acc[g][j];
     }
     __syncthreads();
-    /* merge the warps' partials in warp order: thread (g, d) */
+    /* merge the warps' partials in warp order: thread (g, d); one split:
+     * the output, else this split's (max, sum, unnormalized O) for the
+     * merge kernel (an empty split: sum 0) */
+    const int32_t nz = (int32_t)gridDim.z, z = (int32_t)blockIdx.z;
     for (int32_t i = threadIdx.x; i < ng * hd; i += blockDim.x) {
         int32_t g = i / hd, d = i % hd;
         float mx = -INFINITY;
@@ -308,7 +319,40 @@ __global__ void attn_kernel(struct kvr_cuda_attn a, const float *q, float *out)
             L += sh_l[ww][g] * f;
             o += sh_o[ww][g][d] * f;
         }
-        out[((size_t)r * (size_t)H + (size_t)(h0 + g)) * (size_t)hd + (size_t)d] = o / L;
+        size_t rh = (size_t)r * (size_t)H + (size_t)(h0 + g);
+        if (nz == 1) {
+            out[rh * (size_t)hd + (size_t)d] = o / L;
+        } else {
+            size_t pz = rh * (size_t)nz + (size_t)z;
+            a.part_o[pz * (size_t)hd + (size_t)d] = o;
+            if (d == 0) {
+                a.part_ml[2 * pz] = mx;
+                a.part_ml[2 * pz + 1] = L;
+            }
+        }
+    }
+}
+
+/* out[r][h] = the splits' partials merged in split order */
+__global__ void attn_merge_kernel(struct kvr_cuda_attn a, float *out, int32_t nz)
+{
+    const int32_t r = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
+    const size_t rh = (size_t)r * (size_t)a.n_heads + (size_t)h;
+    const float *ml = a.part_ml + 2 * rh * (size_t)nz;
+    float mx = -INFINITY;
+    for (int32_t z = 0; z < nz; z++)
+        if (ml[2 * z + 1] != 0.0f && ml[2 * z] > mx)
+            mx = ml[2 * z];
+    for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) {
+        float L = 0, o = 0;
+        for (int32_t z = 0; z < nz; z++) {
+            if (ml[2 * z + 1] == 0.0f)
+                continue; /* past the row's keys */
+            float f = expf(ml[2 * z] - mx);
+            L += ml[2 * z + 1] * f;
+            o += a.part_o[(rh * (size_t)nz + (size_t)z) * (size_t)hd + (size_t)d] * f;
+        }
+        out[rh * (size_t)hd + (size_t)d] = o / L;
     }
 }
 
@@ -316,7 +360,8 @@ template <typename T>
 static void attn_launch(cudaStream_t s, const struct kvr_cuda_attn *a, const float *q, float *out)
 {
     int32_t group = a->n_heads / a->n_kv_heads;
-    dim3 g((unsigned)a->n_rows, (unsigned)(a->n_kv_heads * ((group + ATTN_GB - 1) / ATTN_GB)));
+    dim3 g((unsigned)a->n_rows, (unsigned)(a->n_kv_heads * ((group + ATTN_GB - 1) / ATTN_GB)),
+           (unsigned)a->n_splits);
     const unsigned nt = ATTN_NW * 32;
     switch ((a->head_dim + 31) / 32) {
     case 1:
@@ -341,6 +386,11 @@ static void attn_launch(cudaStream_t s, const struct kvr_cuda_attn *a, const flo
     }
 }
 
+int32_t kvr_cuda_attn_splits(int32_t max_keys)
+{
+    return max_keys < 1 ? 1 : (max_keys + ATTN_SPLIT - 1) / ATTN_SPLIT;
+}
+
 void kvr_cuda_attention(cudaStream_t s, const struct kvr_cuda_attn *a, const float *q, float *out)
 {
     if (a->n_rows < 1)
@@ -351,6 +401,11 @@ void kvr_cuda_attention(cudaStream_t s, const struct kvr_cuda_attn *a, const flo
         attn_launch<__nv_bfloat16>(s, a, q, out);
     else
         attn_launch<__half>(s, a, q, out);
+    if (a->n_splits > 1) {
+        dim3 g((unsigned)a->n_rows, (unsigned)a->n_heads);
+        unsigned nt = a->head_dim < 32 ? 32 : a->head_dim > 256 ? 256 : (unsigned)a->head_dim;
+        attn_merge_kernel<<<g, nt, 0, s>>>(*a, out, a->n_splits);
+    }
 }
 
 /* ------------------------------------------------------------ elementwise */

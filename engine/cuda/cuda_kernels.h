@@ -29,7 +29,13 @@ struct kvr_cuda_attn {
     const int32_t *pos;     /* [n_rows] */
     const int32_t *tab_off; /* [n_rows] offset of the row's block table in tables */
     const int32_t *tables;  /* the block tables, concatenated */
+    int32_t n_splits;       /* kvr_cuda_attn_splits(the most keys a row reads) */
+    float *part_ml;         /* [n_rows][n_heads][n_splits][2] (max, sum) when n_splits > 1 */
+    float *part_o;          /* [n_rows][n_heads][n_splits][head_dim] */
 };
+
+/* Splits attention cuts a row of max_keys keys into (the partials' size). */
+int32_t kvr_cuda_attn_splits(int32_t max_keys);
 
 void kvr_cuda_embed(cudaStream_t s, float *x, const int32_t *tokens, int32_t M, const void *emb,
                     int32_t dtype, int32_t dim);
