@@ -689,13 +689,14 @@ static inline __attribute__((always_inline)) v16f ldkv(const void *p, int32_t dt
 }
 
 /* One attention task loop for KV elements of dtype dt (a constant). */
-static inline __attribute__((always_inline)) void attn_rows(const struct attn_job *j, int ith,
-                                                            int nth, int tid, const int32_t dt)
+static inline __attribute__((always_inline)) void
+attn_rows(const struct attn_job *j, int ith, int nth, int tid, const int32_t dt, const int32_t HDV)
 {
     const struct kvr_attn_args *a = j->a;
     const struct kvr_kv_layout *l = a->layout;
     const int32_t H = a->n_heads, hd = l->head_dim, bs = l->block_size;
-    const int32_t group = H / l->n_kv_heads, hdv = (hd + 15) / 16;
+    /* HDV: head_dim / 16 as a constant (head_dim 64, 128), else 0 */
+    const int32_t group = H / l->n_kv_heads, hdv = HDV ? HDV : (hd + 15) / 16;
     const size_t msl = (size_t)j->c->p.max_seq_len;
     float *qpad = j->c->qpad + (size_t)tid * ATTN_RQ * (size_t)hdv * 16;
     int32_t n_pairs = j->n_groups * H;
@@ -733,10 +734,22 @@ static inline __attribute__((always_inline)) void attn_rows(const struct attn_jo
                 v16f acc[16];
                 for (int k = 0; k < 16; k++)
                     acc[k] = (v16f){0};
-                for (int32_t c = 0; c < hdv; c++) {
-                    v16f qc = ldx(qp + c * 16);
-                    for (int k = 0; k < 16; k++)
-                        acc[k] += qc * ldkv(kp[k], dt, c * 16, hd - c * 16);
+                if (HDV) {      /* q in registers, one key pointer live at a time:
+                                   each acc[k] the same FMA chain over c */
+                    v16f qv[8]; /* HDV <= 8 */
+                    for (int32_t c = 0; c < HDV; c++)
+                        qv[c] = ldx(qp + c * 16);
+                    for (int k = 0; k < 16; k++) {
+                        const void *p = kp[k];
+                        for (int32_t c = 0; c < HDV; c++)
+                            acc[k] += qv[c] * ld16x(p, dt, (size_t)c * 16);
+                    }
+                } else {
+                    for (int32_t c = 0; c < hdv; c++) {
+                        v16f qc = ldx(qp + c * 16);
+                        for (int k = 0; k < 16; k++)
+                            acc[k] += qc * ldkv(kp[k], dt, c * 16, hd - c * 16);
+                    }
                 }
                 v16f sv = hsum16(acc) * a->scale;
                 float sf[16];
@@ -767,7 +780,36 @@ static inline __attribute__((always_inline)) void attn_rows(const struct attn_jo
             for (int32_t r = 0; r < ATTN_RQ; r++)
                 for (int c = 0; c < 4; c++)
                     acc[r][c] = (v16f){0};
+            /* keys every row of a full group attends to, [f_lo, f_hi],
+             * in registers (below); the others row by row.  Each acc[r][c]
+             * takes the keys in order either way: the same bits. */
+            int32_t f_lo = lo[ATTN_RQ - 1], f_hi = hi[0];
+            if (!(HDV && g == ATTN_RQ && f_lo <= f_hi))
+                f_lo = t_hi + 1, f_hi = t_hi;
             for (int32_t t = t_lo; t <= t_hi; t++) {
+                if (t == f_lo) {
+                    v16f fa[ATTN_RQ][4];
+                    const int NV = HDV - c0 < 4 ? HDV - c0 : 4;
+                    for (int32_t r = 0; r < ATTN_RQ; r++)
+                        for (int c = 0; c < NV; c++)
+                            fa[r][c] = acc[r][c];
+                    for (; t <= f_hi; t++) {
+                        const void *vv = kvr_kv_ptr(l, a->layer_base, bt[t / bs], 1, kvh, t % bs);
+                        v16f vc[4];
+                        for (int c = 0; c < NV; c++)
+                            vc[c] = ld16x(vv, dt, (size_t)(c0 + c) * 16);
+                        for (int32_t r = 0; r < ATTN_RQ; r++) {
+                            v16f pv = (v16f){0} + sc[r][t - lo[r]];
+                            for (int c = 0; c < NV; c++)
+                                fa[r][c] += pv * vc[c];
+                        }
+                    }
+                    for (int32_t r = 0; r < ATTN_RQ; r++)
+                        for (int c = 0; c < NV; c++)
+                            acc[r][c] = fa[r][c];
+                    if (t > t_hi)
+                        break;
+                }
                 const void *vv = kvr_kv_ptr(l, a->layer_base, bt[t / bs], 1, kvh, t % bs);
                 v16f vc[4];
                 for (int32_t c = 0; c < nv; c++)
@@ -796,17 +838,28 @@ static inline __attribute__((always_inline)) void attn_body(void *arg, int ith, 
                                                             int32_t f16)
 {
     const struct attn_job *j = arg;
+    const int32_t hd = j->a->layout->head_dim, hdv = hd == 64 ? 4 : hd == 128 ? 8 : 0;
+#define ATTN_HD(dt)                                                                                \
+    do {                                                                                           \
+        if (hdv == 4)                                                                              \
+            attn_rows(j, ith, nth, tid, dt, 4);                                                    \
+        else if (hdv == 8)                                                                         \
+            attn_rows(j, ith, nth, tid, dt, 8);                                                    \
+        else                                                                                       \
+            attn_rows(j, ith, nth, tid, dt, 0);                                                    \
+    } while (0)
     switch (j->a->layout->dtype) {
     case KVR_KV_F32:
-        attn_rows(j, ith, nth, tid, KVR_DT_F32);
+        ATTN_HD(KVR_DT_F32);
         break;
     case KVR_KV_BF16:
-        attn_rows(j, ith, nth, tid, KVR_DT_BF16);
+        ATTN_HD(KVR_DT_BF16);
         break;
     default:
-        attn_rows(j, ith, nth, tid, f16);
+        ATTN_HD(f16);
         break;
     }
+#undef ATTN_HD
 }
 
 #if defined(__OPTIMIZE__) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)

@@ -16,7 +16,8 @@
  *    prefill's last row.
  * On Llama models stored in f32, bf16 and f16, and a Qwen2 one (biases), a
  * sliding-window Mistral one, and head_dim / hidden not multiples of 16
- * (the kernels' padded tails); each over KV pools of f32, bf16 and f16
+ * (the kernels' padded tails), head_dim 64 and 128 (attention's
+ * register-resident kernels); each over KV pools of f32, bf16 and f16
  * (bf16 / f16 KV: logits close to the f32 KV's, not equal).
  *
  *   test_engine_invariant KVRAIL_MKMODEL
@@ -267,6 +268,13 @@ int main(int argc, char **argv)
         {"--arch mistral --layers 2 --hidden 128 --heads 4 --kv-heads 1 --intermediate 256 "
          "--vocab 300 --sliding-window 20 --dtype bf16 --seed 15",
          "mistral bf16, window 20"},
+        /* head_dim 64 and 128: attention's register-resident kernels */
+        {"--arch llama --layers 2 --hidden 256 --heads 4 --kv-heads 2 --intermediate 256 "
+         "--vocab 300 --seed 16",
+         "llama f32, head_dim 64"},
+        {"--arch mistral --layers 1 --hidden 256 --heads 2 --kv-heads 1 --intermediate 128 "
+         "--vocab 300 --sliding-window 20 --dtype f16 --seed 17",
+         "mistral f16, head_dim 128, window 20"},
     };
     for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++) {
         char d[] = "/tmp/kvr-test-engine-inv-XXXXXX", cmd[8192];
