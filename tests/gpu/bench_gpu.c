@@ -94,6 +94,7 @@ static double bench_attention(int32_t kvdt, int B, int ctx, double copy_gbs)
     void *pool;
     CK(cudaMalloc(&pool, slab));
     CK(cudaMemset(pool, 0, slab));
+    CK(cudaDeviceSynchronize()); /* the legacy stream's memset, before the backend's stream */
     struct kvr_backend_params p = {.n_threads = 1,
                                    .max_rows = 64,
                                    .max_cols = 2048,
@@ -177,6 +178,7 @@ static void bench_engine(const char *dir, bool quick)
     for (int32_t l = 0; l < L; l++) {
         CK(cudaMalloc(&pool.layer_base[l], kvr_kv_layer_bytes(&pool.layout, pool.n_blocks)));
         CK(cudaMemset(pool.layer_base[l], 0, kvr_kv_layer_bytes(&pool.layout, pool.n_blocks)));
+        CK(cudaDeviceSynchronize()); /* before the backend's non-blocking stream */
     }
     int32_t *tables = malloc((size_t)pool.n_blocks * 4);
     for (int32_t i = 0; i < pool.n_blocks; i++)
@@ -330,6 +332,7 @@ static void bench_ipc(const char *self)
     CK(cudaMalloc(&src, bytes));
     CK(cudaMalloc(&local, bytes));
     CK(cudaMemset(src, 1, bytes));
+    CK(cudaDeviceSynchronize()); /* the legacy stream's memset, before stream s */
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cudaEvent_t a, b;

@@ -227,7 +227,8 @@ static int target(void)
     /* the region 1 MiB into its allocation: the rkey carries the offset */
     void *alloc, *d;
     if (!e || cudaMalloc(&alloc, REGION + (1u << 20)) != cudaSuccess ||
-        cudaMemset(alloc, 0, REGION + (1u << 20)) != cudaSuccess)
+        cudaMemset(alloc, 0, REGION + (1u << 20)) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess) /* zeroed before the pusher writes */
         return 1;
     d = (char *)alloc + (1u << 20);
     kvr_xfer_mem_t *m;

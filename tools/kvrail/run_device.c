@@ -70,7 +70,9 @@ void *kvr_run_device_slab(int index, size_t bytes)
         (void)cudaGetLastError();
         return NULL;
     }
-    if (cudaMemset(p, 0, n ? n : 64) != cudaSuccess) {
+    /* the memset runs on the legacy stream, which the engine's non-blocking
+     * stream does not wait for: finish it here */
+    if (cudaMemset(p, 0, n ? n : 64) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
         (void)cudaGetLastError();
         cudaFree(p);
         return NULL;
