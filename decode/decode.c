@@ -671,7 +671,11 @@ static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
         memcpy(r->stop_ids, m->stop_token_ids, m->n_stop_token_ids * sizeof *r->stop_ids);
     r->n_stop = m->n_stop_token_ids;
     r->ignore_eos = m->ignore_eos;
-    kvr_sampler_add_prompt(r->smp, r->tokens, np);
+    /* after a migration the last m->generated tokens are output: penalties
+     * count them and the random stream continues after them */
+    size_t ng = m->generated < np ? m->generated : 0;
+    kvr_sampler_add_prompt(r->smp, r->tokens, np - ng);
+    kvr_sampler_add_generated(r->smp, r->tokens + np - ng, ng);
     size_t nh = 0;
     (void)kvr_blockhash_seq((const uint32_t *)r->tokens, np, bs, r->hashes, np / bs + 1, &nh);
     r->n_hashes = (uint32_t)nh;

@@ -110,7 +110,8 @@ struct preq {
     char errmsg[200];
     int32_t first_token;
     float logprob;
-    uint32_t top_n; /* sampling.top_logprobs: the first token's alternatives, to D */
+    uint32_t generated; /* the last tokens were generated (a migration) */
+    uint32_t top_n;     /* sampling.top_logprobs: the first token's alternatives, to D */
     int32_t n_top;
     int32_t top_ids[KVR_SAMPLE_MAX_TOP_LOGPROBS];
     float top_lps[KVR_SAMPLE_MAX_TOP_LOGPROBS];
@@ -686,6 +687,7 @@ static void on_prefill(struct prefill *p, const Kvrail__Prefill *m)
     r->id = m->request_id;
     r->attempt = m->attempt;
     r->t_recv = tmp.t_recv;
+    r->generated = m->generated < m->n_token_ids ? m->generated : 0;
     r->n_tokens = (int32_t)m->n_token_ids;
     for (size_t i = 0; i < m->n_token_ids; i++)
         r->tokens[i] = (int32_t)m->token_ids[i];
@@ -884,7 +886,8 @@ static void end_req(struct prefill *p, struct preq *r, kvr_status_t s, const flo
     char err[200];
     s = kvr_sampler_create(&r->sp, p->vocab, &smp, err, sizeof err);
     if (s == KVR_OK) {
-        kvr_sampler_add_prompt(smp, r->tokens, (size_t)r->n_tokens);
+        kvr_sampler_add_prompt(smp, r->tokens, (size_t)r->n_tokens - r->generated);
+        kvr_sampler_add_generated(smp, r->tokens + r->n_tokens - r->generated, r->generated);
         s = kvr_sampler_sample(smp, logits, &r->first_token, &r->logprob);
         kvr_sampler_destroy(smp);
         if (r->top_n)

@@ -33,6 +33,7 @@ static kvr_status_t send_prefill(rt_t *r, const struct rt_req *q, struct rt_node
     pf.seed = q->sp.seed;
     pf.decode_node = (char *)d->name;
     pf.lease_ms = r->cl->timeouts.lease_ms;
+    pf.generated = q->index_base; /* streamed before a migration: output, not prompt */
     return rt_send_node(r, p, KVRAIL__METHOD__PREFILL, &pf.base);
 }
 
@@ -65,6 +66,7 @@ static enum rt_dispatch_result send_pick(rt_t *r, struct rt_req *q, const struct
     rs.token_ids = q->ctx;
     rs.lease_ms = r->cl->timeouts.lease_ms;
     rs.max_tokens = q->max_tokens - q->index_base;
+    rs.generated = q->index_base;
     rs.sampling = &q->sp;
     rs.n_stop_token_ids = q->n_stop_ids;
     rs.stop_token_ids = q->stop_ids;

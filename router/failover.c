@@ -63,8 +63,10 @@ static bool migrate(rt_t *r, struct rt_req *q, struct rt_node *n, uint64_t now, 
     q->n_ctx = n_ctx;
     kvr_blockhash_seq(ctx, n_ctx, bs, hs, n_ctx / bs + 1, &q->n_hashes);
     q->index_base = q->n_out;
-    /* the seed's counter restarts on the new node: greedy output is
-     * unchanged, sampled output continues as a new draw */
+    /* the new dispatch says how many of its tokens were generated
+     * (Reserve/Prefill.generated = index_base): the nodes' samplers count
+     * them as output and continue the seed's stream after them, so sampled
+     * output (penalties included) goes on as one process would */
     KVR_LOG_WARN("router",
                  "request %" PRIu64 ": decode node %s %s; migrating with %u tokens streamed", q->id,
                  n->name, why, q->n_out);

@@ -467,8 +467,10 @@ class Cluster:
             stop_group(p, grace=max(0.1, deadline - time.monotonic()))
 
 
-def reference(bins, model, prompts, jobs=2, ignore_eos=False):
-    """Greedy outputs of `kvrail run` for each (tokens, max_tokens)."""
+def reference(bins, model, prompts, jobs=2, ignore_eos=False, sampling=()):
+    """Greedy outputs of `kvrail run` for each (tokens, max_tokens); with
+    sampling (kvrail run flags, e.g. --temperature 0.8), sampled with seed i
+    for prompt i (what kvrail-loadgen's requests use: --seed = their id)."""
     outs = [None] * len(prompts)
     running = []
     i = 0
@@ -478,6 +480,8 @@ def reference(bins, model, prompts, jobs=2, ignore_eos=False):
             argv = [bins.kvrail, "run", "--model", model, "--prompt-tokens",
                     ",".join(map(str, toks)), "--max-tokens", str(mt), "--temperature", "0",
                     "--json"] + (["--ignore-eos"] if ignore_eos else [])
+            if sampling:
+                argv += list(sampling) + ["--seed", str(i)]
             running.append((i, spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)))
             i += 1
@@ -488,7 +492,9 @@ def reference(bins, model, prompts, jobs=2, ignore_eos=False):
             stop_group(p, grace=0)
         check(p.returncode == 0, "kvrail run failed for prompt %d: %s" % (idx, err))
         ids = []
-        for line in out.splitlines():
+        # lines end at "\n" only: str.splitlines() would also cut at U+2028,
+        # \x1c.. \x1e, \x85, which a sampled token's JSON text may hold
+        for line in out.split("\n"):
             line = line.strip()
             if not line:
                 continue
@@ -540,7 +546,7 @@ class ClientCluster(Cluster):
 def tokens_of(text):
     """The token ids of `kvrail generate/run --json` output."""
     ids = []
-    for line in text.splitlines():
+    for line in text.split("\n"):  # not splitlines(): see reference()
         line = line.strip()
         if line.startswith("{"):
             try:

@@ -260,11 +260,14 @@ def case_failover(args, bins, wd):
     rng = random.Random(13)
     prompts = [([rng.randrange(4, 512) for _ in range(rng.randrange(100, 400))], 1200)
                for _ in range(8)]
-    ref = reference(bins, model, prompts, ignore_eos=True)
+    # sampled, with frequency / presence penalties: a migrated request goes on
+    # as one process would (the new dispatch says which tokens were output)
+    samp = ["--temperature", "0.8", "--frequency-penalty", "0.5", "--presence-penalty", "0.3"]
+    ref = reference(bins, model, prompts, ignore_eos=True, sampling=samp)
     c = Cluster(bins, wd, model, n_prefill=1, n_decode=2)
     try:
         c.start()
-        h = c.loadgen_start(prompts, ["--concurrency", "8"], name="failover")
+        h = c.loadgen_start(prompts, ["--concurrency", "8"] + samp, name="failover")
         deadline = time.time() + 30
         victim = None
         while time.time() < deadline and not victim:

@@ -103,7 +103,8 @@ struct opts {
     int shared_prefix;
     double shared_frac;
     const char *label;
-    const char *openai;     /* http://HOST:PORT: the OpenAI mode */
+    double temperature, presence_penalty, frequency_penalty; /* default greedy, none */
+    const char *openai;                                      /* http://HOST:PORT: the OpenAI mode */
     const char *model_name; /* its model id (default: GET /v1/models) */
 };
 
@@ -185,6 +186,8 @@ static void usage(FILE *f)
                "  --seed S                 prompt generator seed (default 1)\n"
                "  --prompts FILE           JSON lines {\"id\",\"tokens\",\"max_tokens\"} instead\n"
                "  --no-ignore-eos          stop at EOS (synthetic load ignores EOS by default)\n"
+               "  --temperature T          sample (default 0: greedy); request i uses seed i\n"
+               "  --presence-penalty X --frequency-penalty X   (default 0)\n"
                "  --slo-ttft-ms X --slo-tpot-ms Y   goodput SLOs (default 1000, 100)\n"
                "  --timeout-ms T           per-request deadline (default 120000)\n"
                "  --outputs FILE --csv FILE --summary-json FILE --plot FILE.png --label NAME\n"
@@ -432,7 +435,9 @@ static kvr_status_t send_generate(void *sock, const struct opts *o, struct req *
 {
     Kvrail__GenerateRequest g = KVRAIL__GENERATE_REQUEST__INIT;
     Kvrail__SamplingParams sp = KVRAIL__SAMPLING_PARAMS__INIT;
-    sp.temperature = 0;
+    sp.temperature = (float)o->temperature;
+    sp.presence_penalty = (float)o->presence_penalty;
+    sp.frequency_penalty = (float)o->frequency_penalty;
     sp.seed = r->id;
     sp.has_seed = 1;
     g.token_ids = r->tokens;
@@ -838,6 +843,9 @@ int main(int argc, char **argv)
         O_SHARED_FRAC,
         O_LABEL,
         O_OPENAI,
+        O_TEMP,
+        O_PRES,
+        O_FREQ,
         O_ROUTER_KEY,
         O_CLIENT_KEY,
         O_MODEL_NAME,
@@ -873,6 +881,9 @@ int main(int argc, char **argv)
         {"shared-frac", required_argument, 0, O_SHARED_FRAC},
         {"label", required_argument, 0, O_LABEL},
         {"openai", required_argument, 0, O_OPENAI},
+        {"temperature", required_argument, 0, O_TEMP},
+        {"presence-penalty", required_argument, 0, O_PRES},
+        {"frequency-penalty", required_argument, 0, O_FREQ},
         {"router-key", required_argument, 0, O_ROUTER_KEY},
         {"client-key", required_argument, 0, O_CLIENT_KEY},
         {"model-name", required_argument, 0, O_MODEL_NAME},
@@ -972,6 +983,15 @@ int main(int argc, char **argv)
             break;
         case O_OPENAI:
             o.openai = optarg;
+            break;
+        case O_TEMP:
+            o.temperature = atof(optarg);
+            break;
+        case O_PRES:
+            o.presence_penalty = atof(optarg);
+            break;
+        case O_FREQ:
+            o.frequency_penalty = atof(optarg);
             break;
         case O_ROUTER_KEY:
             setenv("KVRAIL_ROUTER_KEY", optarg, 1);
