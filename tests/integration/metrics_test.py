@@ -10,8 +10,12 @@ bytes received by the decode node == what the stats files say); the
 router's TTFT and end-to-end histograms counted every request; /health is
 200 and /ready 200 once registered.  Malformed HTTP (garbage, a POST with
 a huge body, a half request left open) leaves every process serving.
-Finally a real Prometheus server scrapes the three processes on loopback
-and the test finds the request counter and TTFT histogram in its HTTP API.
+The per-event series: the decode node's inter-token latency (one per token
+after a request's first), the prefill node's KV bytes / seconds per
+transfer (one per remote prefill), no transfer failure, no migration,
+successes by finish reason.  Finally a real Prometheus server scrapes the
+three processes and kvrail-frontend (one completion through it) on
+loopback and the test finds those series in its HTTP API.
 Needs promtool and prometheus (Debian `prometheus`; install-deps --test):
 exits 77 without them.
 """
@@ -26,6 +30,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cluster_lib as cl  # noqa: E402
@@ -43,6 +48,13 @@ def http_get(port, path, timeout=10):
         return r.status, r.read().decode(), r.getheader("Content-Type") or ""
     finally:
         c.close()
+
+
+def http_ok(port, path):
+    try:
+        return http_get(port, path, timeout=5)[0] == 200
+    except OSError:
+        return False
 
 
 def parse(text):
@@ -119,6 +131,7 @@ def abuse(port):
 def main():
     ap = argparse.ArgumentParser()
     cl.add_bin_args(ap)
+    ap.add_argument("--frontend", help="kvrail-frontend: scraped with the others")
     args = ap.parse_args()
     for tool in ("promtool", "prometheus"):
         if not shutil.which(tool):
@@ -256,13 +269,31 @@ def main():
         print("ok malformed HTTP (garbage, HTTP/9.9, 100 MB POST, 70 kB URL, half request): "
               "every process serves /health, the cluster serves requests")
 
-        # a real Prometheus server scrapes the three processes
+        # the frontend too: one completion through it
+        targets = dict(ports)
+        if args.frontend:
+            fport = cl.free_port()
+            flog = open(os.path.join(wd, "frontend.log"), "w")
+            fe = cl.spawn([args.frontend, "--config", c.config, "--listen",
+                           "127.0.0.1:%d" % fport], stdout=flog, stderr=subprocess.STDOUT)
+            wait_for("frontend /ready", lambda: (fe.poll() is None and
+                                                 http_ok(fport, "/ready"), fe.poll()))
+            body = json.dumps({"model": os.path.basename(model), "prompt": list(range(9, 30)),
+                               "max_tokens": 3}).encode()
+            req = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % fport, data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                check(resp.status == 200, "completion through the frontend: %d" % resp.status)
+            targets["frontend"] = fport
+        n_router = n_req + 1 + (1 if args.frontend else 0)
+
+        # a real Prometheus server scrapes every process
         pport = cl.free_port()
         yml = os.path.join(wd, "prometheus.yml")
         with open(yml, "w") as f:
             f.write("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n"
                     "  - job_name: kvrail\n    static_configs:\n      - targets: [%s]\n" %
-                    ", ".join("'127.0.0.1:%d'" % p for p in ports.values()))
+                    ", ".join("'127.0.0.1:%d'" % p for p in targets.values()))
         plog = open(os.path.join(wd, "prometheus.log"), "w")
         prom = cl.spawn(["prometheus", "--config.file", yml, "--storage.tsdb.path",
                          os.path.join(wd, "tsdb"), "--web.listen-address", "127.0.0.1:%d" % pport],
@@ -280,20 +311,26 @@ def main():
         def prom_has():
             check(prom.poll() is None, "prometheus exited: see %s" % plog.name)
             res, body = query('kvrail_router_requests_total{result="ok"}')
-            ttft, _ = query("kvrail:time_to_first_token_seconds_count")
+            ttft, _ = query('kvrail:time_to_first_token_seconds_count{role="router"}')
+            fe_ok, _ = query('kvrail_frontend_requests_total{endpoint="/v1/completions",'
+                             'status="200"}')
             itl_p, _ = query("kvrail:inter_token_latency_seconds_count")
             xfer, _ = query("kvrail_kv_transfer_bytes_count")
             mig, _ = query("kvrail_router_migrations_total")
             up, _ = query("up")
-            ok = (res and float(res[0]["value"][1]) == n_req + 1 and ttft and
-                  float(ttft[0]["value"][1]) == n_req + 1 and up and len(up) == 3 and
+            ok = (res and float(res[0]["value"][1]) == n_router and ttft and
+                  float(ttft[0]["value"][1]) == n_router and up and len(up) == len(targets) and
+                  (not args.frontend or (fe_ok and float(fe_ok[0]["value"][1]) == 1)) and
                   itl_p and float(itl_p[0]["value"][1]) >= itl and
                   xfer and float(xfer[0]["value"][1]) >= remote and mig and
                   all(u["value"][1] == "1" for u in up))
             return ok, (body, ttft, up)
         wait_for("Prometheus scraped kvrail series", prom_has, timeout=60)
-        print("ok prometheus scraped 3 targets (up == 1): kvrail_router_requests_total{result=ok} "
-              "== %d, kvrail:time_to_first_token_seconds_count == %d" % (n_req + 1, n_req + 1))
+        print("ok prometheus scraped %d targets (%s; up == 1): kvrail_router_requests_total"
+              "{result=ok} == %d, kvrail:time_to_first_token_seconds_count == %d, the decode "
+              "node's ITL, the prefill node's KV transfers%s" % (
+                  len(targets), ", ".join(targets), n_router, n_router,
+                  ", the frontend's completions" if args.frontend else ""))
 
         # the CLI: token-id prompts, --usage's final line, --n choices, --stop
         def gen(*a):
