@@ -119,6 +119,10 @@ step nvcc_sm90_werror 60 nvcc_build
     echo
     [ -s "$WD/bench.md" ] && cat "$WD/bench.md"
     echo
+    echo "### the cuda_ipc transfer backend's push vs D2D (test_cuda_ipc)"
+    echo
+    sed -n '/^| [0-9]* MiB in/,/^| cuda_ipc push/p' "$LOG"
+    echo
     echo "## failing lines"
     echo
     echo '```'

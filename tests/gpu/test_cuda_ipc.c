@@ -262,11 +262,74 @@ static int target(void)
     }
     fprintf(stderr, "target: notification '%s'; %u of %u blocks wrong\n", box.msgs[0], bad,
             NBLOCKS);
+    /* serve the timed pushes until "done" (or 30 s) */
+    end = kvr_now_ns() + 30000000000ull;
+    while (box.n < 2 && kvr_now_ns() < end)
+        kvr_xfer_progress(e);
     free(h);
     kvr_xfer_mem_dereg(m);
     kvr_xfer_engine_destroy(e);
     cudaFree(alloc);
     return bad ? 2 : 0;
+}
+
+/* The push through the backend (post to completion, 7 times, median)
+ * against cudaMemcpyAsync device to device of the same coalesced segments
+ * into this process's own memory: the issue's "IPC push vs D2D" ratio. */
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void time_push(kvr_xfer_dlist_t *dl, const struct kvr_xfer_desc *ds, kvr_xfer_mem_t *lm)
+{
+    enum { REPS = 7 };
+    uint64_t ti[REPS], td[REPS];
+    void *local = NULL;
+    cudaStream_t st;
+    cudaEvent_t ev;
+    if (cudaMalloc(&local, REGION) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) {
+        CHECK(0, "timing setup");
+        return;
+    }
+    char *src = kvr_xfer_mem_addr(lm);
+    for (int r = 0; r < REPS; r++) {
+        uint64_t t0 = kvr_now_ns();
+        kvr_status_t s = kvr_xfer_post(dl);
+        if (s == KVR_INPROGRESS)
+            s = kvr_xfer_wait(dl, 10000);
+        ti[r] = kvr_now_ns() - t0;
+        CHECK(s == KVR_OK, "timed push %d: %s", r, kvr_status_str(s));
+        t0 = kvr_now_ns();
+        for (uint32_t i = 0; i < NBLOCKS;) { /* the same runs of adjacent blocks */
+            uint32_t e = i + 1;
+            while (e < NBLOCKS && ds[e].roff == ds[e - 1].roff + BLOCK &&
+                   ds[e].loff == ds[e - 1].loff + BLOCK)
+                e++;
+            cudaMemcpyAsync((char *)local + ds[i].roff, src + ds[i].loff, (size_t)(e - i) * BLOCK,
+                            cudaMemcpyDeviceToDevice, st);
+            i = e;
+        }
+        cudaEventRecord(ev, st);
+        cudaEventSynchronize(ev);
+        td[r] = kvr_now_ns() - t0;
+    }
+    qsort(ti, REPS, sizeof ti[0], cmp_u64);
+    qsort(td, REPS, sizeof td[0], cmp_u64);
+    double mi = (double)ti[REPS / 2] / 1e6, md = (double)td[REPS / 2] / 1e6;
+    double mb = (double)NBLOCKS * BLOCK / 1048576.0;
+    printf("\n| %.0f MiB in %u blocks of %u KiB | ms (median of %d) | GB/s | vs D2D |\n"
+           "|---|---|---|---|\n"
+           "| cudaMemcpyAsync D2D, same process | %.3f | %.1f | 1.00 |\n"
+           "| cuda_ipc push to another process (post to completion) | %.3f | %.1f | %.2f |\n",
+           mb, NBLOCKS, BLOCK / 1024, REPS, md, mb * 1.048576e-3 / (md / 1e3), mi,
+           mb * 1.048576e-3 / (mi / 1e3), md / mi);
+    cudaEventDestroy(ev);
+    cudaStreamDestroy(st);
+    cudaFree(local);
 }
 
 static void gpu_part(void)
@@ -326,6 +389,9 @@ static void gpu_part(void)
             CHECK(kvr_xfer_flush(p, 10000) == KVR_OK, "flush");
             printf("gpu part: %u blocks in %zu copies pushed over %s\n", NBLOCKS, co,
                    kvr_xfer_peer_transports(p));
+            time_push(dl, ds, lm);
+            CHECK(kvr_xfer_notify(p, "done", 4) == KVR_OK && kvr_xfer_flush(p, 10000) == KVR_OK,
+                  "the last notification");
         }
     } else {
         CHECK(0, "GPU setup of the pusher");
