@@ -258,7 +258,8 @@ def make_model(bins, workdir, extra=()):
 class Cluster:
     def __init__(self, bins, workdir, model, n_prefill=1, n_decode=1, pool_blocks=2048,
                  transport="ucx", tls="", queue_ms=5000, lease_ms=10000, local_prefill_tokens=32,
-                 max_batch=32, hosts=None, netns=None, threads=1, extra_yaml=""):
+                 max_batch=32, hosts=None, netns=None, threads=1, extra_yaml="",
+                 heartbeat_timeout_ms=3000):
         self.bins = bins
         self.dir = workdir
         self.model = model
@@ -277,7 +278,8 @@ class Cluster:
             y += ["  client_bind: tcp://0.0.0.0:%s" % self.client_ep.rsplit(":", 1)[1],
                   "  node_bind: tcp://0.0.0.0:%s" % self.node_ep.rsplit(":", 1)[1]]
         y += ["timeouts:", "  lease_ms: %d" % lease_ms, "  queue_ms: %d" % queue_ms,
-              "  heartbeat_ms: 200", "  heartbeat_timeout_ms: 3000", "  request_ms: 120000",
+              "  heartbeat_ms: 200", "  heartbeat_timeout_ms: %d" % heartbeat_timeout_ms,
+              "  request_ms: 120000",
               "thresholds:", "  local_prefill_tokens: %d" % local_prefill_tokens,
               "limits:", "  max_queue: 256", "  prefill_retries: 2", "nodes:",
               "  - name: router", "    role: router"]
