@@ -47,6 +47,7 @@
 #include <unistd.h>
 #include <cuda_runtime_api.h>
 
+#include "kvr_clock.h"
 #include "kvr_cuda.h"
 #include "kvr_log.h"
 
@@ -59,7 +60,7 @@ struct ci_addr {
     uint32_t pid;
     uint64_t engine_id;
     char boot_id[40];
-    char sock[48]; /* abstract name, without the leading NUL */
+    char sock[64]; /* abstract name, without the leading NUL */
 };
 
 struct ci_rkey {
@@ -173,14 +174,17 @@ static kvr_status_t ci_engine_init(kvr_xfer_engine_t *base)
         KVR_LOG_ERROR(COMP, "%s: require_rdma: cuda_ipc copies on one host, no RDMA", base->name);
         return KVR_ERR_NO_RDMA;
     }
+    e->sock = -1;
     e->nq_tail = &e->nq;
     e->id = atomic_fetch_add(&g_next_id, 1);
     e->addr.magic = ADDR_MAGIC;
     e->addr.pid = (uint32_t)getpid();
     e->addr.engine_id = e->id;
     read_boot_id(e->addr.boot_id);
-    snprintf(e->addr.sock, sizeof e->addr.sock, "kvrail-cuda-ipc-%u-%llu", (unsigned)getpid(),
-             (unsigned long long)e->id);
+    /* pid, engine and start time: a restarted process (same pid) gets
+     * another name, so a peer of its previous life cannot reach it */
+    snprintf(e->addr.sock, sizeof e->addr.sock, "kvrail-cuda-ipc-%u-%llu-%08x", (unsigned)getpid(),
+             (unsigned long long)e->id, (unsigned)(kvr_now_ns() & 0xffffffffu));
     e->sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (e->sock < 0) {
         KVR_LOG_ERROR(COMP, "%s: socket: %s", base->name, strerror(errno));
