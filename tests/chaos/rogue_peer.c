@@ -12,6 +12,10 @@
  * --black-hole: once registered, heartbeats every 200 ms with a pool of
  * --blocks free blocks and answers nothing else (a decode node that accepts
  * reservations and never answers them).
+ * --address-file FILE / --rkeys N: register with FILE's bytes as the
+ * transport address (a checksummed but garbage blob, garbage_blob_test.py)
+ * and N rkeys of garbage; --reserve: answer every RESERVE with a Reserved
+ * (block ids 0..), so that a prefill node is sent the address.
  *
  *   kvr-rogue-peer --endpoint EP --name NAME [--role prefill|decode]
  *       [--router-pub FILE --key FILE | --random-key] [--layers N
@@ -51,18 +55,31 @@ static int read_key(const char *path, int lines, char *l1, char *l2)
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"endpoint", required_argument, NULL, 'e'},    {"name", required_argument, NULL, 'n'},
-        {"role", required_argument, NULL, 'r'},        {"router-pub", required_argument, NULL, 'p'},
-        {"key", required_argument, NULL, 'k'},         {"random-key", no_argument, NULL, 'R'},
-        {"layers", required_argument, NULL, 'L'},      {"kv-heads", required_argument, NULL, 'H'},
-        {"head-dim", required_argument, NULL, 'D'},    {"dtype", required_argument, NULL, 't'},
-        {"wait-ms", required_argument, NULL, 'w'},     {"listen-ms", required_argument, NULL, 'l'},
-        {"fingerprint", required_argument, NULL, 'f'}, {"blocks", required_argument, NULL, 'b'},
-        {"black-hole", no_argument, NULL, 'B'},        {NULL, 0, NULL, 0},
+        {"endpoint", required_argument, NULL, 'e'},
+        {"name", required_argument, NULL, 'n'},
+        {"role", required_argument, NULL, 'r'},
+        {"router-pub", required_argument, NULL, 'p'},
+        {"key", required_argument, NULL, 'k'},
+        {"random-key", no_argument, NULL, 'R'},
+        {"layers", required_argument, NULL, 'L'},
+        {"kv-heads", required_argument, NULL, 'H'},
+        {"head-dim", required_argument, NULL, 'D'},
+        {"dtype", required_argument, NULL, 't'},
+        {"wait-ms", required_argument, NULL, 'w'},
+        {"listen-ms", required_argument, NULL, 'l'},
+        {"fingerprint", required_argument, NULL, 'f'},
+        {"blocks", required_argument, NULL, 'b'},
+        {"black-hole", no_argument, NULL, 'B'},
+        {"address-file", required_argument, NULL, 'A'},
+        {"rkeys", required_argument, NULL, 'K'},
+        {"reserve", no_argument, NULL, 'V'},
+        {NULL, 0, NULL, 0},
     };
     const char *ep = NULL, *name = NULL, *role = "prefill", *rpub = NULL, *key = NULL;
     const char *dtype = "f32";
-    bool random_key = false, black_hole = false;
+    bool random_key = false, black_hole = false, reserve = false;
+    const char *addr_file = NULL;
+    uint32_t nrkeys = 0;
     const char *fp = "rogue";
     uint32_t blocks = 64;
     uint32_t layers = 2, heads = 2, hdim = 16;
@@ -110,6 +127,15 @@ int main(int argc, char **argv)
             break;
         case 'B':
             black_hole = true;
+            break;
+        case 'A':
+            addr_file = optarg;
+            break;
+        case 'K':
+            nrkeys = (uint32_t)atoi(optarg);
+            break;
+        case 'V':
+            reserve = true;
             break;
         case 'l':
             listen_ms = atoi(optarg);
@@ -160,6 +186,27 @@ int main(int argc, char **argv)
     q.total_blocks = blocks;
     q.protocol_version = KVR_PROTO_VERSION;
     q.incarnation = 0xbad;
+    static uint8_t addr[65536], garbage[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    ProtobufCBinaryData rks[64];
+    uint64_t bases[64] = {0};
+    if (addr_file) {
+        FILE *af = fopen(addr_file, "rb");
+        if (!af) {
+            fprintf(stderr, "cannot read %s\n", addr_file);
+            return 2;
+        }
+        q.transport_address.len = fread(addr, 1, sizeof(addr), af);
+        q.transport_address.data = addr;
+        fclose(af);
+    }
+    if (nrkeys > 64)
+        nrkeys = 64;
+    for (uint32_t i = 0; i < nrkeys; i++)
+        rks[i] = (ProtobufCBinaryData){sizeof(garbage), garbage};
+    q.n_layer_rkeys = nrkeys;
+    q.layer_rkeys = rks;
+    q.n_layer_base = nrkeys;
+    q.layer_base = bases;
     kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, KVRAIL__METHOD__REGISTER, 1};
     kvr_proto_send(s, NULL, 0, &h, &q.base);
 
@@ -215,6 +262,27 @@ int main(int argc, char **argv)
             } else if (f.have_hdr) {
                 printf("RECEIVED %s\n", kvr_proto_method_label(f.hdr.method));
                 fflush(stdout);
+                ProtobufCMessage *m = NULL;
+                if (reserve && f.hdr.method == KVRAIL__METHOD__RESERVE &&
+                    kvr_proto_decode(&f, &kvrail__reserve__descriptor, &m, err, sizeof(err)) ==
+                        KVR_OK) {
+                    Kvrail__Reserve *rq = (Kvrail__Reserve *)m;
+                    uint32_t ids[4096];
+                    size_t nb = (rq->n_token_ids + 15) / 16;
+                    nb = nb ? (nb < 4096 ? nb : 4096) : 1;
+                    for (size_t i = 0; i < nb; i++)
+                        ids[i] = (uint32_t)i;
+                    Kvrail__Reserved rd = KVRAIL__RESERVED__INIT;
+                    rd.request_id = rq->request_id;
+                    rd.n_block_ids = nb;
+                    rd.block_ids = ids;
+                    rd.lease_ms = rq->lease_ms;
+                    rd.node_name = (char *)name;
+                    kvr_proto_hdr_t rh = {KVR_PROTO_VERSION, 0, KVRAIL__METHOD__RESERVED, 3};
+                    kvr_proto_send(s, NULL, 0, &rh, &rd.base);
+                }
+                if (m)
+                    protobuf_c_message_free_unpacked(m, NULL);
             }
             kvr_proto_frame_clear(&f);
         }

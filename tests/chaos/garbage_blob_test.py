@@ -1,0 +1,162 @@
+"""garbage_blob_test.py - a registered decode node that hands out a
+checksummed but garbage transport address must not bring a prefill node
+down (issue 12: it aborted inside UCX).
+
+A 1P+1D cluster (auth: none; the UCX transport) is started and answers a
+prompt; then decode0 is killed and kvr-rogue-peer registers as decode1 with
+the real layout and fingerprint, a transport address blob that is framed
+and checksummed correctly but whose UCX worker address says version 13
+(UCX 1.13 asserts on it: 'addr version 13'), garbage rkeys, and answers
+every reservation.  A prompt is then routed to it; the prefill node is
+sent the address and connects.  Asserted: the request ends (an error, not a
+hang), prefill0 is alive and still registered, its log names the refused
+address, and - with a real decode node again - the next prompt gives
+`kvrail run`'s tokens.  The control: the same with KVR_UCX_CHECK=0 on the
+prefill node (the check off) would have the prefill node die; it is not run
+here, the conformance test shows the abort (test_damaged_blobs).
+"""
+import argparse
+import os
+import signal
+import re
+import struct
+import subprocess
+import time
+
+from cluster_lib import (Bins, ClientCluster, add_bin_args, check, make_model, run, run_main,
+                         spawn, stop_group, tokens_of, workdir)
+
+M64 = (1 << 64) - 1
+P1, P2, P3 = 11400714785074694791, 14029467366897019727, 1609587929392839161
+P4, P5 = 9650029242287828579, 2870177450012600261
+
+
+def _rotl(x, r):
+    return ((x << r) | (x >> (64 - r))) & M64
+
+
+def _round(acc, v):
+    return (_rotl((acc + v * P2) & M64, 31) * P1) & M64
+
+
+def xxh64(data, seed=0):
+    """XXH64, as transport/xfer_blob.c frames blobs with (seed 0)."""
+    n, i = len(data), 0
+    if n >= 32:
+        v = [(seed + P1 + P2) & M64, (seed + P2) & M64, seed, (seed - P1) & M64]
+        while i + 32 <= n:
+            for k in range(4):
+                v[k] = _round(v[k], struct.unpack_from("<Q", data, i + 8 * k)[0])
+            i += 32
+        h = (_rotl(v[0], 1) + _rotl(v[1], 7) + _rotl(v[2], 12) + _rotl(v[3], 18)) & M64
+        for k in range(4):
+            h = ((h ^ _round(0, v[k])) * P1 + P4) & M64
+    else:
+        h = (seed + P5) & M64
+    h = (h + n) & M64
+    while i + 8 <= n:
+        h = (_rotl(h ^ _round(0, struct.unpack_from("<Q", data, i)[0]), 27) * P1 + P4) & M64
+        i += 8
+    if i + 4 <= n:
+        h = (_rotl(h ^ (struct.unpack_from("<I", data, i)[0] * P1) & M64, 23) * P2 + P3) & M64
+        i += 4
+    while i < n:
+        h = (_rotl(h ^ (data[i] * P5) & M64, 11) * P1) & M64
+        i += 1
+    h = ((h ^ (h >> 33)) * P2) & M64
+    h = ((h ^ (h >> 29)) * P3) & M64
+    return h ^ (h >> 32)
+
+
+def garbage_address():
+    """A UCX address blob (xfer_blob.h framing, backend 2, kind 1) whose
+    kvrail header is right and whose UCX worker address is garbage."""
+    wa = bytes([0x0d]) + bytes(range(1, 64))  # version nibble 13
+    payload = struct.pack("<IIQ16sII", 0x41584355, 4242, 0, bytes(16), 0, len(wa)) + wa
+    head = struct.pack("<IHHHHI", 0x5852564b, 1, 2, 1, 0, len(payload))
+    return head + struct.pack("<Q", xxh64(head + payload)) + payload
+
+
+def wait_log(c, name, text, timeout=40):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with open(c.logs[name]) as f:
+            if text in f.read():
+                return
+        time.sleep(0.1)
+    check(False, "'%s' not in %s's log within %d s:\n%s" % (text, name, timeout, c.tail(name)))
+
+
+def generate(bins, c, text, n):
+    return run([bins.kvrail, "generate", "--router", c.client_ep, "--max-tokens", str(n),
+                "--temperature", "0", "--json", "--timeout", "30000", text], timeout=60)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    add_bin_args(ap)
+    ap.add_argument("--rogue", required=True)
+    args = ap.parse_args()
+    bins = Bins(args)
+    wd = workdir("kvr-garbage-blob-")
+    model = make_model(bins, wd)
+    blob = os.path.join(wd, "garbage.addr")
+    with open(blob, "wb") as f:
+        f.write(garbage_address())
+    c = ClientCluster(bins, wd, model, n_prefill=1, n_decode=2, extra_yaml="auth: none\n")
+    c.decodes = ["decode0"]  # decode1 is the rogue's slot
+    rogue = None
+    try:
+        c.start()
+        text, n = "the prefill node lives on", 8
+        r = run([bins.kvrail, "run", "--model", model, "--prompt", text, "--max-tokens", str(n),
+                 "--temperature", "0", "--json"], timeout=120)
+        check(r.returncode == 0, "kvrail run: %s" % r.stderr)
+        want = tokens_of(r.stdout)
+        with open(c.logs["router"]) as f:
+            m = re.search(r"node decode0 registered: decode, \S+ transport, layout (\d+)x(\d+)x"
+                          r"(\d+) (\S+) bs \d+, \d+ blocks, model (\S+)", f.read())
+        check(m, "no registration line of decode0 in the router's log")
+        layers, heads, hdim, dtype, fp = m.groups()
+        c.kill("decode0", signal.SIGKILL)
+        wait_log(c, "router", "node decode0 (decode) is dead")
+        c.procs = [(nm, p) for nm, p in c.procs if nm != "decode0"]  # killed on purpose
+        rogue_out = open(os.path.join(wd, "rogue.out"), "w+")
+        rogue = spawn([args.rogue, "--endpoint", c.node_ep, "--name", "decode1", "--role",
+                       "decode", "--layers", layers, "--kv-heads", heads, "--head-dim", hdim,
+                       "--dtype", dtype, "--fingerprint", fp, "--blocks", "4096",
+                       "--black-hole", "--reserve", "--address-file", blob, "--rkeys", layers,
+                       "--listen-ms", "120000"], stdout=rogue_out, stderr=subprocess.STDOUT)
+        wait_log(c, "router", "node decode1 registered")
+        t0 = time.time()
+        # long enough to be prefilled remotely (past the local-prefill threshold)
+        r = generate(bins, c, " ".join("word%d" % i for i in range(80)), 8)
+        check(r.returncode != 0, "a request through a garbage address succeeded: %s" % r.stdout)
+        wait_log(c, "prefill0", "is not one this UCX can use")
+        c.check_alive()  # prefill0 (and the router) still running
+        print("garbage address: request ended with an error in %.1f s (%s); prefill0 alive, "
+              "its log names the refused address" %
+              (time.time() - t0, r.stderr.strip().splitlines()[-1][:120] if r.stderr else "-"))
+        stop_group(rogue, grace=0)
+        rogue = None
+        c._start("decode0", [bins.decode, "--config", c.config, "--node", "decode0"])
+        wait_log(c, "router", "node decode0 registered", timeout=60)
+        deadline = time.time() + 60
+        while True:
+            r = generate(bins, c, text, n)
+            got = tokens_of(r.stdout)
+            if r.returncode == 0 or time.time() > deadline:
+                break
+            time.sleep(0.5)
+        check(r.returncode == 0 and got == want,
+              "after the rogue: rc %d, %s; kvrail run gives %s (%s)" %
+              (r.returncode, got, want, r.stderr[-300:]))
+        print("after the rogue: the same prefill node answers as kvrail run does")
+    finally:
+        if rogue:
+            stop_group(rogue, grace=0)
+        c.stop()
+
+
+if __name__ == "__main__":
+    run_main(main)
