@@ -38,7 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <cublas_v2.h>
+#include "kvr_cublas_dl.h" /* cuBLAS, opened at run time */
 #include <cuda_runtime.h>
 
 extern "C" {

@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "kvr_cuda.h"
+#include "kvr_cublas_dl.h"
 #include "kvr_log.h"
 
 static atomic_int g_device = -1;
@@ -95,6 +96,11 @@ kvr_status_t kvr_cuda_device_open(int device, size_t need_bytes, char *err, size
                  "lower kv_blocks or use a larger GPU",
                  device, prop.name, free_b >> 20, total_b >> 20, need_bytes >> 20);
         return KVR_ERR_NO_MEMORY;
+    }
+    char why[512];
+    if (kvr_cublas_load(why, sizeof why) != KVR_OK) {
+        snprintf(err, err_len, "cuda:%d (%s): %s", device, prop.name, why);
+        return KVR_ERR_NOT_FOUND;
     }
     atomic_store(&g_device, device);
     KVR_LOG_INFO("cuda", "cuda:%d: %s, sm_%d%d, %d SMs, %zu MiB free of %zu MiB", device, prop.name,
