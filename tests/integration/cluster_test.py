@@ -344,7 +344,7 @@ def case_badargs(args, bins, wd):
         (bins.decode, ["--config", bad_yaml, "--node", "decode0"], "pool_blocks"),
         (bins.prefill, ["--config", nomodel, "--node", "prefill0"], "missing"),
         (bins.decode, ["--config", c.config, "--node", "decode0", "--log-level", "loud"], "unknown level 'loud'"),
-        (bins.loadgen, [], "--router ENDPOINT or --config FILE is required"),
+        (bins.loadgen, [], "--router ENDPOINT, --config FILE or --openai URL is required"),
         (bins.loadgen, ["--router", "tcp://127.0.0.1:1", "--prompt-len", "uniform:9:3"], "bad length distribution"),
         (bins.loadgen, ["--router", "tcp://127.0.0.1:1", "--mode", "sideways"], "--mode must be open or closed"),
     ]
