@@ -118,6 +118,14 @@ def main():
               and len(ids(got.stdout)) == 8, "kvrail run in the rootfs %s %s != here %s" % (
                   got.stdout, got.stderr, ref.stdout))
         print("in the rootfs: %s; kvrail run == kvrail run here (8 tokens)" % want.strip())
+        # no CUDA library in the image: a CUDA build still runs on the CPU
+        # (above) and refuses cuda:0 at start with the reason, not a loader error
+        r = chroot(root, ["kvrail"] + argv[:3] + ["--device", "cuda:0"] + argv[3:])
+        check(r.returncode != 0 and "--device: cuda:0" in r.stderr
+              and "shared librar" not in r.stderr and "token_id" not in r.stdout,
+              "kvrail run --device cuda:0 in the rootfs: rc %d, %r" % (r.returncode, r.stderr))
+        print("in the rootfs: --device cuda:0 refused at start: %s"
+              % r.stderr.strip().splitlines()[0])
         print("size: runtime rootfs %s MiB, with kvrail installed %s MiB (uncompressed)" % (
             size, total))
         return 0
