@@ -230,6 +230,31 @@ static inline __attribute__((always_inline)) void vexp_inplace(float *v, size_t 
     }
 }
 
+/* hsum() of each of a[0..15], as lanes 0..15, with the same adds in the same
+ * order: lane i + lane i+8, then + 4, then (c0 + c2) + (c1 + c3). */
+static inline __attribute__((always_inline)) v16f hsum16(const v16f *a)
+{
+    const v16i l1a = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+    const v16i l1b = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+    const v16i l2a = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+    const v16i l2b = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+    const v16i l3a = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+    const v16i l3b = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
+    const v16i l4a = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+    const v16i l4b = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+    v16f p[8], q[4], r[2];
+    for (int i = 0; i < 8; i++)
+        p[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], l1a) +
+               __builtin_shuffle(a[2 * i], a[2 * i + 1], l1b);
+    for (int i = 0; i < 4; i++)
+        q[i] = __builtin_shuffle(p[2 * i], p[2 * i + 1], l2a) +
+               __builtin_shuffle(p[2 * i], p[2 * i + 1], l2b);
+    for (int i = 0; i < 2; i++)
+        r[i] = __builtin_shuffle(q[2 * i], q[2 * i + 1], l3a) +
+               __builtin_shuffle(q[2 * i], q[2 * i + 1], l3b);
+    return __builtin_shuffle(r[0], r[1], l4a) + __builtin_shuffle(r[0], r[1], l4b);
+}
+
 /* R weight rows x C activation rows, R*C accumulators: out[c][r] = the dot
  * of weight row r and x row c, 16 lanes accumulated over K in order (the
  * tail zero-padded to a last vector step), then hsum().  Only vector
@@ -272,6 +297,15 @@ static inline __attribute__((always_inline)) void micro(const int R, const int C
         for (int r = 0; r < R; r++)
             for (int c = 0; c < C; c++)
                 acc[r][c] += wv[r] * xv[c];
+    }
+    if (R == 4 && C == 4 && ldo == 4) { /* the 16 sums in one hsum16() network */
+        v16f a16[16];
+        for (int r = 0; r < 4; r++)
+            for (int c = 0; c < 4; c++)
+                a16[c * 4 + r] = acc[r][c];
+        v16f sums = hsum16(a16);
+        memcpy(out, &sums, 64);
+        return;
     }
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++)
@@ -637,31 +671,6 @@ struct attn_job {
     const int32_t *grp; /* [n_groups + 1] first row of each group */
     int32_t n_groups;
 };
-
-/* hsum() of each of a[0..15], as lanes 0..15, with the same adds in the same
- * order: lane i + lane i+8, then + 4, then (c0 + c2) + (c1 + c3). */
-static inline __attribute__((always_inline)) v16f hsum16(const v16f *a)
-{
-    const v16i l1a = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-    const v16i l1b = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
-    const v16i l2a = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-    const v16i l2b = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
-    const v16i l3a = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
-    const v16i l3b = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
-    const v16i l4a = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-    const v16i l4b = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
-    v16f p[8], q[4], r[2];
-    for (int i = 0; i < 8; i++)
-        p[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], l1a) +
-               __builtin_shuffle(a[2 * i], a[2 * i + 1], l1b);
-    for (int i = 0; i < 4; i++)
-        q[i] = __builtin_shuffle(p[2 * i], p[2 * i + 1], l2a) +
-               __builtin_shuffle(p[2 * i], p[2 * i + 1], l2b);
-    for (int i = 0; i < 2; i++)
-        r[i] = __builtin_shuffle(q[2 * i], q[2 * i + 1], l3a) +
-               __builtin_shuffle(q[2 * i], q[2 * i + 1], l3b);
-    return __builtin_shuffle(r[0], r[1], l4a) + __builtin_shuffle(r[0], r[1], l4b);
-}
 
 /* 16 floats from p, of which n valid (zeros after) */
 static inline __attribute__((always_inline)) v16f ldpad(const float *p, int32_t n)
