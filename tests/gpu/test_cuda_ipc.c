@@ -34,19 +34,9 @@
 #include "kvr_clock.h"
 #include "kvr_cuda.h"
 #include "kvr_xfer.h"
+#include "kvr_test.h"
 
 extern char **environ;
-
-static int fails;
-#define CHECK(c, ...)                                                                              \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            fails++;                                                                               \
-        }                                                                                          \
-    } while (0)
 
 struct inbox {
     int n;
@@ -112,36 +102,37 @@ static void cpu_part(void)
     int found = 0;
     for (size_t i = 0; names[i]; i++)
         found |= !strcmp(names[i], "cuda_ipc");
-    CHECK(found, "cuda_ipc is not among the backends of a CUDA build");
+    KVR_EXPECT(found, "cuda_ipc is not among the backends of a CUDA build");
 
     struct inbox ba = {0}, bb = {0};
-    CHECK(!engine("rdma", &ba, 1), "require_rdma accepted by cuda_ipc");
+    KVR_EXPECT(!engine("rdma", &ba, 1), "require_rdma accepted by cuda_ipc");
     kvr_xfer_engine_t *a = engine("a", &ba, 0), *b = engine("b", &bb, 0);
-    CHECK(a && b, "engine create failed");
+    KVR_EXPECT(a && b, "engine create failed");
     if (!a || !b)
         return;
     void *blob;
     size_t len;
-    CHECK(kvr_xfer_address(b, &blob, &len) == KVR_OK, "address");
+    KVR_EXPECT(kvr_xfer_address(b, &blob, &len) == KVR_OK, "address");
     kvr_xfer_peer_t *p = NULL;
-    CHECK(kvr_xfer_connect(a, blob, len, &p) == KVR_OK && p, "connect a -> b");
+    KVR_EXPECT(kvr_xfer_connect(a, blob, len, &p) == KVR_OK && p, "connect a -> b");
     free(blob);
     if (!p)
         return;
-    CHECK(!strcmp(kvr_xfer_peer_transports(p), "cuda_ipc/copy-engine"), "transports: %s",
-          kvr_xfer_peer_transports(p));
+    KVR_EXPECT(!strcmp(kvr_xfer_peer_transports(p), "cuda_ipc/copy-engine"), "transports: %s",
+               kvr_xfer_peer_transports(p));
     const char *m[] = {"one", "two", "three"};
     for (int i = 0; i < 3; i++)
-        CHECK(kvr_xfer_notify(p, m[i], strlen(m[i])) == KVR_OK, "notify %d", i);
+        KVR_EXPECT(kvr_xfer_notify(p, m[i], strlen(m[i])) == KVR_OK, "notify %d", i);
     pump(a, b, &bb, 3);
-    CHECK(bb.n == 3, "%d notifications arrived, want 3", bb.n);
+    KVR_EXPECT(bb.n == 3, "%d notifications arrived, want 3", bb.n);
     for (int i = 0; i < 3 && i < bb.n; i++)
-        CHECK(!strcmp(bb.msgs[i], m[i]), "notification %d is '%s', want '%s'", i, bb.msgs[i], m[i]);
-    CHECK(kvr_xfer_flush(p, 2000) == KVR_OK, "flush after the notifications");
+        KVR_EXPECT(!strcmp(bb.msgs[i], m[i]), "notification %d is '%s', want '%s'", i, bb.msgs[i],
+                   m[i]);
+    KVR_EXPECT(kvr_xfer_flush(p, 2000) == KVR_OK, "flush after the notifications");
 
     /* another user's datagram is dropped */
     char name[64];
-    CHECK(sock_name(b, name, sizeof name) == 0, "no socket name in b's address");
+    KVR_EXPECT(sock_name(b, name, sizeof name) == 0, "no socket name in b's address");
     if (getuid() == 0) {
         pid_t pid = fork();
         if (pid == 0) {
@@ -157,10 +148,11 @@ static void cpu_part(void)
         }
         int st = 0;
         waitpid(pid, &st, 0);
-        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the other user's sendto failed (%d)", st);
+        KVR_EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the other user's sendto failed (%d)",
+                   st);
         for (int i = 0; i < 1000; i++)
             kvr_xfer_progress(b);
-        CHECK(bb.n == 3, "a datagram of another user was delivered (%d notifications)", bb.n);
+        KVR_EXPECT(bb.n == 3, "a datagram of another user was delivered (%d notifications)", bb.n);
     } else {
         printf("(not root: the foreign-user datagram check needs setuid; skipped)\n");
     }
@@ -170,14 +162,14 @@ static void cpu_part(void)
         char host[4096];
         kvr_xfer_mem_t *mem = NULL;
         kvr_status_t s = kvr_xfer_mem_reg(a, host, sizeof host, KVR_MEM_CUDA, 0, &mem);
-        CHECK(s != KVR_OK && !mem, "device memory registered without a GPU");
+        KVR_EXPECT(s != KVR_OK && !mem, "device memory registered without a GPU");
     }
     kvr_xfer_disconnect(p);
     kvr_xfer_engine_destroy(a);
     kvr_xfer_engine_destroy(b);
     printf("cpu part: backend, connect, ordered notifications, foreign datagram dropped, "
            "no-GPU refusal: %s\n",
-           fails ? "FAILED" : "OK");
+           kvr_test_fails ? "FAILED" : "OK");
 }
 
 /* ------------------------------------------------------------ GPU part */
@@ -292,7 +284,7 @@ static void time_push(kvr_xfer_dlist_t *dl, const struct kvr_xfer_desc *ds, kvr_
     if (cudaMalloc(&local, REGION) != cudaSuccess ||
         cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) {
-        CHECK(0, "timing setup");
+        KVR_EXPECT(0, "timing setup");
         return;
     }
     char *src = kvr_xfer_mem_addr(lm);
@@ -302,7 +294,7 @@ static void time_push(kvr_xfer_dlist_t *dl, const struct kvr_xfer_desc *ds, kvr_
         if (s == KVR_INPROGRESS)
             s = kvr_xfer_wait(dl, 10000);
         ti[r] = kvr_now_ns() - t0;
-        CHECK(s == KVR_OK, "timed push %d: %s", r, kvr_status_str(s));
+        KVR_EXPECT(s == KVR_OK, "timed push %d: %s", r, kvr_status_str(s));
         t0 = kvr_now_ns();
         for (uint32_t i = 0; i < NBLOCKS;) { /* the same runs of adjacent blocks */
             uint32_t e = i + 1;
@@ -346,7 +338,7 @@ static void gpu_part(void)
     char *argv[] = {(char *)"test_cuda_ipc", (char *)"--target", NULL};
     pid_t pid;
     if (posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, environ) != 0) {
-        CHECK(0, "spawn the target");
+        KVR_EXPECT(0, "spawn the target");
         return;
     }
     close(to[0]);
@@ -354,7 +346,7 @@ static void gpu_part(void)
     FILE *f = fdopen(from[0], "r");
     size_t al = 0, kl = 0;
     void *a = get_blob(f, &al), *k = a ? get_blob(f, &kl) : NULL;
-    CHECK(a && k, "no address / rkey from the target");
+    KVR_EXPECT(a && k, "no address / rkey from the target");
     struct inbox box = {0};
     kvr_xfer_engine_t *e = engine("pusher", &box, 0);
     void *src = NULL;
@@ -372,35 +364,37 @@ static void gpu_part(void)
         kvr_xfer_mem_alloc(e, (size_t)NBLOCKS * BLOCK, KVR_MEM_CUDA, 0, &lm) == KVR_OK &&
         (src = kvr_xfer_mem_addr(lm)) != NULL &&
         cudaMemcpy(src, h, (size_t)NBLOCKS * BLOCK, cudaMemcpyHostToDevice) == cudaSuccess) {
-        CHECK(kvr_xfer_connect(e, a, al, &p) == KVR_OK, "connect to the target");
-        CHECK(p && kvr_xfer_rmem_unpack(p, k, kl, &rm) == KVR_OK, "unpack the target's rkey");
+        KVR_EXPECT(kvr_xfer_connect(e, a, al, &p) == KVR_OK, "connect to the target");
+        KVR_EXPECT(p && kvr_xfer_rmem_unpack(p, k, kl, &rm) == KVR_OK, "unpack the target's rkey");
         for (uint32_t i = 0; i < NBLOCKS; i++)
             ds[i] =
                 (struct kvr_xfer_desc){lm, (uint64_t)i * BLOCK, rm, dst_block(i) * BLOCK, BLOCK};
         size_t co = 0;
-        CHECK(rm && lm && kvr_xfer_dlist_prepare(p, KVR_XFER_WRITE, ds, NBLOCKS, &dl) == KVR_OK,
-              "prepare");
+        KVR_EXPECT(rm && lm &&
+                       kvr_xfer_dlist_prepare(p, KVR_XFER_WRITE, ds, NBLOCKS, &dl) == KVR_OK,
+                   "prepare");
         if (dl) {
             kvr_xfer_dlist_count(dl, &co);
             kvr_status_t s = kvr_xfer_post(dl);
-            CHECK(s == KVR_OK || s == KVR_INPROGRESS, "post: %s", kvr_status_str(s));
-            CHECK(kvr_xfer_notify(p, "pushed", 6) == KVR_OK, "notify right after the post");
-            CHECK(kvr_xfer_wait(dl, 10000) == KVR_OK, "the push completes");
-            CHECK(kvr_xfer_flush(p, 10000) == KVR_OK, "flush");
+            KVR_EXPECT(s == KVR_OK || s == KVR_INPROGRESS, "post: %s", kvr_status_str(s));
+            KVR_EXPECT(kvr_xfer_notify(p, "pushed", 6) == KVR_OK, "notify right after the post");
+            KVR_EXPECT(kvr_xfer_wait(dl, 10000) == KVR_OK, "the push completes");
+            KVR_EXPECT(kvr_xfer_flush(p, 10000) == KVR_OK, "flush");
             printf("gpu part: %u blocks in %zu copies pushed over %s\n", NBLOCKS, co,
                    kvr_xfer_peer_transports(p));
             time_push(dl, ds, lm);
-            CHECK(kvr_xfer_notify(p, "done", 4) == KVR_OK && kvr_xfer_flush(p, 10000) == KVR_OK,
-                  "the last notification");
+            KVR_EXPECT(kvr_xfer_notify(p, "done", 4) == KVR_OK &&
+                           kvr_xfer_flush(p, 10000) == KVR_OK,
+                       "the last notification");
         }
     } else {
-        CHECK(0, "GPU setup of the pusher");
+        KVR_EXPECT(0, "GPU setup of the pusher");
     }
     close(to[1]);
     int st = 0;
     waitpid(pid, &st, 0);
-    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0,
-          "the target saw wrong blocks at the notification (or failed): status %d", st);
+    KVR_EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+               "the target saw wrong blocks at the notification (or failed): status %d", st);
     if (dl)
         kvr_xfer_dlist_release(dl);
     if (rm)
@@ -429,7 +423,7 @@ int main(int argc, char **argv)
         printf("gpu part skipped: %s\n", err);
     } else {
         gpu_part();
-        printf("gpu part: %s\n", fails ? "FAILED" : "OK");
+        printf("gpu part: %s\n", kvr_test_fails ? "FAILED" : "OK");
     }
-    return fails ? 1 : 0;
+    return kvr_test_fails ? 1 : 0;
 }

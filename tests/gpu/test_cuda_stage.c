@@ -18,17 +18,7 @@
 
 #include "kvr_cuda.h"
 #include "kvr_cuda_stage.h"
-
-static int fails;
-#define CHECK(c, ...)                                                                              \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            fails++;                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "kvr_test.h"
 
 #define SLOT  4096
 #define NSLOT 4
@@ -88,15 +78,15 @@ static void run(const struct kvr_cuda_stage_mem *mem, bool gpu)
                                         .require_gpudirect = true,
                                         .mem = mem};
     kvr_status_t st = kvr_cuda_stage_create(&cfg, &s, err, sizeof err);
-    CHECK(st == KVR_ERR_UNSUPPORTED && !s && strstr(err, "require_gpudirect") &&
-              strstr(err, "UCX without CUDA support") && strstr(err, "decode0 -> prefill1"),
-          "require_gpudirect must refuse, naming the path and why: %d '%s'", st, err);
+    KVR_EXPECT(st == KVR_ERR_UNSUPPORTED && !s && strstr(err, "require_gpudirect") &&
+                   strstr(err, "UCX without CUDA support") && strstr(err, "decode0 -> prefill1"),
+               "require_gpudirect must refuse, naming the path and why: %d '%s'", st, err);
     cfg.require_gpudirect = false;
     cfg.n_slots = 0;
-    CHECK(kvr_cuda_stage_create(&cfg, &s, err, sizeof err) == KVR_ERR_INVALID, "zero slots");
+    KVR_EXPECT(kvr_cuda_stage_create(&cfg, &s, err, sizeof err) == KVR_ERR_INVALID, "zero slots");
     cfg.n_slots = NSLOT;
     st = kvr_cuda_stage_create(&cfg, &s, err, sizeof err);
-    CHECK(st == KVR_OK && s, "create: %s", err);
+    KVR_EXPECT(st == KVR_OK && s, "create: %s", err);
     if (!s)
         return;
 
@@ -111,26 +101,29 @@ static void run(const struct kvr_cuda_stage_mem *mem, bool gpu)
     void *hp[8];
     for (int i = 0; i < NSLOT; i++) {
         st = kvr_cuda_stage_out(s, (char *)dev + i * SLOT, SLOT - (size_t)i, &slot[i], &hp[i]);
-        CHECK(st == KVR_OK, "out %d: %s", i, kvr_status_str(st));
+        KVR_EXPECT(st == KVR_OK, "out %d: %s", i, kvr_status_str(st));
     }
     st = kvr_cuda_stage_out(s, (char *)dev + 4 * SLOT, SLOT, &slot[4], &hp[4]);
-    CHECK(st == KVR_ERR_NO_RESOURCE, "a fifth block with %d slots: %s, want no_resource", NSLOT,
-          kvr_status_str(st));
+    KVR_EXPECT(st == KVR_ERR_NO_RESOURCE, "a fifth block with %d slots: %s, want no_resource",
+               NSLOT, kvr_status_str(st));
     for (int i = 0; i < NSLOT; i++) {
-        CHECK(settle(s, slot[i]) == KVR_OK, "poll %d", i);
-        CHECK(memcmp(hp[i], h + (size_t)i * SLOT, SLOT - (size_t)i) == 0,
-              "slot of block %d holds other bytes", i);
+        KVR_EXPECT(settle(s, slot[i]) == KVR_OK, "poll %d", i);
+        KVR_EXPECT(memcmp(hp[i], h + (size_t)i * SLOT, SLOT - (size_t)i) == 0,
+                   "slot of block %d holds other bytes", i);
     }
-    CHECK(slot[0] != slot[1] && slot[1] != slot[2] && slot[2] != slot[3], "a slot given twice");
+    KVR_EXPECT(slot[0] != slot[1] && slot[1] != slot[2] && slot[2] != slot[3],
+               "a slot given twice");
     kvr_cuda_stage_release(s, slot[1]);
     kvr_cuda_stage_release(s, slot[1]); /* twice: a no-op */
     st = kvr_cuda_stage_out(s, (char *)dev + 5 * SLOT, SLOT, &slot[5], &hp[5]);
-    CHECK(st == KVR_OK && slot[5] == slot[1], "the released slot is reused: %s slot %zu (want %zu)",
-          kvr_status_str(st), slot[5], slot[1]);
-    CHECK(settle(s, slot[5]) == KVR_OK && memcmp(hp[5], h + 5 * SLOT, SLOT) == 0, "block 5");
-    CHECK(kvr_cuda_stage_out(s, dev, SLOT + 1, &slot[6], &hp[6]) == KVR_ERR_INVALID,
-          "a block over the slot size");
-    CHECK(kvr_cuda_stage_out(s, dev, 0, &slot[6], &hp[6]) == KVR_ERR_INVALID, "an empty block");
+    KVR_EXPECT(st == KVR_OK && slot[5] == slot[1],
+               "the released slot is reused: %s slot %zu (want %zu)", kvr_status_str(st), slot[5],
+               slot[1]);
+    KVR_EXPECT(settle(s, slot[5]) == KVR_OK && memcmp(hp[5], h + 5 * SLOT, SLOT) == 0, "block 5");
+    KVR_EXPECT(kvr_cuda_stage_out(s, dev, SLOT + 1, &slot[6], &hp[6]) == KVR_ERR_INVALID,
+               "a block over the slot size");
+    KVR_EXPECT(kvr_cuda_stage_out(s, dev, 0, &slot[6], &hp[6]) == KVR_ERR_INVALID,
+               "an empty block");
     for (int i = 0; i < NSLOT; i++)
         kvr_cuda_stage_release(s, slot[i == 1 ? 5 : i]);
 
@@ -138,32 +131,32 @@ static void run(const struct kvr_cuda_stage_mem *mem, bool gpu)
     void *dst = dev_alloc(gpu, 2 * SLOT);
     size_t k;
     void *hk;
-    CHECK(kvr_cuda_stage_in(s, 0, dst, SLOT) == KVR_ERR_INVALID, "in on a slot not taken");
+    KVR_EXPECT(kvr_cuda_stage_in(s, 0, dst, SLOT) == KVR_ERR_INVALID, "in on a slot not taken");
     st = kvr_cuda_stage_take(s, SLOT, &k, &hk);
-    CHECK(st == KVR_OK, "take: %s", kvr_status_str(st));
+    KVR_EXPECT(st == KVR_OK, "take: %s", kvr_status_str(st));
     if (st == KVR_OK) {
         memcpy(hk, h + 6 * SLOT, SLOT);
-        CHECK(kvr_cuda_stage_in(s, k, (char *)dst + SLOT, SLOT) == KVR_OK, "in");
-        CHECK(settle(s, k) == KVR_OK, "poll in");
+        KVR_EXPECT(kvr_cuda_stage_in(s, k, (char *)dst + SLOT, SLOT) == KVR_OK, "in");
+        KVR_EXPECT(settle(s, k) == KVR_OK, "poll in");
         dev_get(gpu, back, (char *)dst + SLOT, SLOT);
-        CHECK(memcmp(back, h + 6 * SLOT, SLOT) == 0, "the block that came in differs");
+        KVR_EXPECT(memcmp(back, h + 6 * SLOT, SLOT) == 0, "the block that came in differs");
         kvr_cuda_stage_release(s, k);
-        CHECK(kvr_cuda_stage_in(s, k, dst, SLOT) == KVR_ERR_INVALID, "in on a released slot");
+        KVR_EXPECT(kvr_cuda_stage_in(s, k, dst, SLOT) == KVR_ERR_INVALID, "in on a released slot");
     }
 
     struct kvr_cuda_stage_stats t;
     kvr_cuda_stage_stats(s, &t);
     uint64_t want_out = 4 * (uint64_t)SLOT - 6 + SLOT;
-    CHECK(t.out_ops == 5 && t.out_bytes == want_out, "out: %llu ops %llu bytes, want 5 / %llu",
-          (unsigned long long)t.out_ops, (unsigned long long)t.out_bytes,
-          (unsigned long long)want_out);
-    CHECK(t.in_ops == 1 && t.in_bytes == SLOT, "in: %llu ops %llu bytes",
-          (unsigned long long)t.in_ops, (unsigned long long)t.in_bytes);
-    CHECK(t.no_slot == 1 && t.max_in_use == NSLOT, "no_slot %llu, max_in_use %llu",
-          (unsigned long long)t.no_slot, (unsigned long long)t.max_in_use);
+    KVR_EXPECT(t.out_ops == 5 && t.out_bytes == want_out, "out: %llu ops %llu bytes, want 5 / %llu",
+               (unsigned long long)t.out_ops, (unsigned long long)t.out_bytes,
+               (unsigned long long)want_out);
+    KVR_EXPECT(t.in_ops == 1 && t.in_bytes == SLOT, "in: %llu ops %llu bytes",
+               (unsigned long long)t.in_ops, (unsigned long long)t.in_bytes);
+    KVR_EXPECT(t.no_slot == 1 && t.max_in_use == NSLOT, "no_slot %llu, max_in_use %llu",
+               (unsigned long long)t.no_slot, (unsigned long long)t.max_in_use);
     printf("%s: refusal, ring of %d, back-pressure, counters (out %llu B, in %llu B): %s\n",
            mem->name, NSLOT, (unsigned long long)t.out_bytes, (unsigned long long)t.in_bytes,
-           fails ? "FAILED" : "OK");
+           kvr_test_fails ? "FAILED" : "OK");
     kvr_cuda_stage_destroy(s);
     dev_free(gpu, dev);
     dev_free(gpu, dst);
@@ -179,5 +172,5 @@ int main(void)
         printf("cuda staging (cudaMallocHost, cudaMemcpyAsync, events) not run: %s\n", err);
     else
         run(&kvr_cuda_stage_cuda_mem, true);
-    return fails ? 1 : 0;
+    return kvr_test_fails ? 1 : 0;
 }

@@ -19,19 +19,9 @@
 
 #include "kvr_cuda.h"
 #include "kvr_nccl.h"
+#include "kvr_test.h"
 
 extern char **environ;
-
-static int fails;
-#define CHECK(c, ...)                                                                              \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            fails++;                                                                               \
-        }                                                                                          \
-    } while (0)
 
 #define NB  64
 #define BLK 65536
@@ -73,47 +63,48 @@ static int rank1(const char *hex)
 
 static void cpu_part(void)
 {
-    CHECK(kvr_nccl_status(ncclSuccess) == KVR_OK &&
-              kvr_nccl_status(ncclInProgress) == KVR_INPROGRESS &&
-              kvr_nccl_status(ncclInvalidUsage) == KVR_ERR_INVALID &&
-              kvr_nccl_status(ncclSystemError) == KVR_ERR_IO &&
-              kvr_nccl_status(ncclRemoteError) == KVR_ERR_PEER_FAILURE &&
-              kvr_nccl_status(ncclInternalError) == KVR_ERR_INTERNAL,
-          "ncclResult_t mapping");
+    KVR_EXPECT(kvr_nccl_status(ncclSuccess) == KVR_OK &&
+                   kvr_nccl_status(ncclInProgress) == KVR_INPROGRESS &&
+                   kvr_nccl_status(ncclInvalidUsage) == KVR_ERR_INVALID &&
+                   kvr_nccl_status(ncclSystemError) == KVR_ERR_IO &&
+                   kvr_nccl_status(ncclRemoteError) == KVR_ERR_PEER_FAILURE &&
+                   kvr_nccl_status(ncclInternalError) == KVR_ERR_INTERNAL,
+               "ncclResult_t mapping");
     ncclUniqueId id, back;
     for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++)
         id.internal[i] = (char)(i * 5 + 1);
     unsigned char blob[KVR_NCCL_BLOB_LEN];
     kvr_nccl_blob_pack(&id, blob);
     char err[256];
-    CHECK(kvr_nccl_blob_parse(blob, sizeof blob, &back, err, sizeof err) == KVR_OK &&
-              memcmp(&id, &back, sizeof id) == 0,
-          "round trip: %s", err);
-    CHECK(kvr_nccl_blob_parse(blob, sizeof blob - 1, &back, err, sizeof err) == KVR_ERR_INVALID,
-          "a short blob");
+    KVR_EXPECT(kvr_nccl_blob_parse(blob, sizeof blob, &back, err, sizeof err) == KVR_OK &&
+                   memcmp(&id, &back, sizeof id) == 0,
+               "round trip: %s", err);
+    KVR_EXPECT(kvr_nccl_blob_parse(blob, sizeof blob - 1, &back, err, sizeof err) ==
+                   KVR_ERR_INVALID,
+               "a short blob");
     unsigned char bad[KVR_NCCL_BLOB_LEN];
     memcpy(bad, blob, sizeof bad);
     bad[0] = 'X';
-    CHECK(kvr_nccl_blob_parse(bad, sizeof bad, &back, err, sizeof err) == KVR_ERR_INVALID,
-          "bad magic");
+    KVR_EXPECT(kvr_nccl_blob_parse(bad, sizeof bad, &back, err, sizeof err) == KVR_ERR_INVALID,
+               "bad magic");
     memcpy(bad, blob, sizeof bad);
     bad[4] = 9;
-    CHECK(kvr_nccl_blob_parse(bad, sizeof bad, &back, err, sizeof err) == KVR_ERR_VERSION,
-          "blob version 9");
+    KVR_EXPECT(kvr_nccl_blob_parse(bad, sizeof bad, &back, err, sizeof err) == KVR_ERR_VERSION,
+               "blob version 9");
     memcpy(bad, blob, sizeof bad);
     uint32_t other = NCCL_VERSION_CODE + 10000; /* next major */
     for (int i = 0; i < 4; i++)
         bad[6 + i] = (unsigned char)(other >> (8 * i));
-    CHECK(kvr_nccl_blob_parse(bad, sizeof bad, &back, err, sizeof err) == KVR_ERR_VERSION &&
-              strstr(err, "major"),
-          "another NCCL major: %s", err);
+    KVR_EXPECT(kvr_nccl_blob_parse(bad, sizeof bad, &back, err, sizeof err) == KVR_ERR_VERSION &&
+                   strstr(err, "major"),
+               "another NCCL major: %s", err);
     if (kvr_cuda_device() < 0) {
         kvr_nccl_pair_t *p = NULL;
         kvr_status_t s = kvr_nccl_pair_open(&id, 0, 1000, &p, err, sizeof err);
-        CHECK(s != KVR_OK && !p, "a pair opened without a GPU");
+        KVR_EXPECT(s != KVR_OK && !p, "a pair opened without a GPU");
     }
     printf("cpu part (status mapping, id blob and its refusals, no-GPU refusal): %s\n",
-           fails ? "FAILED" : "OK");
+           kvr_test_fails ? "FAILED" : "OK");
 }
 
 int main(int argc, char **argv)
@@ -125,19 +116,19 @@ int main(int argc, char **argv)
     if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) {
         (void)cudaGetLastError();
         printf("two-GPU part not run: %d GPU(s) here, NCCL needs one a rank\n", n);
-        return fails ? 1 : 0;
+        return kvr_test_fails ? 1 : 0;
     }
     char err[512];
     unsigned char blob[KVR_NCCL_BLOB_LEN];
-    CHECK(kvr_cuda_device_open(0, 0, err, sizeof err) == KVR_OK, "%s", err);
-    CHECK(kvr_nccl_blob_new(blob, err, sizeof err) == KVR_OK, "%s", err);
+    KVR_EXPECT(kvr_cuda_device_open(0, 0, err, sizeof err) == KVR_OK, "%s", err);
+    KVR_EXPECT(kvr_nccl_blob_new(blob, err, sizeof err) == KVR_OK, "%s", err);
     char hex[2 * KVR_NCCL_BLOB_LEN + 1];
     for (int i = 0; i < KVR_NCCL_BLOB_LEN; i++)
         snprintf(hex + 2 * i, 3, "%02x", blob[i]);
     char *cargv[] = {(char *)"test_nccl", (char *)"--rank1", hex, NULL};
     pid_t pid;
     if (posix_spawn(&pid, "/proc/self/exe", NULL, NULL, cargv, environ) != 0) {
-        CHECK(0, "spawn rank 1");
+        KVR_EXPECT(0, "spawn rank 1");
         return 1;
     }
     ncclUniqueId id;
@@ -153,18 +144,18 @@ int main(int argc, char **argv)
         cudaMemcpy(d, h, (size_t)NB * BLK, cudaMemcpyHostToDevice) == cudaSuccess) {
         for (int i = 0; i < NB; i++)
             blocks[i] = (char *)d + (size_t)i * BLK;
-        CHECK(kvr_nccl_pair_move(p, blocks, NB, BLK) == KVR_OK, "send");
-        CHECK(kvr_nccl_pair_wait(p, 30000) == KVR_OK, "send completes");
+        KVR_EXPECT(kvr_nccl_pair_move(p, blocks, NB, BLK) == KVR_OK, "send");
+        KVR_EXPECT(kvr_nccl_pair_wait(p, 30000) == KVR_OK, "send completes");
     } else {
-        CHECK(0, "rank 0: %s", err);
+        KVR_EXPECT(0, "rank 0: %s", err);
     }
     int st = 0;
     waitpid(pid, &st, 0);
-    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank 1 saw other bytes or failed: %d", st);
+    KVR_EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank 1 saw other bytes or failed: %d", st);
     printf("two-GPU part (%d blocks of %d KiB, P rank 0 -> D rank 1): %s\n", NB, BLK / 1024,
-           fails ? "FAILED" : "OK");
+           kvr_test_fails ? "FAILED" : "OK");
     kvr_nccl_pair_close(p);
     cudaFree(d);
     free(h);
-    return fails ? 1 : 0;
+    return kvr_test_fails ? 1 : 0;
 }

@@ -38,6 +38,20 @@
         }                                                                                          \
     } while (0)
 
+/* KVR_EXPECT(cond, fmt, ...): a check that goes on after a failure, saying
+ * what was wrong and counting it in kvr_test_fails (the test returns
+ * non-zero at its end when it is not 0). */
+static int kvr_test_fails __attribute__((unused));
+#define KVR_EXPECT(cond, ...)                                                                      \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            kvr_test_fails++;                                                                      \
+        }                                                                                          \
+    } while (0)
+
 #define KVR_SKIP(...)                                                                              \
     do {                                                                                           \
         fprintf(stderr, "SKIP: ");                                                                 \
