@@ -117,6 +117,13 @@ struct ppeer { /* what a prefill node said in its HELLO */
     char why[200];
 };
 
+/* The transfer token the router made for a prefill node and this node (one
+ * per prefill node name: a new one revokes the old one) */
+struct ptoken {
+    char name[KVR_CLUSTER_NAME_MAX];
+    uint8_t token[KVR_XFER_TOKEN_LEN];
+};
+
 struct evbuf {
     uint64_t *hashes;
     int *kinds;
@@ -155,6 +162,8 @@ struct decode {
     size_t n_eos;
     struct ppeer peers[MAX_PREFILL_PEERS];
     int n_peers;
+    struct ptoken ptokens[MAX_PREFILL_PEERS]; /* oldest first */
+    int n_ptokens;
     struct evbuf ev;
     uint64_t ev_seq;
     void *addr;
@@ -526,8 +535,59 @@ static bool retry_fence(struct decode *d, struct dreq *r, uint64_t lease_ns, uin
     return true;
 }
 
+/* A Reserve names the prefill node that will write and carries the token
+ * the router made for that pair: the transfer engine accepts that node's
+ * side channel / notifications with it (and, created with require_token,
+ * nobody else's).  The node's previous token is revoked; the table is
+ * bounded (the oldest node's token goes when it is full). */
+static void token_allow(struct decode *d, const Kvrail__Reserve *m)
+{
+    if (m->transport_token.len == 0 || m->local_prefill)
+        return;
+    const char *pn = m->prefill_node ? m->prefill_node : "";
+    if (m->transport_token.len != KVR_XFER_TOKEN_LEN || !pn[0]) {
+        KVR_LOG_WARN(COMP,
+                     "request %" PRIu64 ": Reserve with a transfer token of %zu bytes for prefill "
+                     "node '%s' (want %d bytes and a node name): ignored, that node's transfers "
+                     "are refused unless it has a valid one",
+                     m->request_id, m->transport_token.len, pn, KVR_XFER_TOKEN_LEN);
+        return;
+    }
+    const uint8_t *tok = m->transport_token.data;
+    int i = 0;
+    while (i < d->n_ptokens && strcmp(d->ptokens[i].name, pn) != 0)
+        i++;
+    if (i < d->n_ptokens) {
+        if (memcmp(d->ptokens[i].token, tok, KVR_XFER_TOKEN_LEN) == 0)
+            return; /* the pair's token, as before */
+        kvr_xfer_token_revoke(d->node.xfer, d->ptokens[i].token);
+    } else {
+        if (d->n_ptokens == MAX_PREFILL_PEERS) {
+            kvr_xfer_token_revoke(d->node.xfer, d->ptokens[0].token);
+            KVR_LOG_WARN(COMP,
+                         "transfer tokens of %d prefill nodes held: '%s''s revoked for '%s''s",
+                         MAX_PREFILL_PEERS, d->ptokens[0].name, pn);
+            memmove(&d->ptokens[0], &d->ptokens[1],
+                    (size_t)(MAX_PREFILL_PEERS - 1) * sizeof d->ptokens[0]);
+            d->n_ptokens--;
+        }
+        i = d->n_ptokens++;
+        snprintf(d->ptokens[i].name, sizeof d->ptokens[i].name, "%s", pn);
+    }
+    memcpy(d->ptokens[i].token, tok, KVR_XFER_TOKEN_LEN);
+    kvr_status_t s = kvr_xfer_token_allow(d->node.xfer, tok);
+    if (s != KVR_OK)
+        KVR_LOG_ERROR(COMP,
+                      "transfer token of prefill node '%s' not taken (%s): its transfers are "
+                      "refused",
+                      pn, kvr_status_str(s));
+    else
+        KVR_LOG_DEBUG(COMP, "transfer token of prefill node '%s' allowed", pn);
+}
+
 static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
 {
+    token_allow(d, m);
     const struct kvr_kv_layout *L = &d->node.layout;
     uint32_t bs = (uint32_t)L->block_size;
     uint32_t lease = m->lease_ms ? m->lease_ms : d->node.cluster->timeouts.lease_ms;
@@ -1330,6 +1390,14 @@ static void role_stats(void *arg, struct kvr_sbuf *b)
         nlocal += r->state == DR_LOCAL_PREFILL;
         npre += r->state == DR_PREEMPTED;
     }
+    struct kvr_xfer_engine_stats xs;
+    kvr_xfer_engine_stats(d->node.xfer, &xs);
+    /* the transfer address it announces (not a secret: with auth, a peer
+     * gets in only with a token the router made; auth_test.py connects) */
+    kvr_sbuf_printf(b, ", \"transfer_address\": \"");
+    for (size_t i = 0; d->addr && i < d->addr_len; i++)
+        kvr_sbuf_printf(b, "%02x", ((const uint8_t *)d->addr)[i]);
+    kvr_sbuf_printf(b, "\"");
     kvr_sbuf_printf(
         b,
         ", \"total_blocks\": %u, \"free_blocks\": %u, \"evictable_blocks\": %u, "
@@ -1351,7 +1419,8 @@ static void role_stats(void *arg, struct kvr_sbuf *b)
         ", \"reservations\": %" PRIu64 ", \"reserve_renewals\": %" PRIu64
         ", \"stale_notifications\": %" PRIu64 ", \"retry_quarantines\": %" PRIu64
         ", \"retry_quarantined_blocks\": %" PRIu64 ", \"quarantines_fenced\": %" PRIu64
-        ", \"quarantines_expired\": %" PRIu64 ", \"cached_hashes\": [",
+        ", \"quarantines_expired\": %" PRIu64 ", \"transfer_refused\": %" PRIu64
+        ", \"transfer_tokens\": %d, \"cached_hashes\": [",
         c.total, c.free, c.evictable, c.cached, c.referenced, nres, nq, nready, nlocal, d->n_batch,
         d->n_done, d->n_failed, d->n_canceled, d->n_expired, d->n_rejected, d->n_local, d->n_remote,
         d->kv_bytes, d->tokens_out, d->steps, d->cached_tokens, d->ev_seq,
@@ -1363,7 +1432,7 @@ static void role_stats(void *arg, struct kvr_sbuf *b)
         kvr_status_name(kvr_node_pool_fault_status(&d->npool)), d->paged ? "paged" : "whole",
         d->preemptions, npre, d->grown_blocks, d->batch_max, d->lease_renewals, d->reservations,
         d->reserve_renewals, d->stale_notifs, d->retry_quarantines, d->retry_quarantined_blocks,
-        d->quarantines_fenced, d->quarantines_expired);
+        d->quarantines_fenced, d->quarantines_expired, xs.refused, d->n_ptokens);
     if (b->p)
         kvr_blocktab_foreach_cached(d->bt, stats_hash, b);
     kvr_sbuf_printf(b, "]");

@@ -195,6 +195,9 @@ kvr_status_t kvr_node_init(kvr_node_t *node, int argc, char **argv, enum kvr_nod
     xc.tls = node->self->tls[0] ? node->self->tls : NULL;
     xc.notif_cb = notif_cb;
     xc.notif_arg = notif_arg;
+    /* with keys, the transfer engine accepts only the peers the router
+     * introduced (the per-pair token of a Reserve, decode/decode.c) */
+    xc.require_token = node->cluster->auth != KVR_AUTH_NONE;
     s = kvr_xfer_engine_create(&xc, &node->xfer);
     if (s != KVR_OK) {
         snprintf(err, err_len, "transfer engine '%s': %s", xc.backend ? xc.backend : "default",

@@ -64,6 +64,7 @@ struct dpeer {
     kvr_xfer_peer_t *peer;
     kvr_xfer_rmem_t **rmem; /* [n_layers] */
     int32_t n_rmem;
+    uint8_t token[KVR_XFER_TOKEN_LEN]; /* presented at connect (all zero: none) */
     bool failed;
     int users; /* requests holding it */
 };
@@ -80,6 +81,7 @@ struct dinfo {
     size_t *rkey_lens;
     size_t n_rkeys;
     uint64_t block_bytes;
+    uint8_t token[KVR_XFER_TOKEN_LEN]; /* the pair's transfer token (all zero: none sent) */
 };
 
 struct preq {
@@ -206,6 +208,14 @@ static void peer_put(struct prefill *p, struct dpeer *d)
         peer_drop(p, d);
 }
 
+static bool token_set(const uint8_t *t)
+{
+    uint8_t acc = 0;
+    for (int i = 0; i < KVR_XFER_TOKEN_LEN; i++)
+        acc |= t[i];
+    return acc != 0;
+}
+
 static void dinfo_free(struct dinfo *di)
 {
     for (size_t i = 0; i < di->n_rkeys; i++)
@@ -244,6 +254,13 @@ static kvr_status_t dinfo_get(struct prefill *p, const Kvrail__PrefillTarget *t,
                  t->decode_node, t->decode_incarnation);
         return KVR_ERR_NOT_FOUND;
     }
+    if (t->transport_token.len != 0 && t->transport_token.len != KVR_XFER_TOKEN_LEN) {
+        snprintf(err, err_len,
+                 "decode node '%s': the target's transfer token has %zu bytes (want %d): the "
+                 "router and this node are of different versions",
+                 t->decode_node, t->transport_token.len, KVR_XFER_TOKEN_LEN);
+        return KVR_ERR_INVALID;
+    }
     if (p->n_dinfos >= 4096 && !di) {
         snprintf(err, err_len, "more than 4096 decode nodes known: refusing '%s'", t->decode_node);
         return KVR_ERR_NO_RESOURCE;
@@ -254,6 +271,8 @@ static kvr_status_t dinfo_get(struct prefill *p, const Kvrail__PrefillTarget *t,
     snprintf(n->name, sizeof n->name, "%s", t->decode_node);
     n->incarnation = t->decode_incarnation;
     n->block_bytes = t->block_bytes;
+    if (t->transport_token.len)
+        memcpy(n->token, t->transport_token.data, KVR_XFER_TOKEN_LEN);
     n->addr = malloc(t->decode_address.len);
     n->rkeys = calloc(t->n_layer_rkeys + 1, sizeof *n->rkeys);
     n->rkey_lens = calloc(t->n_layer_rkeys + 1, sizeof *n->rkey_lens);
@@ -292,7 +311,13 @@ static kvr_status_t peer_get(struct prefill *p, const Kvrail__PrefillTarget *t, 
     for (struct dpeer *d = p->peers; d; d = d->next) {
         if (strcmp(d->name, t->decode_node) != 0)
             continue;
-        if (!d->failed && d->incarnation == t->decode_incarnation &&
+        /* a target with an address and another token: the router made a
+         * new one for the pair (it restarted) and D revoked the old one */
+        bool token_kept = t->decode_address.len == 0 ||
+                          (t->transport_token.len == KVR_XFER_TOKEN_LEN
+                               ? memcmp(d->token, t->transport_token.data, KVR_XFER_TOKEN_LEN) == 0
+                               : !token_set(d->token));
+        if (!d->failed && d->incarnation == t->decode_incarnation && token_kept &&
             kvr_xfer_peer_status(d->peer) == KVR_OK) {
             d->users++;
             *d_p = d;
@@ -332,7 +357,10 @@ static kvr_status_t peer_get(struct prefill *p, const Kvrail__PrefillTarget *t, 
     d->incarnation = t->decode_incarnation;
     d->n_rmem = L->n_layers;
     uint64_t t0 = kvr_now_ns();
-    s = kvr_xfer_connect(p->node.xfer, di->addr, di->addr_len, &d->peer);
+    memcpy(d->token, di->token, KVR_XFER_TOKEN_LEN);
+    s = token_set(di->token)
+            ? kvr_xfer_connect_token(p->node.xfer, di->addr, di->addr_len, di->token, &d->peer)
+            : kvr_xfer_connect(p->node.xfer, di->addr, di->addr_len, &d->peer);
     if (s != KVR_OK) {
         snprintf(err, err_len, "cannot connect to decode node '%s': %s", t->decode_node,
                  kvr_status_str(s));

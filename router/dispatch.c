@@ -11,15 +11,46 @@
  * renews D's lease and names the new P, Prefill goes to that P with the
  * same attempt, and D's second Reserved is relayed as before.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "kvr_clock.h"
 #include "kvr_log.h"
 #include "router.h"
 
 #define MS (1000000ull)
+
+/* The transfer token of the pair (p, d): random, made when this incarnation
+ * of p is first introduced to this incarnation of d (registry.c forgets p's
+ * tokens when p registers again; a new d incarnation makes a new one here).
+ * It lives in p's node entry, one per decode node slot.  NULL when the
+ * kernel gave no random bytes (logged: D then refuses P's transfers). */
+static const uint8_t *pair_token(struct rt_node *p, const struct rt_node *d)
+{
+    if (p->token_d_inc[d->idx] == d->incarnation && d->incarnation)
+        return p->pair_token[d->idx];
+    uint8_t *t = p->pair_token[d->idx];
+    size_t got = 0;
+    while (got < RT_TOKEN_LEN) {
+        ssize_t k = getrandom(t + got, RT_TOKEN_LEN - got, 0);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            KVR_LOG_ERROR("router",
+                          "no random bytes for the transfer token of %s -> %s (getrandom: %s): "
+                          "the decode node will refuse this prefill node's transfers",
+                          p->name, d->name, strerror(errno));
+            p->token_d_inc[d->idx] = 0;
+            return NULL;
+        }
+        got += (size_t)k;
+    }
+    p->token_d_inc[d->idx] = d->incarnation;
+    return t;
+}
 
 static kvr_status_t send_prefill(rt_t *r, const struct rt_req *q, struct rt_node *p,
                                  const struct rt_node *d)
@@ -73,6 +104,11 @@ static enum rt_dispatch_result send_pick(rt_t *r, struct rt_req *q, const struct
     rs.ignore_eos = q->ignore_eos;
     rs.local_prefill = pk->local;
     rs.prefill_node = (char *)(pk->local ? "" : r->nodes[pk->p].name);
+    const uint8_t *tok = pk->local ? NULL : pair_token(&r->nodes[pk->p], d);
+    if (tok) {
+        rs.transport_token.data = (uint8_t *)tok;
+        rs.transport_token.len = RT_TOKEN_LEN;
+    }
     if (rt_send_node(r, d, KVRAIL__METHOD__RESERVE, &rs.base) != KVR_OK) {
         rt_u64map_del(&r->reqs, q->did);
         q->did = 0;
@@ -262,6 +298,11 @@ void rt_on_reserved(rt_t *r, struct rt_node *n, const Kvrail__Reserved *m, uint6
             t.transport = n->transport;
             t.layer_stride = n->layer_stride;
             t.block_bytes = n->block_bytes;
+            /* the token D was given in this pair's Reserve */
+            if (pn->token_d_inc[n->idx] == n->incarnation && n->incarnation) {
+                t.transport_token.data = pn->pair_token[n->idx];
+                t.transport_token.len = RT_TOKEN_LEN;
+            }
         }
         if (rt_send_node(r, pn, KVRAIL__METHOD__PREFILL_TARGET, &t.base) == KVR_OK)
             pn->sent_d_inc[n->idx] = n->incarnation;
@@ -344,6 +385,11 @@ bool rt_dispatch_retry_prefill(rt_t *r, struct rt_req *q, uint64_t now)
     rs.attempt = q->attempt;
     rs.lease_ms = r->cl->timeouts.lease_ms;
     rs.prefill_node = p->name;
+    const uint8_t *tok = pair_token(p, d);
+    if (tok) {
+        rs.transport_token.data = (uint8_t *)tok;
+        rs.transport_token.len = RT_TOKEN_LEN;
+    }
     if (rt_send_node(r, d, KVRAIL__METHOD__RESERVE, &rs.base) != KVR_OK ||
         send_prefill(r, q, p, d) != KVR_OK) {
         q->p = -1; /* its load is undone above */

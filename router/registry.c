@@ -249,7 +249,8 @@ void rt_registry_on_register(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__
     n->conn_lost = false;
     n->rsv_wait_since = 0;
     n->incarnation = q->incarnation;
-    memset(n->sent_d_inc, 0, sizeof(n->sent_d_inc)); /* a new process knows no decode node */
+    memset(n->sent_d_inc, 0, sizeof(n->sent_d_inc));   /* a new process knows no decode node */
+    memset(n->token_d_inc, 0, sizeof(n->token_d_inc)); /* nor tokens: new ones for it */
     n->last_hb_ns = now;
     n->registered_ns = now;
     snprintf(n->fingerprint, sizeof(n->fingerprint), "%s", q->model_fingerprint);

@@ -45,7 +45,8 @@
 #include "u64map.h"
 
 #define RT_MAX_NODES       RT_DIR_MAX_NODES /* directory masks are 64-bit */
-#define RT_DIR_ENTRIES     (1u << 20)       /* most distinct blocks the directory tracks */
+#define RT_TOKEN_LEN       16         /* KVR_XFER_TOKEN_LEN: a transfer engine's per-pair token */
+#define RT_DIR_ENTRIES     (1u << 20) /* most distinct blocks the directory tracks */
 #define RT_MAX_STOPS       16
 #define RT_MAX_STOPLEN     256
 #define RT_SAMPLES         8192                   /* ring of timing samples for percentiles */
@@ -96,6 +97,12 @@ struct rt_node {
     /* prefill: the incarnation of each decode node whose address and rkeys
      * this node was sent (0: none); PrefillTarget carries them only once */
     uint64_t sent_d_inc[RT_MAX_NODES];
+    /* prefill: the transfer token of the pair (this node, decode node i),
+     * made when this incarnation is first introduced to incarnation
+     * token_d_inc[i] of node i (0: none yet); it goes to D in the Reserve
+     * and to this node with D's address in the PrefillTarget */
+    uint8_t pair_token[RT_MAX_NODES][RT_TOKEN_LEN];
+    uint64_t token_d_inc[RT_MAX_NODES];
     /* load, from heartbeats */
     uint32_t total_blocks, free_blocks, cached_blocks, batch_size, reserved_blocks;
     uint64_t inflight_prefill_hb, queued_prefill_hb;

@@ -9,7 +9,11 @@ another node's key (a stolen name), a free node slot's name with a node's
 key.  None gets a RegisterReply with code 0 or any message meant for a node
 (a prompt would come as PREFILL or RESERVE), the router logs each refusal,
 a client without a key gets no answer, and the same prompts still give the
-same tokens afterwards.  With `auth: none` (the control) the same rogue
+same tokens afterwards.  The transfer engines too: a peer that no router
+introduced (kvr-rogue-peer --xfer-connect to the address decode0 publishes,
+with no token and with a made-up one) has its notifications refused and
+counted (decode0's transfer_refused), while the real prefill node's, with
+the token the router made for the pair, are not.  With `auth: none` (the control) the same rogue
 registers: the test would fail if the refusals came from anything but the
 keys; and the router warns at start.
 """
@@ -47,6 +51,33 @@ def rogue(args, c, name, role="prefill", key=None, random_key=False, listen_ms=1
     r = run(argv, timeout=30)
     check(r.returncode == 0, "kvr-rogue-peer failed: %s" % r.stderr)
     return r.stdout.split("\n")
+
+
+def xfer_rogues(args, c):
+    """Transfer-level peers of decode0 that the router never introduced."""
+    st = c.stats("decode0")
+    check(st.get("remote_prefills", 0) >= 1 and st.get("transfer_refused") == 0 and
+          st.get("transfer_tokens", 0) >= 1 and st.get("transfer_address"),
+          "decode0 before the transfer rogues: remote prefills (with the router's token) "
+          "should be accepted, nothing refused: %s" %
+          {k: st.get(k) for k in ("remote_prefills", "transfer_refused", "transfer_tokens")})
+    outs = []
+    for tok in (None, "00112233445566778899aabbccddeeff"):
+        argv = [args.rogue, "--xfer-connect", st["transfer_address"]]
+        if tok:
+            argv += ["--xfer-token", tok]
+        r = run(argv, timeout=30)
+        check(r.returncode == 0 and "XFER " in r.stdout,
+              "kvr-rogue-peer --xfer-connect failed: %s %s" % (r.stdout, r.stderr[-500:]))
+        outs.append(r.stdout.strip())
+    deadline = time.time() + 10
+    while c.stats("decode0").get("transfer_refused", 0) < 4 and time.time() < deadline:
+        time.sleep(0.1)
+    got = c.stats("decode0").get("transfer_refused", 0)
+    check(got >= 4, "decode0 refused %d of the 4 notifications of peers the router never "
+          "introduced (%s):\n%s" % (got, outs, c.tail("decode0")))
+    print("transfer rogues (no token, a made-up one): %s; decode0 refused and counted %d" %
+          (" | ".join(outs), got))
 
 
 def wait_router(c, timeout=20):
@@ -178,6 +209,8 @@ def main():
         check(r.returncode != 0, "a client without a key got a status: %s" % r.stdout[:200])
         rc, got, err = generate(bins, c, prompts[0][0], 4, env=env)
         check(rc != 0 and not got, "a client without a key generated %s" % got)
+
+        xfer_rogues(args, c)
 
         c.check_alive()
         st = c.status()

@@ -16,6 +16,13 @@
  * transport address (a checksummed but garbage blob, garbage_blob_test.py)
  * and N rkeys of garbage; --reserve: answer every RESERVE with a Reserved
  * (block ids 0..), so that a prefill node is sent the address.
+ * --xfer-connect HEX [--xfer-token HEX]: instead of all that, a peer of a
+ * node's transfer engine: connects to the address blob HEX (a decode node
+ * publishes it in its stats file), with no token or the one given (made
+ * up), sends two notifications, progresses 300 ms and prints
+ *   XFER <connect status> <notify status>
+ * (a target with require_token refuses them and counts them: its
+ * transfer_refused stat, auth_test.py).
  *
  *   kvr-rogue-peer --endpoint EP --name NAME [--role prefill|decode]
  *       [--router-pub FILE --key FILE | --random-key] [--layers N
@@ -32,6 +39,66 @@
 
 #include "kvr_clock.h"
 #include "kvr_proto.h"
+#include "kvr_xfer.h"
+
+static int unhex(const char *h, uint8_t *out, size_t cap, size_t *n_p)
+{
+    size_t n = strlen(h);
+    if (n % 2 || n / 2 > cap)
+        return -1;
+    for (size_t i = 0; i < n / 2; i++) {
+        unsigned v;
+        if (sscanf(h + 2 * i, "%2x", &v) != 1)
+            return -1;
+        out[i] = (uint8_t)v;
+    }
+    *n_p = n / 2;
+    return 0;
+}
+
+/* --xfer-connect: a transfer-engine peer that no router introduced */
+static int xfer_rogue(const char *addr_hex, const char *token_hex)
+{
+    static uint8_t blob[65536];
+    uint8_t tok[KVR_XFER_TOKEN_LEN];
+    size_t n = 0, nt = 0;
+    if (unhex(addr_hex, blob, sizeof blob, &n) != 0 || n == 0 ||
+        (token_hex && (unhex(token_hex, tok, sizeof tok, &nt) != 0 || nt != sizeof tok))) {
+        fprintf(stderr, "--xfer-connect wants an address in hex, --xfer-token %d bytes in hex\n",
+                KVR_XFER_TOKEN_LEN);
+        return 2;
+    }
+    struct kvr_xfer_config xc;
+    kvr_xfer_config_init(&xc);
+    xc.name = "rogue";
+    kvr_xfer_engine_t *e = NULL;
+    kvr_status_t s = kvr_xfer_engine_create(&xc, &e);
+    if (s != KVR_OK) {
+        printf("XFER-ENGINE %s\n", kvr_status_name(s));
+        return 1;
+    }
+    kvr_xfer_peer_t *peer = NULL;
+    s = token_hex ? kvr_xfer_connect_token(e, blob, n, tok, &peer)
+                  : kvr_xfer_connect(e, blob, n, &peer);
+    kvr_status_t ns = KVR_ERR_NOT_FOUND;
+    if (s == KVR_OK) {
+        static const char msg[] = "KV_READY from nobody the router introduced";
+        ns = kvr_xfer_notify(peer, msg, sizeof msg);
+        if (ns == KVR_OK)
+            ns = kvr_xfer_notify(peer, msg, sizeof msg);
+    }
+    uint64_t end = kvr_now_ns() + 300000000ull;
+    while (kvr_now_ns() < end) {
+        kvr_xfer_progress(e);
+        usleep(1000);
+    }
+    printf("XFER %s %s\n", kvr_status_name(s), kvr_status_name(ns));
+    fflush(stdout);
+    if (peer)
+        kvr_xfer_disconnect(peer);
+    kvr_xfer_engine_destroy(e);
+    return 0;
+}
 
 static int read_key(const char *path, int lines, char *l1, char *l2)
 {
@@ -73,12 +140,14 @@ int main(int argc, char **argv)
         {"address-file", required_argument, NULL, 'A'},
         {"rkeys", required_argument, NULL, 'K'},
         {"reserve", no_argument, NULL, 'V'},
+        {"xfer-connect", required_argument, NULL, 'X'},
+        {"xfer-token", required_argument, NULL, 'T'},
         {NULL, 0, NULL, 0},
     };
     const char *ep = NULL, *name = NULL, *role = "prefill", *rpub = NULL, *key = NULL;
     const char *dtype = "f32";
     bool random_key = false, black_hole = false, reserve = false;
-    const char *addr_file = NULL;
+    const char *addr_file = NULL, *xfer_addr = NULL, *xfer_token = NULL;
     uint32_t nrkeys = 0;
     const char *fp = "rogue";
     uint32_t blocks = 64;
@@ -137,6 +206,12 @@ int main(int argc, char **argv)
         case 'V':
             reserve = true;
             break;
+        case 'X':
+            xfer_addr = optarg;
+            break;
+        case 'T':
+            xfer_token = optarg;
+            break;
         case 'l':
             listen_ms = atoi(optarg);
             break;
@@ -144,6 +219,8 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    if (xfer_addr)
+        return xfer_rogue(xfer_addr, xfer_token);
     if (!ep || !name) {
         fprintf(stderr, "usage: kvr-rogue-peer --endpoint EP --name NAME ...\n");
         return 2;
