@@ -1191,16 +1191,23 @@ static void send_heartbeat(void *arg)
     kvr_node_send(&p->node, KVRAIL__METHOD__HEARTBEAT, &h.base);
 }
 
+/* How many prefills wait in the queue and how many are running. */
+static void queue_lengths(const struct prefill *p, int *queued, int *active)
+{
+    *queued = *active = 0;
+    for (const struct preq *r = p->queue; r; r = r->next)
+        (*queued)++;
+    for (const struct preq *r = p->active; r; r = r->next)
+        (*active)++;
+}
+
 static void role_stats(void *arg, struct kvr_sbuf *b)
 {
     struct prefill *p = arg;
     struct kvr_blocktab_counts c;
     kvr_blocktab_counts(p->bt, &c);
-    int nq = 0, na = 0;
-    for (struct preq *r = p->queue; r; r = r->next)
-        nq++;
-    for (struct preq *r = p->active; r; r = r->next)
-        na++;
+    int nq, na;
+    queue_lengths(p, &nq, &na);
     kvr_sbuf_printf(b,
                     ", \"prefills_ok\": %" PRIu64 ", \"prefills_failed\": %" PRIu64
                     ", \"prefills_canceled\": %" PRIu64 ", \"bytes_pushed\": %" PRIu64
@@ -1271,11 +1278,8 @@ static void role_counters(void *arg, void (*put)(void *ctx, int id, double v), v
     struct prefill *p = arg;
     struct kvr_blocktab_counts c;
     kvr_blocktab_counts(p->bt, &c);
-    int nq = 0, na = 0;
-    for (struct preq *r = p->queue; r; r = r->next)
-        nq++;
-    for (struct preq *r = p->active; r; r = r->next)
-        na++;
+    int nq, na;
+    queue_lengths(p, &nq, &na);
     put(ctx, KVR_NC_PREFILLS_OK, (double)p->n_ok);
     put(ctx, KVR_NC_PREFILLS_FAILED, (double)p->n_failed);
     put(ctx, KVR_NC_PREFILLS_CANCELED, (double)p->n_canceled);
