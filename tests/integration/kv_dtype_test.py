@@ -28,10 +28,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster_lib import Fail, free_port, reap_all, spawn, stop_group, wait_for  # noqa: E402
 from cluster_lib import run  # noqa: E402
-from kvrail_up import Up  # noqa: E402
-
-SHORT = "Hello world"
-LONG = "The quick brown fox jumps over the lazy dog. " * 14
+from kvrail_up import LONG, SHORT, Up, check_generate  # noqa: E402
 
 
 # decode1: the node of another kv_dtype, placed on another host so that
@@ -55,22 +52,13 @@ def cluster_file(work, dtype, ep, node_port, decode1_host=", host: gpu-node-9"):
 
 
 def generate_matches_run(a, model, ep, dtype, prompt):
-    """generate --json == run --json --kv-dtype, byte for byte; returns
-    (the output, KV bytes the request moved)."""
-    ref = run([a.kvrail, "run", "--model", model, "--prompt", prompt, "--max-tokens", "12",
-               "--json", "--kv-dtype", dtype], timeout=60)
-    got = run([a.kvrail, "generate", "--router", ep, "--max-tokens", "12", "--json", "--stats",
-               prompt], timeout=60)
-    if ref.returncode or got.returncode:
-        raise Fail("run rc %d (%s), generate rc %d (%s)" % (ref.returncode, ref.stderr,
-                                                           got.returncode, got.stderr))
-    if ref.stdout != got.stdout:
-        raise Fail("kv_dtype %s: generate --json differs from run --json --kv-dtype %s:\n%s\n"
-                   "---\n%s" % (dtype, dtype, ref.stdout, got.stdout))
+    """generate --json == run --json --kv-dtype; returns (the output, KV bytes
+    the request moved, prompt tokens)."""
+    n, got = check_generate(a, model, ep, prompt, run_args=("--kv-dtype", dtype),
+                            gen_args=("--stats",))
     m = re.search(r"KV moved (\d+) bytes", got.stderr)
     if not m:
         raise Fail("generate --stats printed no KV bytes: %s" % got.stderr)
-    n = len(json.loads(got.stdout.splitlines()[0])["prompt_tokens"])
     return got.stdout, int(m.group(1)), n
 
 
@@ -83,7 +71,7 @@ def one_cluster(a, model, work, dtype, outs):
     if b_short != 0 or b_long <= 0:
         raise Fail("kv_dtype %s: KV bytes moved: short (local) %d, long %d" % (dtype, b_short,
                                                                            b_long))
-    print("kv_dtype %s: generate --json == run --json --kv-dtype %s byte for byte "
+    print("kv_dtype %s: generate --json == run --json --kv-dtype %s "
           "(%d-token prompt local, %d-token prompt disaggregated: %d KV bytes moved)"
           % (dtype, dtype, n_short, n_long, b_long))
 

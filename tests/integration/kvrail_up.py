@@ -132,18 +132,22 @@ def same_generation(ref_out, got_out):
     return ""
 
 
-def check_generate(a, model, ep, prompt, max_tokens=12):
+def check_generate(a, model, ep, prompt, max_tokens=12, run_args=(), gen_args=()):
+    """`kvrail generate --json` through the cluster equals `kvrail run --json`
+    (run_args added to run, e.g. --kv-dtype; gen_args to generate, e.g.
+    --stats); returns the prompt's token count and generate's result."""
     ref = run([a.kvrail, "run", "--model", model, "--prompt", prompt, "--max-tokens",
-               str(max_tokens), "--json"])
+               str(max_tokens), "--json", *run_args])
     got = run([a.kvrail, "generate", "--router", ep, "--max-tokens", str(max_tokens), "--json",
-               prompt])
+               *gen_args, prompt])
     if ref.returncode or got.returncode:
         raise Fail("run rc %d (%s), generate rc %d (%s)" % (ref.returncode, ref.stderr,
                                                            got.returncode, got.stderr))
     diff = same_generation(ref.stdout, got.stdout)
     if diff:
-        raise Fail("generate differs from run (%s):\n%s\n---\n%s" % (diff, ref.stdout, got.stdout))
-    return len(json.loads(got.stdout.splitlines()[0])["prompt_tokens"])
+        raise Fail("generate %s differs from run %s (%s):\n%s\n---\n%s"
+                   % (" ".join(gen_args), " ".join(run_args), diff, ref.stdout, got.stdout))
+    return len(json.loads(got.stdout.splitlines()[0])["prompt_tokens"]), got
 
 
 def node_alive(a, ep, name):
@@ -175,7 +179,7 @@ def case_basic(a, model, cfg, ep, work):
         raise Fail("up started %s" % pids)
     print("up: ready, pids", pids)
     for prompt in (SHORT, LONG):
-        n = check_generate(a, model, ep, prompt)
+        n, _ = check_generate(a, model, ep, prompt)
         print("generate == run for a %d-token prompt" % n)
     txt = run([a.kvrail, "generate", "--router", ep, "--max-tokens", "6", "Hello"])
     if txt.returncode or not txt.stdout.strip():
@@ -262,7 +266,7 @@ def case_restart(a, model, cfg, ep, work):
     for n in ("router", "prefill0"):
         if p1[n] != p0[n] or not alive(p0[n]):
             raise Fail("%s was restarted or stopped (pid %d -> %d)" % (n, p0[n], p1[n]))
-    n = check_generate(a, model, ep, LONG)
+    n, _ = check_generate(a, model, ep, LONG)
     print("kill -9 decode0: reported, restarted (pid %d -> %d), router and prefill0 kept; "
           "a %d-token disaggregated request matches run" % (p0["decode0"], p1["decode0"], n))
 
