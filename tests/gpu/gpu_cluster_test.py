@@ -22,7 +22,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
 from cluster_lib import (Bins, Cluster, add_bin_args, check, make_model,  # noqa: E402
-                         make_prompts, run, workdir)
+                         make_prompts, reference, run, workdir, check_outputs)
 
 
 def run_ids(bins, model, toks, mt):
@@ -46,11 +46,7 @@ def main():
                 print("SKIP: %s" % r.stderr.strip())
                 return 77
             check(False, "kvrail run --device cuda:0 failed: %s" % r.stderr)
-        ref = []
-        for toks, mt in prompts:
-            r, ids = run_ids(bins, model, toks, mt)
-            check(r.returncode == 0, "kvrail run --device cuda:0: %s" % r.stderr)
-            ref.append(ids)
+        ref = reference(bins, model, prompts, jobs=1, run_args=("--device", "cuda:0"))
         c = Cluster(bins, wd, model, n_prefill=1, n_decode=1, transport="cuda_ipc")
         text = open(c.config).read()
         for n in ("prefill0", "decode0"):
@@ -63,15 +59,7 @@ def main():
             rc, outs, log = c.loadgen(prompts, ["--concurrency", "1", "--no-ignore-eos"])
             print(log)
             check(rc == 0, "kvrail-loadgen exit %d" % rc)
-            bad = []
-            for i, (toks, mt) in enumerate(prompts):
-                o = outs.get(i)
-                check(o is not None and o["status"] == 0, "prompt %d failed: %s" % (i, o))
-                if o["tokens"] != ref[i]:
-                    bad.append("prompt %d (%d tokens, local %s): cluster %s, run %s"
-                               % (i, len(toks), o["local_prefill"], o["tokens"], ref[i]))
-            check(not bad, "%d outputs differ from kvrail run --device cuda:0:\n%s"
-                  % (len(bad), "\n".join(bad)))
+            check_outputs(outs, ref, what="against kvrail run --device cuda:0")
             disagg = [o for o in outs.values() if not o["local_prefill"]]
             check(disagg and sum(o["kv_bytes"] for o in disagg) > 0,
                   "no request pushed KV through the prefill node")

@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster_lib import (Bins, Cluster, add_bin_args, check, make_model, reference,  # noqa
-                         run_main, workdir)
+                         run_main, workdir, check_outputs)
 
 
 def main():
@@ -42,15 +42,7 @@ def main():
         rc, outs, log = c.loadgen(prompts, ["--concurrency", str(len(prompts)), "--no-ignore-eos"])
         print(log)
         check(rc == 0, "kvrail-loadgen exit %d" % rc)
-        bad = []
-        for i, (toks, mt) in enumerate(prompts):
-            o = outs.get(i)
-            check(o is not None, "no output for prompt %d" % i)
-            check(o["status"] == 0, "prompt %d (%d tokens) failed: %s" % (i, len(toks), o["message"]))
-            if o["tokens"] != ref[i]:
-                bad.append("prompt %d (%d tokens, local %s): cluster %s, run %s"
-                           % (i, len(toks), o["local_prefill"], o["tokens"], ref[i]))
-        check(not bad, "%d outputs differ from kvrail run:\n%s" % (len(bad), "\n".join(bad)))
+        check_outputs(outs, ref)
         ds = c.wait_idle()
         for n, s in ds.items():
             check(s["reserved_blocks"] == 0, "%s: %d blocks still reserved" % (n, s["reserved_blocks"]))

@@ -464,10 +464,54 @@ class Cluster:
             stop_group(p, grace=max(0.1, deadline - time.monotonic()))
 
 
-def reference(bins, model, prompts, jobs=2, ignore_eos=False, sampling=()):
-    """Greedy outputs of `kvrail run` for each (tokens, max_tokens); with
-    sampling (kvrail run flags, e.g. --temperature 0.8), sampled with seed i
-    for prompt i (what kvrail-loadgen's requests use: --seed = their id)."""
+class Ref(list):
+    """What `kvrail run` generated for one prompt: the token ids (the list)
+    and their logprobs (.logprobs), exactly as printed (9 significant
+    digits: a float's exact value)."""
+
+    def __init__(self, ids, logprobs):
+        super().__init__(ids)
+        self.logprobs = logprobs
+
+
+def diff_output(o, ref):
+    """'' when a kvrail-loadgen output o holds exactly what `kvrail run`
+    generated (ref, from reference()): the same token ids and, bit for bit,
+    the same logprobs (every engine path is bit-identical: local or remote
+    prefill, any cached prefix, any batch); else what differs."""
+    if o.get("status") != 0:
+        return "request %s failed: %s" % (o.get("id"), o.get("message"))
+    if o["tokens"] != list(ref):
+        return "tokens %s, kvrail run %s" % (o["tokens"], list(ref))
+    if o.get("logprobs") != ref.logprobs:
+        bad = [k for k, (a, b) in enumerate(zip(o.get("logprobs") or [], ref.logprobs)) if a != b]
+        return "same tokens, logprobs differ at %s: %s, kvrail run %s" % (
+            bad, o.get("logprobs"), ref.logprobs)
+    return ""
+
+
+def check_outputs(outs, ref, ids=None, what="cluster"):
+    """Every request in ids (default: all of ref) has an output that
+    succeeded and holds exactly what `kvrail run` generated (diff_output)."""
+    ids = list(range(len(ref))) if ids is None else list(ids)
+    bad = []
+    for i in ids:
+        o = outs.get(i)
+        d = "no output" if o is None else diff_output(o, ref[i])
+        if d:
+            bad.append("request %d%s: %s" % (i, "" if o is None else (
+                " (cached %s, local %s, %s->%s)" % (o.get("cached_tokens"), o.get("local_prefill"),
+                                                    o.get("prefill_node"), o.get("decode_node"))), d))
+    check(not bad, "%s: %d of %d outputs differ from kvrail run:\n%s" % (
+        what, len(bad), len(ids), "\n".join(bad[:10])))
+
+
+def reference(bins, model, prompts, jobs=2, ignore_eos=False, sampling=(), run_args=()):
+    """Greedy outputs of `kvrail run` for each (tokens, max_tokens), as Ref
+    (ids, with their logprobs); with sampling (kvrail run flags, e.g.
+    --temperature 0.8), sampled with seed i for prompt i (what kvrail-loadgen's
+    requests use: --seed = their id); run_args are added to every run
+    (e.g. --device cuda:0)."""
     outs = [None] * len(prompts)
     running = []
     i = 0
@@ -476,7 +520,7 @@ def reference(bins, model, prompts, jobs=2, ignore_eos=False, sampling=()):
             toks, mt = prompts[i]
             argv = [bins.kvrail, "run", "--model", model, "--prompt-tokens",
                     ",".join(map(str, toks)), "--max-tokens", str(mt), "--temperature", "0",
-                    "--json"] + (["--ignore-eos"] if ignore_eos else [])
+                    "--json", *run_args] + (["--ignore-eos"] if ignore_eos else [])
             if sampling:
                 argv += list(sampling) + ["--seed", str(i)]
             running.append((i, spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -488,7 +532,7 @@ def reference(bins, model, prompts, jobs=2, ignore_eos=False, sampling=()):
         finally:
             stop_group(p, grace=0)
         check(p.returncode == 0, "kvrail run failed for prompt %d: %s" % (idx, err))
-        ids = []
+        ids, lps = [], []
         # lines end at "\n" only: str.splitlines() would also cut at U+2028,
         # \x1c.. \x1e, \x85, which a sampled token's JSON text may hold
         for line in out.split("\n"):
@@ -498,7 +542,8 @@ def reference(bins, model, prompts, jobs=2, ignore_eos=False, sampling=()):
             o = json.loads(line)
             if "token_id" in o:
                 ids.append(o["token_id"])
-        outs[idx] = ids
+                lps.append(o["logprob"])
+        outs[idx] = Ref(ids, lps)
     return outs
 
 

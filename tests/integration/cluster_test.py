@@ -29,7 +29,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster_lib import (Bins, Cluster, Fail, add_bin_args, check, make_model, make_prompts,  # noqa
-                         reference, run_main, sp_run, workdir)
+                         reference, run_main, sp_run, workdir, check_outputs)
 
 KVR_ERR_CANCELED = -11
 KVR_ERR_OVERLOAD = -12
@@ -63,16 +63,7 @@ def case_e2e(args, bins, wd):
         print(log)
         print("cluster: %d prompts in %.1f s" % (len(prompts), time.time() - t0))
         check(rc == 0, "kvrail-loadgen exit %d" % rc)
-        bad = []
-        for i, (toks, mt) in enumerate(prompts):
-            o = outs.get(i)
-            check(o is not None, "no output for prompt %d" % i)
-            check(o["status"] == 0, "prompt %d (%d tokens) failed: %s" % (i, len(toks), o["message"]))
-            if o["tokens"] != ref[i]:
-                bad.append("prompt %d (%d tokens, cached %d, local %s, %s->%s): cluster %s, run %s"
-                           % (i, len(toks), o["cached_tokens"], o["local_prefill"], o["prefill_node"],
-                              o["decode_node"], o["tokens"], ref[i]))
-        check(not bad, "%d outputs differ from kvrail run:\n%s" % (len(bad), "\n".join(bad)))
+        check_outputs(outs, ref)
         disagg = [o for o in outs.values() if not o["local_prefill"]]
         check(disagg, "no request went through a prefill node")
         check(sum(o["kv_bytes"] for o in disagg) > 0, "the router counted no KV bytes moved")
@@ -284,10 +275,7 @@ def case_failover(args, bins, wd):
         rc, outs, log = c.loadgen_wait(h)
         print(log)
         check(len(outs) == 8, "only %d requests ended" % len(outs))
-        bad = [(i, o["status"], o["message"]) for i, o in outs.items() if o["status"] != 0]
-        check(not bad, "requests failed after the decode node died: %s" % bad)
-        diff = [i for i in range(8) if outs[i]["tokens"] != ref[i]]
-        check(not diff, "outputs differ from kvrail run after migration: %s" % diff)
+        check_outputs(outs, ref, range(8), "after the decode node died (migration)")
         other = [n for n in c.decodes if n != victim][0]
         with open(c.logs["router"]) as f:
             migrated = sum("migrating with" in line for line in f)

@@ -21,7 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster_lib import (Bins, Cluster, add_bin_args, check, make_model, reference,  # noqa
-                         run_main, workdir)
+                         run_main, workdir, check_outputs)
 
 POOL, PROMPT, OUT, N_REQ = 20, 16, 64, 10
 N_WHOLE = POOL // ((PROMPT + OUT + 15) // 16)  # 4
@@ -41,14 +41,7 @@ def run(bins, wd, model, prompts, ref, policy):
                                   timeout=120)
         print(log)
         check(rc == 0, "%s: kvrail-loadgen exit %d" % (policy, rc))
-        bad = []
-        for i in range(len(prompts)):
-            o = outs.get(i)
-            check(o is not None and o["status"] == 0, "%s: request %d: %s" % (policy, i, o))
-            if o["tokens"] != ref[i]:
-                bad.append("request %d: cluster %s, run %s" % (i, o["tokens"], ref[i]))
-        check(not bad, "%s: %d outputs differ from kvrail run:\n%s" % (policy, len(bad),
-                                                                        "\n".join(bad)))
+        check_outputs(outs, ref, range(len(prompts)), policy)
         ds = c.wait_idle(timeout=30)
         for n, s in ds.items():
             check(s["reserved_blocks"] == 0 and

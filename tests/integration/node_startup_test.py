@@ -28,7 +28,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster_lib import (SKIP, Bins, Cluster, add_bin_args, check, make_model,  # noqa
-                         make_prompts, reference, run_main, wait_for, workdir)
+                         make_prompts, reference, run_main, wait_for, workdir, check_outputs)
 
 OK = "KVR_OK"  # pool_fault_status when the pre-fault had no error
 
@@ -62,13 +62,7 @@ def serve(c, prompts, ref, name):
     rc, outs, log = c.loadgen(prompts, ["--concurrency", "3"], name=name, timeout=120)
     print(log)
     check(rc == 0, "%s: kvrail-loadgen exit %d" % (name, rc))
-    bad = []
-    for i in range(len(prompts)):
-        o = outs.get(i)
-        check(o is not None and o["status"] == 0, "%s: request %d: %s" % (name, i, o))
-        if o["tokens"] != ref[i]:
-            bad.append("request %d: cluster %s, run %s" % (i, o["tokens"], ref[i]))
-    check(not bad, "%s: %d outputs differ from kvrail run:\n%s" % (name, len(bad), "\n".join(bad)))
+    check_outputs(outs, ref, range(len(prompts)), name)
 
 
 def main():

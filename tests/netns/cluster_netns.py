@@ -16,7 +16,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 from cluster_lib import (Bins, Cluster, Fail, add_bin_args, check, make_model, make_prompts,  # noqa
-                         reference, run_main, sp_run, spawn, workdir)
+                         reference, run_main, sp_run, spawn, workdir, check_outputs)
 
 
 def sh(*argv, ok=True):
@@ -118,10 +118,7 @@ def main():
         rc, outs, log = c.loadgen(prompts, ["--concurrency", "8", "--no-ignore-eos"])
         print(log)
         check(rc == 0, "kvrail-loadgen exit %d" % rc)
-        bad = [i for i in range(len(prompts))
-               if outs.get(i) is None or outs[i]["status"] != 0 or outs[i]["tokens"] != ref[i]]
-        check(not bad, "outputs differ or failed for prompts %s: %s" % (
-            bad, [outs.get(i) for i in bad[:3]]))
+        check_outputs(outs, ref, range(len(prompts)), "across namespaces")
         c.wait_idle()
         pushed = c.stats("prefill0")["bytes_pushed"]
         check(pushed > 0, "no KV moved between the namespaces")

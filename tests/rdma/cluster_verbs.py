@@ -17,7 +17,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 from cluster_lib import (Cluster, Fail, check, make_model, reference, run_main, sp_run,  # noqa
-                         workdir)
+                         workdir, check_outputs)
 
 
 class B:
@@ -66,11 +66,7 @@ def main():
         c.start(timeout=100)
         rc, outs, log = c.loadgen(prompts, ["--concurrency", "2", "--no-ignore-eos"], timeout=150)
         check(rc == 0, "kvrail-loadgen exit %d: %s" % (rc, log[-800:]))
-        for i in range(len(prompts)):
-            o = outs.get(i)
-            check(o is not None and o["status"] == 0, "prompt %d: %s" % (i, o))
-            check(o["tokens"] == ref[i], "prompt %d: cluster %s != kvrail run %s" %
-                  (i, o["tokens"], ref[i]))
+        check_outputs(outs, ref, what="over verbs")
         ds = c.stats("decode0")
         check(ds.get("kv_bytes_received", 0) > 0, "decode0 received no KV bytes: %s" % ds)
         print("decode0 stats: %s" % {k: v for k, v in ds.items() if "kv" in k or "block" in k

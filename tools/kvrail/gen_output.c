@@ -57,8 +57,8 @@ void kvr_cli_put_top(FILE *f, size_t n, const uint32_t *ids, const float *lps)
         return;
     fputs(", \"top_logprobs\": [", f);
     for (size_t i = 0; i < n; i++)
-        fprintf(f, "%s{\"token_id\": %u, \"logprob\": %.6f}", i ? ", " : "", ids[i],
-                (double)lps[i]);
+        fprintf(f, "%s{\"token_id\": %u, \"logprob\": " KVR_CLI_LOGPROB_FMT "}", i ? ", " : "",
+                ids[i], (double)lps[i]);
     fputs("]", f);
 }
 

@@ -15,6 +15,11 @@
 
 #define KVR_CLI_MAX_LOGIT_BIAS 300 /* the sampler's bound */
 
+/* A logprob in --json output: 9 significant digits give a float's exact
+ * value back, so two outputs compare bit for bit as text (every engine path
+ * is bit-identical; 6 decimals would hide a difference in the last bits). */
+#define KVR_CLI_LOGPROB_FMT "%.9g"
+
 struct kvr_cli_logit_bias {
     uint32_t ids[KVR_CLI_MAX_LOGIT_BIAS];
     float bias[KVR_CLI_MAX_LOGIT_BIAS];

@@ -122,7 +122,7 @@ static void put_line(const struct gen_out *o, uint32_t id, const char *text, siz
     else
         printf("{\"token_id\": %u, \"text\": ", id);
     kvr_json_fput_str(stdout, text, len);
-    printf(", \"logprob\": %.6f", (double)logprob);
+    printf(", \"logprob\": " KVR_CLI_LOGPROB_FMT, (double)logprob);
     kvr_cli_put_top(stdout, n_top, top_ids, top_lps);
     printf("}\n");
 }

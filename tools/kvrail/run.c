@@ -173,7 +173,7 @@ static void pending_flush(struct pending *p)
         return;
     printf("{\"token_id\": %d, \"text\": ", p->id);
     kvr_json_fput_str(stdout, p->text ? p->text : "", p->len);
-    printf(", \"logprob\": %.6f", (double)p->logprob);
+    printf(", \"logprob\": " KVR_CLI_LOGPROB_FMT, (double)p->logprob);
     kvr_cli_put_top(stdout, p->n_top, p->top_ids, p->top_lps);
     printf("}\n");
     fflush(stdout);

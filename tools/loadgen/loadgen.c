@@ -67,6 +67,7 @@ struct req {
     uint64_t request_id; /* router's */
     uint64_t t_sched, t_send, t_first, t_last, t_end;
     uint32_t *out;
+    float *lp; /* each output token's logprob (protobuf path) */
     uint32_t nout, out_cap;
     double *itl; /* ms, nout - 1 */
     int state;   /* 0 waiting, 1 in flight, 2 done */
@@ -481,15 +482,18 @@ static void on_chunk(struct req *r, const Kvrail__GenerateChunk *c)
     if (r->nout == r->out_cap) {
         uint32_t cap = r->out_cap ? 2 * r->out_cap : 64;
         uint32_t *no = realloc(r->out, cap * sizeof *no);
+        if (no)
+            r->out = no;
         double *ni = realloc(r->itl, cap * sizeof *ni);
-        if (!no || !ni) {
-            free(no);
-            free(ni);
+        if (ni)
+            r->itl = ni;
+        float *nl = realloc(r->lp, cap * sizeof *nl);
+        if (nl)
+            r->lp = nl;
+        if (!no || !ni || !nl) {
             finish(r, KVR_ERR_NO_MEMORY, "out of memory");
             return;
         }
-        r->out = no;
-        r->itl = ni;
         r->out_cap = cap;
     }
     if (r->nout == 0)
@@ -498,6 +502,7 @@ static void on_chunk(struct req *r, const Kvrail__GenerateChunk *c)
         r->itl[r->nout - 1] = (double)(now - r->t_last) / 1e6;
     r->t_last = now;
     r->request_id = c->request_id;
+    r->lp[r->nout] = c->logprob;
     r->out[r->nout++] = c->token_id;
 }
 
@@ -699,11 +704,15 @@ static void write_outputs(const char *path, struct req *reqs, int total)
         fprintf(f, ", \"tokens\": [");
         for (uint32_t k = 0; k < r->nout; k++)
             fprintf(f, "%s%u", k ? ", " : "", r->out[k]);
+        /* as `kvrail run --json` prints them (KVR_CLI_LOGPROB_FMT): exact */
+        fprintf(f, "], \"logprobs\": %s", r->lp ? "[" : "null");
+        for (uint32_t k = 0; r->lp && k < r->nout; k++)
+            fprintf(f, "%s%.9g", k ? ", " : "", (double)r->lp[k]);
         fprintf(f,
-                "], \"finish\": %d, \"cached_tokens\": %u, \"local_prefill\": %s, "
+                "%s, \"finish\": %d, \"cached_tokens\": %u, \"local_prefill\": %s, "
                 "\"kv_bytes\": %" PRIu64 ", \"prefill_node\": ",
-                r->usage.finish, r->usage.cached_tokens, r->usage.local_prefill ? "true" : "false",
-                r->usage.kv_bytes_moved);
+                r->lp ? "]" : "", r->usage.finish, r->usage.cached_tokens,
+                r->usage.local_prefill ? "true" : "false", r->usage.kv_bytes_moved);
         print_json_str(f, r->prefill_node);
         fprintf(f, ", \"decode_node\": ");
         print_json_str(f, r->decode_node);
@@ -1205,6 +1214,7 @@ out_reqs:
     for (int i = 0; i < total; i++) {
         free(reqs[i].tokens);
         free(reqs[i].out);
+        free(reqs[i].lp);
         free(reqs[i].itl);
     }
     free(reqs);
