@@ -2,12 +2,13 @@
  * frontend.h - kvrail-frontend's private header: the OpenAI-compatible HTTP
  * server in front of the router's protobuf client API.
  *
- * The process is libmicrohttpd with one thread per connection (a bounded
- * number; past the bound a connection is answered 503 and closed) that
- * blocks in the router client while its request runs.  Router clients
- * (libkvrail-client, one DEALER socket each, all on one ZeroMQ context)
- * are pooled: a request borrows one, opens its streams on it and gives it
- * back.  Files:
+ * The process is one event loop (http.c): libmicrohttpd in external epoll
+ * mode and one router client (libkvrail-client, one DEALER socket that
+ * carries every request's streams), polled together.  A request's
+ * connection is suspended while it waits for the router and resumed as
+ * soon as its tokens arrive.  Connections are bounded (past the bound a
+ * connection is answered 503 and closed).  /ready's STATUS call runs on a
+ * short-lived thread with a pooled client of its own.  Files:
  *   main.c      options, cluster file, model facts, start/stop
  *   http.c      libmicrohttpd glue: connection bound, bodies, routing,
  *               health/ready/models/metrics, error responses
@@ -21,6 +22,7 @@
 #ifndef KVR_FRONTEND_H
 #define KVR_FRONTEND_H
 
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -175,25 +177,43 @@ kvr_client_t *fe_client_get(char *err, size_t err_len);
 void fe_client_put(kvr_client_t *c, bool healthy);
 void fe_client_pool_close(void);
 
-/* Checks whether the HTTP peer went away (connection fd). */
-bool fe_peer_gone(int fd);
-
 struct fe_run; /* a request running on the router */
 
-/** Starts every stream of req and waits for the first event of each
- *  (t_arrival: when the HTTP request arrived, kvr_now_ns()).
- *  Errors before the first token come back as an HTTP status + message
- *  (run_p NULL).  @return KVR_OK (run_p set) or the error status. */
-kvr_status_t fe_run_start(struct fe_req *req, int peer_fd, uint64_t t_arrival,
-                          struct fe_run **run_p, unsigned *http_status_p, char *msg,
-                          size_t msg_len);
-/** Non-streaming: runs to the end and writes the whole JSON answer.
- *  @return KVR_OK; an error (http status + message set; nothing written). */
+/** Called when a run has something for its connection. */
+typedef void (*fe_wake_fn)(void *arg);
+
+/** Starts every stream of req on client (the event loop's; t_arrival: when
+ *  the HTTP request arrived, kvr_now_ns()) without waiting.  Its streams'
+ *  frames reach it through fe_run_on_stream(); it calls wake(wake_arg) when
+ *  every choice has its first event, when a choice ends, and (after
+ *  fe_run_set_streaming) on every token.
+ *  @return KVR_OK (run_p set) or the error (http status + message). */
+kvr_status_t fe_run_start(struct fe_req *req, kvr_client_t *client, uint64_t t_arrival,
+                          fe_wake_fn wake, void *wake_arg, struct fe_run **run_p,
+                          unsigned *http_status_p, char *msg, size_t msg_len);
+/** Takes the frames of a stream from the client's ready list (the stream's
+ *  user pointer names its run). */
+void fe_run_on_stream(kvr_gen_stream_t *s);
+/** The answer is streamed: wake on every token. */
+void fe_run_set_streaming(struct fe_run *run);
+/** The HTTP peer left: cancels every stream at once (both halves). */
+void fe_run_cancel(struct fe_run *run);
+/** Deadlines (the request's; a router that sent nothing since the request
+ *  went out, FE_PING_MS).  @return true when the run failed now (wake it). */
+bool fe_run_tick(struct fe_run *run, uint64_t now);
+/** Whether every choice has its first event.
+ *  @return KVR_INPROGRESS (not yet); KVR_OK; an error (http status + message:
+ *          the router refused, or the run failed). */
+kvr_status_t fe_run_first(struct fe_run *run, unsigned *http_status_p, char *msg, size_t msg_len);
+/** Non-streaming: once every choice ended, writes the whole JSON answer.
+ *  @return KVR_OK; KVR_INPROGRESS (not ended yet); an error (http status +
+ *          message set; nothing written). */
 kvr_status_t fe_run_finish_json(struct fe_run *run, struct fe_buf *out, unsigned *http_status_p,
                                 char *msg, size_t msg_len);
-/** Streaming: appends the next SSE events to out (blocking until there is
- *  something).  @return KVR_OK (more follow); KVR_ERR_CLOSED (out holds
- *  the last events, "data: [DONE]"); KVR_ERR_CANCELED (the peer left). */
+/** Streaming: appends the SSE events there are now to out.
+ *  @return KVR_OK (more follow); KVR_INPROGRESS (nothing yet); KVR_ERR_CLOSED
+ *          (out holds the last events, "data: [DONE]"); KVR_ERR_CANCELED
+ *          (the peer left). */
 kvr_status_t fe_run_next_sse(struct fe_run *run, struct fe_buf *out);
 void fe_run_free(struct fe_run *run);
 
@@ -205,6 +225,8 @@ void fe_error_json(struct fe_buf *b, unsigned status, const char *param, const c
 
 /* ---- the server (http.c) ---- */
 kvr_status_t fe_http_start(void);
+/** Runs the event loop (this thread) until *stop is set (by a signal). */
+void fe_http_serve(volatile sig_atomic_t *stop);
 void fe_http_stop(void);
 
 #endif

@@ -11,12 +11,17 @@
  * streaming, the end of the text that could still become a stop string is
  * held back until it cannot.  The first event of every stream is awaited
  * before any byte is sent, so errors the router finds in a request (prompt
- * too long, overload) get their own HTTP status, not a 200 stream.  Waits
- * are slices of 20 ms between which the HTTP peer is checked: a peer that
- * left cancels every stream at once (the router cancels both halves).
+ * too long, overload) get their own HTTP status, not a 200 stream.
+ *
+ * Nothing here waits: the streams live on the event loop's router client
+ * (http.c), which hands each stream that has frames to fe_run_on_stream();
+ * that takes them and wakes the request's connection (resume) when there
+ * is something for it: every choice's first event, a token to stream, or
+ * the end.  A peer that left cancels every stream at once (fe_run_cancel:
+ * the router cancels both halves); fe_run_tick enforces the deadline and
+ * gives up on a router that sends nothing at all.
  */
 #include <inttypes.h>
-#include <poll.h>
 #include <stdatomic.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -30,8 +35,6 @@
 #include "kvr_clock.h"
 #include "kvr_log.h"
 #include "frontend.h"
-
-#define SLICE_MS 20
 
 /* ---- the router client pool ---- */
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -118,14 +121,6 @@ void fe_client_pool_close(void)
     pthread_mutex_unlock(&pool_mu);
 }
 
-bool fe_peer_gone(int fd)
-{
-    if (fd < 0)
-        return false;
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
-}
-
 /* ---- one request ---- */
 struct tokrec {
     uint32_t id;
@@ -141,6 +136,7 @@ struct topent {
 };
 
 struct choice {
+    struct fe_run *run;
     kvr_gen_stream_t *s;
     bool ended;   /* the router's stream is over (res valid) */
     bool stopped; /* the frontend found a stop string (text cut there) */
@@ -159,12 +155,16 @@ struct choice {
 
 struct fe_run {
     struct fe_req *req;
-    kvr_client_t *client;
-    bool client_bad;
-    int fd;
+    kvr_client_t *client; /* the event loop's: not this run's to close */
+    fe_wake_fn wake;
+    void *wake_arg;
+    bool want_tokens; /* streaming: wake on every token, not only the first and the end */
+    kvr_status_t err; /* the run failed here (canceled, timeout, router silent) */
+    unsigned err_http;
+    char err_msg[512];
     struct choice *ch;
     size_t n_ch;
-    uint64_t t0, deadline;
+    uint64_t t0, t_sent, deadline;
     bool ttft_done, done_sent, usage_counted;
     uint64_t ttft_ns;   /* arrival -> first token here */
     size_t ttft_choice; /* the choice it came from */
@@ -266,50 +266,40 @@ static void absorb(struct fe_run *run, struct choice *c, const struct kvr_gen_to
     }
 }
 
-/* One event of choice c, waiting up to timeout_ms.  Returns true if one came. */
-static bool step(struct fe_run *run, struct choice *c, int timeout_ms)
+/* Takes every event queued for choice c.  Returns true if one came. */
+static bool take_all(struct fe_run *run, struct choice *c)
 {
-    struct kvr_gen_token t;
-    kvr_status_t st = kvr_gen_stream_next(c->s, timeout_ms, &t);
-    if (st == KVR_OK) {
-        absorb(run, c, &t);
-        return true;
+    bool any = false;
+    while (!c->ended) {
+        struct kvr_gen_token t;
+        kvr_status_t st = kvr_gen_stream_next(c->s, 0, &t);
+        if (st == KVR_OK) {
+            absorb(run, c, &t);
+            any = true;
+            continue;
+        }
+        if (st == KVR_ERR_CLOSED) {
+            c->ended = true;
+            c->first = true;
+            c->res = *kvr_gen_stream_result(c->s);
+            if (c->stopped && c->res.status == KVR_ERR_CANCELED)
+                c->res.status = KVR_OK; /* canceled by us at the stop string */
+            if (!c->finish)
+                c->finish =
+                    c->res.finish == KVR_FINISH_LENGTH ? KVR_FINISH_LENGTH : KVR_FINISH_STOP;
+            any = true;
+        }
+        break;
     }
-    if (st == KVR_ERR_CLOSED) {
-        c->ended = true;
-        c->first = true;
-        c->res = *kvr_gen_stream_result(c->s);
-        if (c->stopped && c->res.status == KVR_ERR_CANCELED)
-            c->res.status = KVR_OK; /* canceled by us at the stop string */
-        if (!c->finish)
-            c->finish = c->res.finish == KVR_FINISH_LENGTH ? KVR_FINISH_LENGTH : KVR_FINISH_STOP;
-        return true;
-    }
-    return false;
+    return any;
 }
 
-/* Takes whatever has arrived for every open choice; when nothing has, waits
- * one slice.  @return KVR_OK; KVR_ERR_CANCELED (the peer left);
- * KVR_ERR_TIMEOUT (the request's deadline passed). */
-static kvr_status_t pump(struct fe_run *run)
+static bool all_first(const struct fe_run *run)
 {
-    bool any = false, open = false;
-    for (size_t i = 0; i < run->n_ch; i++) {
-        struct choice *c = &run->ch[i];
-        while (!c->ended && step(run, c, 0))
-            any = true;
-        open |= !c->ended;
-    }
-    if (!any && open && kvr_client_wait(run->client, SLICE_MS) == KVR_OK) {
-        for (size_t i = 0; i < run->n_ch; i++) /* what came, for whichever choice */
-            while (!run->ch[i].ended && step(run, &run->ch[i], 0))
-                ;
-    }
-    if (fe_peer_gone(run->fd))
-        return KVR_ERR_CANCELED;
-    if (kvr_now_ns() > run->deadline)
-        return KVR_ERR_TIMEOUT;
-    return KVR_OK;
+    for (size_t i = 0; i < run->n_ch; i++)
+        if (!run->ch[i].first)
+            return false;
+    return true;
 }
 
 static bool all_ended(const struct fe_run *run)
@@ -336,8 +326,9 @@ static void error_of(const struct choice *c, unsigned *http_status_p, char *msg,
              kvr_status_name(c->res.status));
 }
 
-kvr_status_t fe_run_start(struct fe_req *req, int peer_fd, uint64_t t_arrival,
-                          struct fe_run **run_p, unsigned *http_status_p, char *msg, size_t msg_len)
+kvr_status_t fe_run_start(struct fe_req *req, kvr_client_t *client, uint64_t t_arrival,
+                          fe_wake_fn wake, void *wake_arg, struct fe_run **run_p,
+                          unsigned *http_status_p, char *msg, size_t msg_len)
 {
     struct fe_run *run = calloc(1, sizeof(*run));
     size_t n = req->n_prompts * req->n;
@@ -348,9 +339,12 @@ kvr_status_t fe_run_start(struct fe_req *req, int peer_fd, uint64_t t_arrival,
         return KVR_ERR_NO_MEMORY;
     }
     run->req = req;
-    run->fd = peer_fd;
+    run->client = client;
+    run->wake = wake;
+    run->wake_arg = wake_arg;
     run->n_ch = n;
     run->t0 = t_arrival;
+    run->t_sent = kvr_now_ns();
     run->deadline = run->t0 + (uint64_t)fe_cfg.request_timeout_ms * 1000000u;
     run->created = (long long)time(NULL);
     static atomic_uint_fast64_t seq;
@@ -359,13 +353,6 @@ kvr_status_t fe_run_start(struct fe_req *req, int peer_fd, uint64_t t_arrival,
     for (size_t i = 0; i < req->n_stop; i++)
         if (strlen(req->stop[i]) > run->max_stop)
             run->max_stop = strlen(req->stop[i]);
-    kvr_status_t st = KVR_OK;
-    run->client = fe_client_get(msg, msg_len);
-    if (!run->client) {
-        *http_status_p = 503;
-        st = KVR_ERR_IO;
-        goto err;
-    }
     for (size_t i = 0; i < n; i++) {
         const struct fe_prompt *pr = &req->prompts[i / req->n];
         struct kvr_gen_params p;
@@ -391,44 +378,96 @@ kvr_status_t fe_run_start(struct fe_req *req, int peer_fd, uint64_t t_arrival,
         p.stop_token_ids = req->stop_token_ids;
         p.n_stop_token_ids = req->n_stop_token_ids;
         p.ignore_eos = req->ignore_eos;
-        st = kvr_client_generate_start(run->client, &p, &run->ch[i].s);
+        run->ch[i].run = run;
+        kvr_status_t st = kvr_client_generate_start(client, &p, &run->ch[i].s);
         if (st != KVR_OK) {
             *http_status_p = st == KVR_ERR_NO_RESOURCE ? 503 : 500;
             snprintf(msg, msg_len, "cannot send the request to the router: %s",
-                     kvr_client_error(run->client));
-            run->client_bad = true;
-            goto err;
+                     kvr_client_error(client));
+            fe_run_free(run);
+            return st;
         }
-    }
-    for (;;) {
-        bool all_first = true;
-        for (size_t i = 0; i < n; i++)
-            all_first &= run->ch[i].first;
-        if (all_first)
-            break;
-        st = pump(run);
-        if (st != KVR_OK) {
-            *http_status_p = st == KVR_ERR_CANCELED ? 499 : 504;
-            snprintf(msg, msg_len, "%s",
-                     st == KVR_ERR_CANCELED
-                         ? "the client closed the connection"
-                         : "no first token within the request timeout (--request-timeout-ms)");
-            goto err;
-        }
-    }
-    /* every stream has its first event: the router answers */
-    atomic_store_explicit(&router_seen_ns, kvr_now_ns(), memory_order_relaxed);
-    const struct choice *bad = failed(run);
-    if (bad) {
-        error_of(bad, http_status_p, msg, msg_len);
-        st = bad->res.status;
-        goto err;
+        kvr_gen_stream_set_user(run->ch[i].s, &run->ch[i]);
     }
     *run_p = run;
     return KVR_OK;
-err:
-    fe_run_free(run);
-    return st != KVR_OK ? st : KVR_ERR_INTERNAL;
+}
+
+void fe_run_on_stream(kvr_gen_stream_t *s)
+{
+    struct choice *c = kvr_gen_stream_user(s);
+    if (!c)
+        return;
+    struct fe_run *run = c->run;
+    bool was_first = all_first(run);
+    bool any = take_all(run, c);
+    if (!any || run->err)
+        return;
+    if (run->want_tokens || c->ended || (!was_first && all_first(run)))
+        run->wake(run->wake_arg);
+}
+
+void fe_run_set_streaming(struct fe_run *run)
+{
+    run->want_tokens = true;
+}
+
+static void fail(struct fe_run *run, kvr_status_t st, unsigned http, const char *msg)
+{
+    if (run->err)
+        return;
+    run->err = st;
+    run->err_http = http;
+    snprintf(run->err_msg, sizeof(run->err_msg), "%s", msg);
+    for (size_t i = 0; i < run->n_ch; i++)
+        if (!run->ch[i].ended)
+            kvr_gen_stream_cancel(run->ch[i].s); /* the router cancels both halves */
+}
+
+void fe_run_cancel(struct fe_run *run)
+{
+    fail(run, KVR_ERR_CANCELED, 499, "the client closed the connection");
+}
+
+bool fe_run_tick(struct fe_run *run, uint64_t now)
+{
+    if (run->err || all_ended(run))
+        return false;
+    if (now > run->deadline) {
+        fail(run, KVR_ERR_TIMEOUT, 504,
+             all_first(run) ? "the request did not finish within the request timeout "
+                              "(--request-timeout-ms)"
+                            : "no first token within the request timeout (--request-timeout-ms)");
+        return true;
+    }
+    /* nothing at all from the router since the request went out (and a PING
+     * was sent then, when it had been quiet): it does not answer */
+    if (!all_first(run) && now - run->t_sent > (uint64_t)FE_PING_MS * 1000000u &&
+        kvr_client_last_rx_ns(run->client) < run->t_sent) {
+        char m[400];
+        snprintf(m, sizeof(m), "the router at %s does not answer (nothing from it within %d ms)",
+                 fe_cfg.router, FE_PING_MS);
+        fail(run, KVR_ERR_PEER_FAILURE, 503, m);
+        return true;
+    }
+    return false;
+}
+
+kvr_status_t fe_run_first(struct fe_run *run, unsigned *http_status_p, char *msg, size_t msg_len)
+{
+    if (run->err) {
+        *http_status_p = run->err_http;
+        snprintf(msg, msg_len, "%s", run->err_msg);
+        return run->err;
+    }
+    if (!all_first(run))
+        return KVR_INPROGRESS;
+    const struct choice *bad = failed(run);
+    if (bad) {
+        error_of(bad, http_status_p, msg, msg_len);
+        return bad->res.status != KVR_OK ? bad->res.status : KVR_ERR_INTERNAL;
+    }
+    return KVR_OK;
 }
 
 static void put_bytes(struct fe_buf *b, const char *p, size_t len)
@@ -599,17 +638,13 @@ static void put_head(struct fe_buf *b, const struct fe_run *run, bool chunk)
 kvr_status_t fe_run_finish_json(struct fe_run *run, struct fe_buf *out, unsigned *http_status_p,
                                 char *msg, size_t msg_len)
 {
-    while (!all_ended(run)) {
-        kvr_status_t st = pump(run);
-        if (st != KVR_OK) {
-            *http_status_p = st == KVR_ERR_CANCELED ? 499 : 504;
-            snprintf(msg, msg_len, "%s",
-                     st == KVR_ERR_CANCELED ? "the client closed the connection"
-                                            : "the request did not finish within the request "
-                                              "timeout (--request-timeout-ms)");
-            return st;
-        }
+    if (run->err) {
+        *http_status_p = run->err_http;
+        snprintf(msg, msg_len, "%s", run->err_msg);
+        return run->err;
     }
+    if (!all_ended(run))
+        return KVR_INPROGRESS;
     const struct choice *bad = failed(run);
     if (bad) {
         error_of(bad, http_status_p, msg, msg_len);
@@ -684,52 +719,42 @@ kvr_status_t fe_run_next_sse(struct fe_run *run, struct fe_buf *out)
 {
     if (run->done_sent)
         return KVR_ERR_CLOSED;
-    for (;;) {
-        const struct choice *bad = failed(run);
-        if (bad) {
-            unsigned hs;
-            char m[700];
+    if (run->err == KVR_ERR_CANCELED)
+        return KVR_ERR_CANCELED;
+    const struct choice *bad = failed(run);
+    if (bad || run->err) { /* the router's error, or this run's (timeout, router silent) */
+        unsigned hs = run->err_http;
+        char m[700];
+        if (run->err)
+            snprintf(m, sizeof(m), "%s", run->err_msg);
+        else
             error_of(bad, &hs, m, sizeof(m));
-            fe_buf_puts(out, "data: ");
-            fe_error_json(out, hs, "", m);
-            fe_buf_puts(out, "\n\ndata: [DONE]\n\n");
-            run->done_sent = true;
-            return KVR_ERR_CLOSED;
-        }
-        size_t before = out->len;
-        for (size_t i = 0; i < run->n_ch; i++)
-            sse_choice(run, i, out);
-        if (all_ended(run)) {
-            if (run->req->include_usage) {
-                fe_buf_puts(out, "data: ");
-                put_head(out, run, true);
-                fe_buf_puts(out, ",\"choices\":[],");
-                put_usage(out, run);
-                fe_buf_puts(out, "}\n\n");
-            } else {
-                struct fe_buf dummy = {0};
-                put_usage(&dummy, run); /* counts the tokens */
-                fe_buf_free(&dummy);
-            }
-            fe_buf_puts(out, "data: [DONE]\n\n");
-            run->done_sent = true;
-            return KVR_ERR_CLOSED;
-        }
-        if (out->len > before)
-            return KVR_OK;
-        kvr_status_t st = pump(run);
-        if (st == KVR_ERR_CANCELED)
-            return st;
-        if (st == KVR_ERR_TIMEOUT) {
-            fe_buf_puts(out, "data: ");
-            fe_error_json(out, 504, "",
-                          "the request did not finish within the request timeout "
-                          "(--request-timeout-ms)");
-            fe_buf_puts(out, "\n\ndata: [DONE]\n\n");
-            run->done_sent = true;
-            return KVR_ERR_CLOSED;
-        }
+        fe_buf_puts(out, "data: ");
+        fe_error_json(out, hs, "", m);
+        fe_buf_puts(out, "\n\ndata: [DONE]\n\n");
+        run->done_sent = true;
+        return KVR_ERR_CLOSED;
     }
+    size_t before = out->len;
+    for (size_t i = 0; i < run->n_ch; i++)
+        sse_choice(run, i, out);
+    if (all_ended(run)) {
+        if (run->req->include_usage) {
+            fe_buf_puts(out, "data: ");
+            put_head(out, run, true);
+            fe_buf_puts(out, ",\"choices\":[],");
+            put_usage(out, run);
+            fe_buf_puts(out, "}\n\n");
+        } else {
+            struct fe_buf dummy = {0};
+            put_usage(&dummy, run); /* counts the tokens */
+            fe_buf_free(&dummy);
+        }
+        fe_buf_puts(out, "data: [DONE]\n\n");
+        run->done_sent = true;
+        return KVR_ERR_CLOSED;
+    }
+    return out->len > before ? KVR_OK : KVR_INPROGRESS;
 }
 
 void fe_run_free(struct fe_run *run)
@@ -744,6 +769,5 @@ void fe_run_free(struct fe_run *run)
         free(c->top);
     }
     free(run->ch);
-    fe_client_put(run->client, !run->client_bad);
     free(run);
 }

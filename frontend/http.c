@@ -1,6 +1,23 @@
 /*
- * http.c - kvrail-frontend's HTTP server (libmicrohttpd, one thread per
- * connection, keep-alive as HTTP/1.1 has it).
+ * http.c - kvrail-frontend's HTTP server and its event loop (libmicrohttpd
+ * in external epoll mode, keep-alive as HTTP/1.1 has it).
+ *
+ * One thread (fe_http_serve) waits on the loop's router client (one DEALER
+ * socket carrying every request's streams) and one epoll set holding
+ * libmicrohttpd's epoll descriptor and the sockets of suspended
+ * connections.  A generation request, once parsed, starts its streams and
+ * suspends its connection; the router's frames are handed to their runs
+ * (generate.c), which resume the connection as soon as there is something
+ * to answer (the first event of every choice, tokens to stream, the end),
+ * and libmicrohttpd runs in the same turn of the loop, so a token crosses
+ * no thread of ours.  A streamed answer's reader suspends the connection
+ * when it has nothing to send.  While a connection is suspended
+ * libmicrohttpd does not watch it, so its socket is in the loop's epoll set
+ * for EPOLLRDHUP: a client that leaves cancels every stream of its request
+ * at once (the router cancels both halves).  Deadlines are looked at ten
+ * times a second, off the token path.  /ready's STATUS call runs on a
+ * short-lived thread (at most READY_THREADS at once) that resumes its
+ * connection when done.
  *
  * Connections are counted as they open and close; one that opens past
  * --max-connections is still accepted, but every request on it is answered
@@ -19,16 +36,19 @@
  *   GET  /health               the process answers
  *   GET  /ready                the router answers and reports a live decode node
  *   GET  /metrics              metrics.c
- * A streamed answer is a content-reader callback that blocks in the router
- * client until it has the next events (this connection's own thread).
  */
+#include <errno.h>
 #include <netdb.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <microhttpd.h>
 
@@ -36,11 +56,29 @@
 #include "kvr_log.h"
 #include "frontend.h"
 
+#define TICK_MS       100 /* deadlines are looked at this often (off the token path) */
+#define READY_THREADS 16  /* /ready probes answered at once */
+
 static struct MHD_Daemon *daemon_;
 static atomic_int n_conns;
 static long long started_at;
+static kvr_client_t *router_; /* the loop's router client: every request's streams */
+static int epfd_ = -1;        /* libmicrohttpd's epoll fd + suspended connections' sockets */
+static bool stopping;
+static atomic_int ready_threads;
+static uint64_t last_ping_ns;
 
 enum { CONN_OK = 1, CONN_OVER = 2 };
+
+/* a generation request: its JSON, parsed request, run and SSE buffer */
+struct gen {
+    kvr_json_doc_t *doc;
+    struct fe_req req;
+    struct fe_run *run;
+    struct fe_buf buf;
+    size_t off;
+    bool end;
+};
 
 struct hreq {
     enum fe_endpoint ep;
@@ -50,17 +88,77 @@ struct hreq {
     bool too_big; /* the body passed --max-body: it is discarded, then 413 */
     uint64_t discarded;
     unsigned status;
+    struct MHD_Connection *conn;
+    int fd;
+    bool suspended, watched;
+    struct gen *gen;          /* a generation (freed with the request) */
+    struct hreq *prev, *next; /* the requests with a run (deadlines) */
+    atomic_bool ready_done;   /* /ready: the probe thread finished */
+    bool ready_started;
+    unsigned ready_status;
+    struct fe_buf ready_body;
 };
 
-/* a streamed answer, owned by its response */
-struct sse {
-    kvr_json_doc_t *doc;
-    struct fe_req req;
-    struct fe_run *run;
-    struct fe_buf buf;
-    size_t off;
-    bool end;
-};
+static struct hreq *active_; /* requests with a run */
+
+static void active_add(struct hreq *h)
+{
+    h->prev = NULL;
+    h->next = active_;
+    if (active_)
+        active_->prev = h;
+    active_ = h;
+}
+
+static void active_del(struct hreq *h)
+{
+    if (h->prev)
+        h->prev->next = h->next;
+    else if (active_ == h)
+        active_ = h->next;
+    if (h->next)
+        h->next->prev = h->prev;
+    h->prev = h->next = NULL;
+}
+
+/* Suspends h's connection, its socket watched for the peer leaving. */
+static void suspend(struct hreq *h)
+{
+    if (h->suspended || stopping)
+        return;
+    MHD_suspend_connection(h->conn);
+    h->suspended = true;
+    if (h->fd >= 0 && epfd_ >= 0) {
+        struct epoll_event ev = {.events = EPOLLRDHUP, .data.ptr = h};
+        if (epoll_ctl(epfd_, EPOLL_CTL_ADD, h->fd, &ev) == 0)
+            h->watched = true;
+    }
+}
+
+/* Resumes h's connection (a run has something for it). */
+static void wake(void *arg)
+{
+    struct hreq *h = arg;
+    if (!h->suspended)
+        return;
+    if (h->watched) {
+        epoll_ctl(epfd_, EPOLL_CTL_DEL, h->fd, NULL);
+        h->watched = false;
+    }
+    h->suspended = false;
+    MHD_resume_connection(h->conn);
+}
+
+static void gen_free(struct gen *g)
+{
+    if (!g)
+        return;
+    fe_run_free(g->run);
+    fe_req_free(&g->req);
+    kvr_json_free(g->doc);
+    fe_buf_free(&g->buf);
+    free(g);
+}
 
 unsigned fe_http_status(kvr_status_t st)
 {
@@ -201,21 +299,22 @@ static enum MHD_Result serve_models(struct MHD_Connection *conn, struct hreq *h)
     return r;
 }
 
-static enum MHD_Result serve_ready(struct MHD_Connection *conn, struct hreq *h)
+/* /ready's probe, on its own thread: a STATUS call on a pooled client. */
+static void ready_probe(struct hreq *h)
 {
-    struct fe_buf b = {0};
+    struct fe_buf *b = &h->ready_body;
     char m[600] = "out of memory";
     kvr_client_t *c = fe_client_get(m, sizeof(m));
     struct kvr_cluster_status *st = calloc(1, sizeof(*st));
     kvr_status_t s = c && st ? kvr_client_status(c, 2000, st) : KVR_ERR_IO;
     unsigned status = 503;
     if (s != KVR_OK) {
-        fe_buf_puts(&b, "{\"ready\":false,\"reason\":");
+        fe_buf_puts(b, "{\"ready\":false,\"reason\":");
         if (c)
             snprintf(m, sizeof(m), "the router at %s does not answer STATUS: %s", fe_cfg.router,
                      kvr_client_error(c));
-        fe_buf_json_str(&b, m, strlen(m));
-        fe_buf_puts(&b, "}");
+        fe_buf_json_str(b, m, strlen(m));
+        fe_buf_puts(b, "}");
     } else {
         unsigned np = 0, nd = 0;
         for (size_t i = 0; i < st->n_nodes; i++) {
@@ -225,53 +324,93 @@ static enum MHD_Result serve_ready(struct MHD_Connection *conn, struct hreq *h)
         /* a live decode node is a decode path and, prefilling locally, a prefill path */
         bool ready = nd > 0;
         status = ready ? 200 : 503;
-        fe_buf_printf(&b, "{\"ready\":%s,\"prefill_nodes_alive\":%u,\"decode_nodes_alive\":%u",
+        fe_buf_printf(b, "{\"ready\":%s,\"prefill_nodes_alive\":%u,\"decode_nodes_alive\":%u",
                       ready ? "true" : "false", np, nd);
         if (!ready)
-            fe_buf_puts(&b, ",\"reason\":\"the router reports no live decode node\"");
-        fe_buf_puts(&b, "}");
+            fe_buf_puts(b, ",\"reason\":\"the router reports no live decode node\"");
+        fe_buf_puts(b, "}");
     }
     free(st);
     fe_client_put(c, s == KVR_OK);
-    enum MHD_Result r = send_buf(conn, h, status, "application/json", &b, false);
-    fe_buf_free(&b);
-    return r;
+    h->ready_status = status;
+}
+
+static void *ready_thread(void *arg)
+{
+    struct hreq *h = arg;
+    ready_probe(h);
+    atomic_store(&h->ready_done, true);
+    MHD_resume_connection(h->conn); /* thread-safe; wakes the loop through libmicrohttpd */
+    atomic_fetch_sub(&ready_threads, 1);
+    return NULL;
+}
+
+static enum MHD_Result serve_ready(struct MHD_Connection *conn, struct hreq *h)
+{
+    if (h->ready_started) {
+        if (!atomic_load(&h->ready_done)) {
+            MHD_suspend_connection(conn); /* resumed by the probe thread */
+            return MHD_YES;
+        }
+        return send_buf(conn, h, h->ready_status, "application/json", &h->ready_body, false);
+    }
+    if (atomic_fetch_add(&ready_threads, 1) >= READY_THREADS || stopping) {
+        atomic_fetch_sub(&ready_threads, 1);
+        return send_error(conn, h, 503, "", "too many /ready probes at once; retry");
+    }
+    h->ready_started = true;
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&a, 256 * 1024);
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old); /* signals stay with the loop */
+    MHD_suspend_connection(conn);
+    pthread_t t;
+    int e = pthread_create(&t, &a, ready_thread, h);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&a);
+    if (e != 0) {
+        atomic_fetch_sub(&ready_threads, 1);
+        h->ready_status = 503;
+        fe_error_json(&h->ready_body, 503, "", "cannot start the /ready probe thread");
+        atomic_store(&h->ready_done, true);
+        MHD_resume_connection(conn);
+    }
+    return MHD_YES;
 }
 
 static ssize_t sse_read(void *cls, uint64_t pos, char *out, size_t max)
 {
-    struct sse *s = cls;
+    struct hreq *h = cls;
+    struct gen *g = h->gen;
     (void)pos;
-    while (s->off == s->buf.len) {
-        if (s->end)
+    while (g->off == g->buf.len) {
+        if (g->end)
             return MHD_CONTENT_READER_END_OF_STREAM;
-        s->buf.len = 0;
-        s->off = 0;
-        kvr_status_t st = fe_run_next_sse(s->run, &s->buf);
-        if (st == KVR_ERR_CANCELED || s->buf.oom)
+        g->buf.len = 0;
+        g->off = 0;
+        kvr_status_t st = fe_run_next_sse(g->run, &g->buf);
+        if (st == KVR_ERR_CANCELED || g->buf.oom || (st == KVR_INPROGRESS && stopping))
             return MHD_CONTENT_READER_END_WITH_ERROR;
         if (st == KVR_ERR_CLOSED)
-            s->end = true;
+            g->end = true;
+        if (st == KVR_INPROGRESS) {
+            suspend(h); /* resumed when the run has more */
+            return 0;
+        }
     }
-    size_t n = s->buf.len - s->off;
+    size_t n = g->buf.len - g->off;
     if (n > max)
         n = max;
-    memcpy(out, s->buf.p + s->off, n);
-    s->off += n;
+    memcpy(out, g->buf.p + g->off, n);
+    g->off += n;
     return (ssize_t)n;
 }
 
-static void sse_free(void *cls)
-{
-    struct sse *s = cls;
-    fe_run_free(s->run);
-    fe_req_free(&s->req);
-    kvr_json_free(s->doc);
-    fe_buf_free(&s->buf);
-    free(s);
-}
-
-static enum MHD_Result run_completions(struct MHD_Connection *conn, struct hreq *h)
+/* Parses the body and starts the run; the connection waits suspended. */
+static enum MHD_Result start_completions(struct MHD_Connection *conn, struct hreq *h)
 {
     char err[512], param[64] = "", msg[700];
     kvr_json_doc_t *doc = NULL;
@@ -281,61 +420,82 @@ static enum MHD_Result run_completions(struct MHD_Connection *conn, struct hreq 
         snprintf(msg, sizeof(msg), "the request body is not valid JSON: %s", err);
         return send_error(conn, h, 400, "", msg);
     }
-    struct sse *s = calloc(1, sizeof(*s));
-    if (!s) {
+    struct gen *g = calloc(1, sizeof(*g));
+    if (!g) {
         kvr_json_free(doc);
         return send_error(conn, h, 500, "", "out of memory");
     }
-    s->doc = doc;
+    g->doc = doc;
+    h->gen = g;
+    fe_buf_free(&h->body);
     unsigned status = 400;
-    enum MHD_Result ret;
-    kvr_status_t st = fe_req_parse(kvr_json_root(doc), h->ep == FE_EP_CHAT, &s->req, &status, param,
+    kvr_status_t st = fe_req_parse(kvr_json_root(doc), h->ep == FE_EP_CHAT, &g->req, &status, param,
                                    sizeof(param), msg, sizeof(msg));
-    if (st != KVR_OK) {
-        ret = send_error(conn, h, status, param, msg);
-        goto out;
+    if (st != KVR_OK)
+        return send_error(conn, h, status, param, msg);
+    if (stopping)
+        return send_error(conn, h, 503, "", "the frontend is stopping");
+    /* the router quiet for a while: a PING goes out with the request, so a
+     * router that answers is told from one that does not within FE_PING_MS */
+    uint64_t now = kvr_now_ns();
+    if (now - kvr_client_last_rx_ns(router_) > 1000000000u && now - last_ping_ns > 500000000u) {
+        kvr_client_ping_send(router_);
+        last_ping_ns = now;
     }
-    st = fe_run_start(&s->req, conn_fd(conn), h->t0, &s->run, &status, msg, sizeof(msg));
-    if (st != KVR_OK) {
-        ret = send_error(conn, h, status, "", msg);
-        goto out;
+    st = fe_run_start(&g->req, router_, h->t0, wake, h, &g->run, &status, msg, sizeof(msg));
+    if (st != KVR_OK)
+        return send_error(conn, h, status, "", msg);
+    active_add(h);
+    suspend(h);
+    return MHD_YES;
+}
+
+/* The run has news (or not yet): answer, or wait on. */
+static enum MHD_Result continue_completions(struct MHD_Connection *conn, struct hreq *h)
+{
+    struct gen *g = h->gen;
+    char msg[700];
+    unsigned status = 500;
+    kvr_status_t st = fe_run_first(g->run, &status, msg, sizeof(msg));
+    if (st == KVR_INPROGRESS && !stopping) {
+        suspend(h);
+        return MHD_YES;
     }
-    if (!s->req.stream) {
+    if (st == KVR_INPROGRESS)
+        return send_error(conn, h, 503, "", "the frontend is stopping");
+    if (st != KVR_OK)
+        return send_error(conn, h, status, "", msg);
+    if (!g->req.stream) {
         struct fe_buf b = {0};
-        st = fe_run_finish_json(s->run, &b, &status, msg, sizeof(msg));
-        ret = st == KVR_OK ? send_buf(conn, h, 200, "application/json", &b, false)
-                           : send_error(conn, h, status, "", msg);
+        st = fe_run_finish_json(g->run, &b, &status, msg, sizeof(msg));
+        if (st == KVR_INPROGRESS && !stopping) {
+            suspend(h);
+            return MHD_YES;
+        }
+        enum MHD_Result ret = st == KVR_OK ? send_buf(conn, h, 200, "application/json", &b, false)
+                              : st == KVR_INPROGRESS
+                                  ? send_error(conn, h, 503, "", "the frontend is stopping")
+                                  : send_error(conn, h, status, "", msg);
         fe_buf_free(&b);
-        goto out;
+        return ret;
     }
     struct MHD_Response *r =
-        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_read, s, sse_free);
-    if (!r) {
-        ret = send_error(conn, h, 500, "", "cannot create the streamed response");
-        goto out;
-    }
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_read, h, NULL);
+    if (!r)
+        return send_error(conn, h, 500, "", "cannot create the streamed response");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-    ret = MHD_queue_response(conn, 200, r);
+    fe_run_set_streaming(g->run);
+    enum MHD_Result ret = MHD_queue_response(conn, 200, r);
     MHD_destroy_response(r);
     h->responded = true;
     h->status = 200;
-    return ret; /* s belongs to the response now */
-out:
-    sse_free(s);
     return ret;
 }
 
-/* A request has its own deadline (--request-timeout-ms): the idle timeout is
- * off while it is computed in this thread, and back once the answer is
- * queued, so a client that stops reading its stream is dropped after
- * --idle-timeout-s without progress (its streams canceled by sse_free). */
 static enum MHD_Result serve_completions(struct MHD_Connection *conn, struct hreq *h)
 {
-    MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
-    enum MHD_Result ret = run_completions(conn, h);
-    MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)fe_cfg.idle_timeout_s);
-    return ret;
+    return h->gen ? continue_completions(conn, h) : start_completions(conn, h);
 }
 
 static bool is_json(const char *ct)
@@ -360,6 +520,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return MHD_NO;
         h->t0 = kvr_now_ns();
         h->ep = classify(url);
+        h->conn = conn;
+        h->fd = conn_fd(conn);
         *req_cls = h;
         fe_metrics_inflight(1);
         const union MHD_ConnectionInfo *ci =
@@ -482,7 +644,13 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
         status = 499; /* the client left mid-answer */
     fe_metrics_request_done(h->ep, status, kvr_now_ns() - h->t0);
     fe_metrics_inflight(-1);
+    if (h->watched)
+        epoll_ctl(epfd_, EPOLL_CTL_DEL, h->fd, NULL);
+    if (h->gen && h->gen->run)
+        active_del(h);
+    gen_free(h->gen);
     fe_buf_free(&h->body);
+    fe_buf_free(&h->ready_body);
     free(h);
     *req_cls = NULL;
 }
@@ -526,8 +694,21 @@ kvr_status_t fe_http_start(void)
         return KVR_ERR_INVALID;
     }
     started_at = (long long)time(NULL);
-    unsigned flags =
-        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
+    kvr_status_t cst = kvr_client_connect(fe_cfg.router, &router_);
+    if (cst != KVR_OK) {
+        KVR_LOG_ERROR(FE_COMP, "cannot create a client of the router at %s: %s", fe_cfg.router,
+                      kvr_status_str(cst));
+        freeaddrinfo(ai);
+        return cst;
+    }
+    epfd_ = epoll_create1(EPOLL_CLOEXEC);
+    if (epfd_ < 0) {
+        KVR_LOG_ERROR(FE_COMP, "epoll_create1: %s", strerror(errno));
+        freeaddrinfo(ai);
+        return KVR_ERR_IO;
+    }
+    /* external epoll mode: fe_http_serve's loop runs libmicrohttpd */
+    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     unsigned hard_limit = fe_cfg.max_connections + fe_cfg.max_connections / 4 + 8;
@@ -536,13 +717,19 @@ kvr_status_t fe_http_start(void)
         ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, hard_limit, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)fe_cfg.idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-        (size_t)65536, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
-        MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-        MHD_OPTION_END);
+        (size_t)65536, MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+        NULL, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!daemon_) {
         KVR_LOG_ERROR(FE_COMP, "cannot listen on %s:%d (address in use or not local?)",
                       fe_cfg.listen_host, fe_cfg.port);
+        return KVR_ERR_IO;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(daemon_, MHD_DAEMON_INFO_EPOLL_FD);
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+    if (!di || epoll_ctl(epfd_, EPOLL_CTL_ADD, di->epoll_fd, &ev) != 0) {
+        KVR_LOG_ERROR(FE_COMP, "cannot watch libmicrohttpd's epoll descriptor: %s",
+                      strerror(errno));
         return KVR_ERR_IO;
     }
     KVR_LOG_INFO(FE_COMP,
@@ -553,9 +740,75 @@ kvr_status_t fe_http_start(void)
     return KVR_OK;
 }
 
+/* Deadlines of every running request (a tenth of a second apart). */
+static void tick(uint64_t now)
+{
+    for (struct hreq *h = active_, *nx; h; h = nx) {
+        nx = h->next;
+        if (fe_run_tick(h->gen->run, now))
+            wake(h);
+    }
+}
+
+void fe_http_serve(volatile sig_atomic_t *stop)
+{
+    uint64_t next_tick = 0;
+    while (!*stop) {
+        int timeout = 1000;
+        MHD_UNSIGNED_LONG_LONG mt;
+        if (MHD_get_timeout(daemon_, &mt) == MHD_YES && mt < (MHD_UNSIGNED_LONG_LONG)timeout)
+            timeout = (int)mt;
+        uint64_t now = kvr_now_ns();
+        if (active_) {
+            int to_tick = now >= next_tick ? 0 : (int)((next_tick - now) / 1000000u);
+            if (to_tick < timeout)
+                timeout = to_tick;
+        }
+        bool fd_ready = false;
+        kvr_client_wait_fd(router_, epfd_, timeout, &fd_ready);
+        for (kvr_gen_stream_t *s; (s = kvr_client_next_ready(router_));)
+            fe_run_on_stream(s);
+        if (fd_ready) {
+            struct epoll_event ev[64];
+            int n = epoll_wait(epfd_, ev, 64, 0);
+            for (int i = 0; i < n; i++) {
+                struct hreq *h = ev[i].data.ptr;
+                if (!h)
+                    continue; /* libmicrohttpd's: MHD_run below */
+                /* a suspended connection's peer left (or half-closed) */
+                if (h->gen && h->gen->run)
+                    fe_run_cancel(h->gen->run);
+                wake(h);
+            }
+        }
+        MHD_run(daemon_);
+        now = kvr_now_ns();
+        if (now >= next_tick) {
+            tick(now);
+            next_tick = now + (uint64_t)TICK_MS * 1000000u;
+        }
+    }
+}
+
 void fe_http_stop(void)
 {
-    if (daemon_)
-        MHD_stop_daemon(daemon_);
+    if (!daemon_)
+        return;
+    /* every suspended connection is resumed and answered (or dropped)
+     * before libmicrohttpd stops; /ready probes are waited for (2 s each) */
+    stopping = true;
+    for (struct hreq *h = active_; h; h = h->next)
+        wake(h);
+    for (int i = 0; i < 300 && atomic_load(&ready_threads) > 0; i++) {
+        MHD_run(daemon_);
+        usleep(10000);
+    }
+    MHD_run(daemon_);
+    MHD_stop_daemon(daemon_);
     daemon_ = NULL;
+    kvr_client_close(router_);
+    router_ = NULL;
+    if (epfd_ >= 0)
+        close(epfd_);
+    epfd_ = -1;
 }

@@ -321,8 +321,7 @@ int main(int argc, char **argv)
         return 1;
     if (fe_http_start() != KVR_OK)
         return 1;
-    while (!stop_flag)
-        pause();
+    fe_http_serve(&stop_flag);
     KVR_LOG_INFO(FE_COMP, "stopping");
     fe_http_stop();
     fe_client_pool_close();

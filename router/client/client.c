@@ -7,6 +7,7 @@
  * waited on are queued on that stream.  Every wait is zmq_poll with the time
  * left to its deadline.
  */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,8 +31,11 @@ struct kvr_gen_stream {
     bool cancel_sent;
     struct qframe *head, *tail;
     struct kvr_gen_result res;
-    Kvrail__GenerateChunk *cur; /* the chunk the last token points into */
-    kvr_gen_stream_t *next;     /* client's list of open streams */
+    Kvrail__GenerateChunk *cur;   /* the chunk the last token points into */
+    kvr_gen_stream_t *next;       /* client's list of open streams */
+    kvr_gen_stream_t *ready_next; /* client's ready list (kvr_client_next_ready) */
+    bool in_ready;
+    void *user; /* kvr_gen_stream_set_user */
 };
 
 struct kvr_client {
@@ -44,6 +48,10 @@ struct kvr_client {
     bool reply_lost; /* the pending unary call's connection was lost */
     uint64_t next_call;
     kvr_gen_stream_t *streams;
+    /* streams with frames queued (or ended) since kvr_client_next_ready last
+     * returned them, oldest first */
+    kvr_gen_stream_t *ready_head, *ready_tail;
+    uint64_t last_rx_ns; /* when the last frame from the router arrived */
     /* a pending unary reply */
     uint64_t want_call;
     bool have_reply;
@@ -86,6 +94,8 @@ static kvr_status_t connect_on(void *zctx, bool own_ctx, const char *endpoint,
     int zero = 0, hwm = 100000;
     zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof(zero));
     zmq_setsockopt(c->sock, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+    /* one client may carry many streams (kvrail-frontend: every request) */
+    zmq_setsockopt(c->sock, ZMQ_SNDHWM, &hwm, sizeof(hwm));
     /* the monitor tells a lost connection (router killed or restarted):
      * every open stream then ends with KVR_ERR_PEER_FAILURE at once */
     char mon_ep[64];
@@ -169,6 +179,20 @@ const char *kvr_client_error(const kvr_client_t *c)
     return c ? c->err : "";
 }
 
+/* Puts s on the client's ready list (once). */
+static void mark_ready(kvr_client_t *c, kvr_gen_stream_t *s)
+{
+    if (s->in_ready)
+        return;
+    s->in_ready = true;
+    s->ready_next = NULL;
+    if (c->ready_tail)
+        c->ready_tail->ready_next = s;
+    else
+        c->ready_head = s;
+    c->ready_tail = s;
+}
+
 /* The connection to the router went down: the router that held the open
  * streams is gone (killed, restarted, unreachable), and a restarted one
  * knows nothing of them, so each ends now with KVR_ERR_PEER_FAILURE (frames
@@ -180,6 +204,7 @@ static void connection_lost(kvr_client_t *c)
         if (s->ended)
             continue;
         s->ended = true;
+        mark_ready(c, s);
         s->res.status = KVR_ERR_PEER_FAILURE;
         s->res.finish = KVR_FINISH_ERROR;
         snprintf(s->res.message, sizeof(s->res.message),
@@ -230,9 +255,10 @@ static bool monitor(kvr_client_t *c)
 }
 
 /* Receives whatever is waiting and files it; waits up to deadline for at
- * least one frame.  Returns KVR_OK if something arrived (or the connection
- * was lost: the streams ended), KVR_ERR_TIMEOUT. */
-static kvr_status_t pump(kvr_client_t *c, uint64_t deadline)
+ * least one frame, or for fd (when >= 0) to be readable (*fd_ready set).
+ * Returns KVR_OK if something arrived (or the connection was lost: the
+ * streams ended, or fd is readable), KVR_ERR_TIMEOUT. */
+static kvr_status_t pump_fd(kvr_client_t *c, uint64_t deadline, int fd, bool *fd_ready)
 {
     bool got = false;
     for (;;) {
@@ -242,14 +268,25 @@ static kvr_status_t pump(kvr_client_t *c, uint64_t deadline)
         if (st == KVR_ERR_NO_RESOURCE) {
             if (monitor(c))
                 got = true;
-            if (got)
+            if (got || (fd_ready && *fd_ready))
                 return KVR_OK;
             uint64_t now = kvr_now_ns();
             if (now >= deadline)
                 return KVR_ERR_TIMEOUT;
-            zmq_pollitem_t it[2] = {{c->sock, 0, ZMQ_POLLIN, 0}, {c->mon, 0, ZMQ_POLLIN, 0}};
+            zmq_pollitem_t it[3] = {{c->sock, 0, ZMQ_POLLIN, 0}, {NULL, fd, ZMQ_POLLIN, 0}};
+            int n = 2;
+            if (fd < 0)
+                it[1] = (zmq_pollitem_t){c->mon, 0, ZMQ_POLLIN, 0};
+            else if (c->mon)
+                it[n++] = (zmq_pollitem_t){c->mon, 0, ZMQ_POLLIN, 0};
+            if (fd < 0 && !c->mon)
+                n = 1;
             long ms = (long)((deadline - now + 999999) / 1000000u);
-            zmq_poll(it, c->mon ? 2 : 1, ms);
+            int rc = zmq_poll(it, n, ms);
+            if (rc > 0 && fd >= 0 && (it[1].revents & ZMQ_POLLIN))
+                *fd_ready = true;
+            else if (rc < 0 && fd >= 0 && zmq_errno() == EINTR)
+                return KVR_ERR_TIMEOUT; /* a signal: the caller looks at its flags */
             continue;
         }
         if (st != KVR_OK) {
@@ -258,6 +295,7 @@ static kvr_status_t pump(kvr_client_t *c, uint64_t deadline)
             continue;
         }
         got = true;
+        c->last_rx_ns = kvr_now_ns();
         if (c->want_call && f.hdr.call_id == c->want_call && !c->have_reply) {
             c->reply = f;
             c->have_reply = true;
@@ -290,7 +328,13 @@ static kvr_status_t pump(kvr_client_t *c, uint64_t deadline)
         else
             s->head = q;
         s->tail = q;
+        mark_ready(c, s);
     }
+}
+
+static kvr_status_t pump(kvr_client_t *c, uint64_t deadline)
+{
+    return pump_fd(c, deadline, -1, NULL);
 }
 
 static kvr_status_t unary(kvr_client_t *c, unsigned method, const ProtobufCMessage *req,
@@ -536,6 +580,56 @@ kvr_status_t kvr_client_wait(kvr_client_t *c, int timeout_ms)
     return pump(c, kvr_deadline_ns(timeout_ms));
 }
 
+kvr_status_t kvr_client_wait_fd(kvr_client_t *c, int fd, int timeout_ms, bool *fd_ready_p)
+{
+    if (!c || !fd_ready_p)
+        return KVR_ERR_INVALID;
+    *fd_ready_p = false;
+    return pump_fd(c, kvr_deadline_ns(timeout_ms), fd, fd_ready_p);
+}
+
+kvr_gen_stream_t *kvr_client_next_ready(kvr_client_t *c)
+{
+    kvr_gen_stream_t *s = c ? c->ready_head : NULL;
+    if (!s)
+        return NULL;
+    c->ready_head = s->ready_next;
+    if (!c->ready_head)
+        c->ready_tail = NULL;
+    s->in_ready = false;
+    s->ready_next = NULL;
+    return s;
+}
+
+void kvr_gen_stream_set_user(kvr_gen_stream_t *s, void *user)
+{
+    if (s)
+        s->user = user;
+}
+
+void *kvr_gen_stream_user(const kvr_gen_stream_t *s)
+{
+    return s ? s->user : NULL;
+}
+
+kvr_status_t kvr_client_ping_send(kvr_client_t *c)
+{
+    if (!c)
+        return KVR_ERR_INVALID;
+    Kvrail__Ping p = KVRAIL__PING__INIT;
+    p.nonce = kvr_now_ns();
+    kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, KVRAIL__METHOD__PING, ++c->next_call};
+    kvr_status_t st = kvr_proto_send(c->sock, NULL, 0, &h, &p.base);
+    if (st != KVR_OK)
+        set_err(c, "cannot send PING: %s", kvr_status_str(st));
+    return st;
+}
+
+uint64_t kvr_client_last_rx_ns(const kvr_client_t *c)
+{
+    return c ? c->last_rx_ns : 0;
+}
+
 const struct kvr_gen_result *kvr_gen_stream_result(const kvr_gen_stream_t *s)
 {
     return &s->res;
@@ -565,6 +659,19 @@ void kvr_gen_stream_destroy(kvr_gen_stream_t *s)
             *pp = s->next;
             break;
         }
+    if (s->in_ready) {
+        kvr_gen_stream_t *prev = NULL;
+        for (kvr_gen_stream_t *r = c->ready_head; r; prev = r, r = r->ready_next)
+            if (r == s) {
+                if (prev)
+                    prev->ready_next = s->ready_next;
+                else
+                    c->ready_head = s->ready_next;
+                if (c->ready_tail == s)
+                    c->ready_tail = prev;
+                break;
+            }
+    }
     while (s->head) {
         struct qframe *q = s->head;
         s->head = q->next;

@@ -151,6 +151,26 @@ const struct kvr_gen_result *kvr_gen_stream_result(const kvr_gen_stream_t *s);
  *  serves several streams at once (then kvr_gen_stream_next(s, 0) on each).
  *  @return KVR_OK (something arrived); KVR_ERR_TIMEOUT. */
 kvr_status_t kvr_client_wait(kvr_client_t *c, int timeout_ms);
+/** kvr_client_wait that also returns when fd (>= 0) is readable, for a
+ *  caller whose one loop serves the router and other descriptors (an epoll
+ *  set of them): *fd_ready_p tells which.  A signal ends the wait early
+ *  (KVR_ERR_TIMEOUT) so the caller can look at its flags.
+ *  @return KVR_OK (a frame arrived, or fd is readable); KVR_ERR_TIMEOUT. */
+kvr_status_t kvr_client_wait_fd(kvr_client_t *c, int fd, int timeout_ms, bool *fd_ready_p);
+/** The next stream that has something to take (frames queued, or it ended)
+ *  since it was last returned, oldest first; NULL when none.  With it a
+ *  caller serving many streams visits only those (kvr_gen_stream_next(s, 0)
+ *  until KVR_ERR_TIMEOUT or KVR_ERR_CLOSED). */
+kvr_gen_stream_t *kvr_client_next_ready(kvr_client_t *c);
+/** A pointer of the caller's kept with the stream. */
+void kvr_gen_stream_set_user(kvr_gen_stream_t *s, void *user);
+void *kvr_gen_stream_user(const kvr_gen_stream_t *s);
+/** Sends a PING without waiting for its answer (which, like any frame from
+ *  the router, moves kvr_client_last_rx_ns).  @return KVR_OK; the send's error. */
+kvr_status_t kvr_client_ping_send(kvr_client_t *c);
+/** When the last frame from the router arrived on this client
+ *  (CLOCK_MONOTONIC, ns; kvr_now_ns()), 0 if none yet. */
+uint64_t kvr_client_last_rx_ns(const kvr_client_t *c);
 /** Asks the router to cancel; the stream then ends with KVR_ERR_CANCELED. */
 kvr_status_t kvr_gen_stream_cancel(kvr_gen_stream_t *s);
 /** Frees a stream (canceling it first if it has not ended). */
