@@ -67,7 +67,7 @@ check(c0.text === refText, 'completion text == kvrail run', { got: c0.text, want
 check(JSON.stringify(c0.logprobs.tokens) === JSON.stringify(spec.ref.texts),
   'logprobs.tokens == kvrail run token texts', { got: c0.logprobs.tokens, want: spec.ref.texts });
 for (let i = 0; i < nref; i++)
-  check(Math.abs(c0.logprobs.token_logprobs[i] - spec.ref.logprobs[i]) < 1e-4,
+  check(c0.logprobs.token_logprobs[i] === spec.ref.logprobs[i],
     `token_logprobs[${i}] == kvrail run`, [c0.logprobs.token_logprobs[i], spec.ref.logprobs[i]]);
 check(c0.finish_reason === spec.ref.finish, 'finish_reason', [c0.finish_reason, spec.ref.finish]);
 check(r.usage.prompt_tokens === spec.prompt.length, 'usage.prompt_tokens', r.usage);
@@ -89,14 +89,14 @@ ok(`completion: ${nref} tokens equal kvrail run, finish ${c0.finish_reason}, usa
     { got: r.choices[0].text, want });
   check(lp.top_logprobs.length === sr.texts.length, 'top_logprobs: one dict per token', lp);
   for (let i = 0; i < sr.texts.length; i++) {
-    check(Math.abs(lp.token_logprobs[i] - sr.logprobs[i]) < 1e-4, `sampled token_logprobs[${i}]`,
+    check(lp.token_logprobs[i] === sr.logprobs[i], `sampled token_logprobs[${i}]`,
       [lp.token_logprobs[i], sr.logprobs[i]]);
     const vals = Object.values(lp.top_logprobs[i]).sort((a, b) => b - a);
     // the 3 best (keys may merge when two alternatives decode to the same text) and the sampled
     check(vals.length >= 1 && vals.length <= sp.top_logprobs + 1, `top_logprobs[${i}] size`, lp.top_logprobs[i]);
-    check(Math.abs(vals[0] - sr.top[i][0]) < 1e-4, `top_logprobs[${i}] best == kvrail run`, [vals, sr.top[i]]);
+    check(vals[0] === sr.top[i][0], `top_logprobs[${i}] best == kvrail run`, [vals, sr.top[i]]);
     for (const v of vals)
-      check(sr.top[i].concat([sr.logprobs[i]]).some((w) => Math.abs(v - w) < 1e-4),
+      check(sr.top[i].concat([sr.logprobs[i]]).some((w) => v === w),
         `top_logprobs[${i}] values are kvrail run's`, [vals, sr.top[i]]);
   }
   const chunks = await streamed(params);
