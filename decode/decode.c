@@ -34,9 +34,14 @@
  * recently used cached blocks (BlockRemoved).
  *
  * Cancel frees a request's blocks at once, except while a prefill node may
- * still be writing into them: then they wait (quarantine) for its KV_READY
- * or KV_ABORT, or 2 s, whichever comes first.  An expired lease frees the
- * blocks and reports the request failed.
+ * still be writing into them: then they stay quarantined until that writer
+ * is fenced (fence_start): its own KV_READY or KV_ABORT for the request
+ * (ordered after its writes), a HELLO of a new incarnation (the writing
+ * process is gone), or a lease without a sign of life from it - the prefill
+ * node gives up writing after half a lease without having sent one
+ * (prefill.c, write_lease_lost), so after a whole lease it has stopped;
+ * the writer's transfer token is revoked then.  An expired lease reports
+ * the request failed and fences its blocks the same way.
  *
  * The model runs on the engine worker thread (node/worker.h).  Each job is
  * one step: at most one chunk (the cluster's prefill_chunk_tokens) of the
@@ -60,7 +65,6 @@
 #include "pool.h"
 
 #define COMP              "decode"
-#define QUARANTINE_MS     2000
 #define MAX_PREFILL_PEERS 64
 
 enum dreq_state {
@@ -186,6 +190,11 @@ struct decode {
     uint64_t retry_quarantines, retry_quarantined_blocks;
     uint64_t quarantines_fenced;  /* ended by the writer's KV_READY/KV_ABORT or restart */
     uint64_t quarantines_expired; /* ended by their bound, without a word from the writer */
+    /* the same fence for a canceled reservation and for one whose lease
+     * expired while its writer may still write */
+    uint64_t cancel_quarantines, cancel_quarantined_blocks;
+    uint64_t lease_quarantines, lease_quarantined_blocks;
+    uint64_t tokens_revoked; /* writers' transfer tokens revoked when a fence expired */
     int batch_max;
     /* the pool's background pre-fault: the horizon reached when the router
      * first accepted the registration (UINT32_MAX: not yet registered) */
@@ -535,6 +544,53 @@ static bool retry_fence(struct decode *d, struct dreq *r, uint64_t lease_ns, uin
     return true;
 }
 
+/* Quarantines r whole (DR_QUARANTINE): its writer, prefill node
+ * r->prefill_node at attempt r->attempt, may still be writing into its
+ * blocks.  The bound is r's lease as it runs (the last sign of life from
+ * the writer plus a lease, never shorter than one lease from now on when
+ * restart is set), renewed by the writer's KV_PROGRESS up to
+ * RETRY_FENCE_LEASES leases; the writer's own KV_READY/KV_ABORT, or its
+ * restart, end it before (on_notif, on_hello). */
+static void fence_start(struct decode *d, struct dreq *r, uint64_t lease_ns, bool restart)
+{
+    uint64_t now = kvr_now_ns();
+    const struct ppeer *w = peer_find(d, r->prefill_node);
+    batch_remove(d, r);
+    r->state = DR_QUARANTINE;
+    r->writer_inc = w ? w->incarnation : 0;
+    r->lease_ns = lease_ns;
+    if (restart || r->deadline < now + lease_ns / 2)
+        r->deadline = now + lease_ns;
+    r->fence_cap = now + RETRY_FENCE_LEASES * lease_ns;
+    kvr_node_stats_dirty(&d->node);
+}
+
+/* A fence that ran out without a word from the writer: the writer has
+ * given up writing by now (it stops after half a lease without sending a
+ * sign of life), and its transfer token is revoked, so a writer that still
+ * comes back (stopped between its check and its write) has its
+ * notifications refused, and with verbs its connection (docs/security.md
+ * says what cannot be fenced).  The next Reserve that names that node
+ * carries the router's token again. */
+static void fence_expired(struct decode *d, struct dreq *r)
+{
+    KVR_LOG_WARN(COMP,
+                 "request %" PRIu64 ": no word from prefill node '%s' (attempt %u) within its "
+                 "lease: its %u quarantined blocks are reused and its transfer token revoked",
+                 r->id, r->prefill_node, r->attempt, r->n_blocks);
+    for (int i = 0; i < d->n_ptokens; i++)
+        if (strcmp(d->ptokens[i].name, r->prefill_node) == 0) {
+            kvr_xfer_token_revoke(d->node.xfer, d->ptokens[i].token);
+            memmove(&d->ptokens[i], &d->ptokens[i + 1],
+                    (size_t)(d->n_ptokens - i - 1) * sizeof d->ptokens[0]);
+            d->n_ptokens--;
+            d->tokens_revoked++;
+            break;
+        }
+    d->quarantines_expired++;
+    req_end(d, r, false);
+}
+
 /* A Reserve names the prefill node that will write and carries the token
  * the router made for that pair: the transfer engine accepts that node's
  * side channel / notifications with it (and, created with require_token,
@@ -618,13 +674,7 @@ static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
         if (!retry_fence(d, r, (uint64_t)lease * 1000000ull, &quarantined)) {
             /* no fresh blocks: the whole reservation stays with the old
              * writer until it is fenced, and the router dispatches anew */
-            uint64_t now = kvr_now_ns();
-            const struct ppeer *w = peer_find(d, r->prefill_node);
-            r->state = DR_QUARANTINE;
-            r->writer_inc = w ? w->incarnation : 0;
-            r->lease_ns = (uint64_t)lease * 1000000ull;
-            r->deadline = now + r->lease_ns;
-            r->fence_cap = now + RETRY_FENCE_LEASES * r->lease_ns;
+            fence_start(d, r, (uint64_t)lease * 1000000ull, true);
             d->retry_quarantines++;
             d->retry_quarantined_blocks += r->n_blocks;
             send_rejected(d, m->request_id, KVR_ERR_NO_RESOURCE,
@@ -788,12 +838,16 @@ static void on_cancel(struct decode *d, const Kvrail__NodeCancel *c)
         return;
     d->n_canceled++;
     if (r->state == DR_RESERVED && !r->aborted) {
-        /* the prefill node may be writing into the blocks: wait for its
-         * KV_READY / KV_ABORT (ordered after its writes), bounded */
-        r->state = DR_QUARANTINE;
-        uint64_t q = kvr_now_ns() + QUARANTINE_MS * 1000000ull;
-        if (q < r->deadline)
-            r->deadline = q;
+        /* the prefill node may be writing into the blocks: they stay
+         * quarantined until it is fenced (its KV_READY / KV_ABORT, ordered
+         * after its writes; its restart; a lease without a sign of life) */
+        fence_start(d, r, r->lease_ns, false);
+        d->cancel_quarantines++;
+        d->cancel_quarantined_blocks += r->n_blocks;
+        KVR_LOG_INFO(COMP,
+                     "request %" PRIu64 ": canceled while prefill node '%s' may be writing: its %u "
+                     "blocks are quarantined until it is fenced",
+                     r->id, r->prefill_node, r->n_blocks);
         return;
     }
     if (r->state == DR_QUARANTINE)
@@ -1291,13 +1345,7 @@ static void check_leases(struct decode *d)
     for (struct dreq *r = d->reqs; r; r = next) {
         next = r->next;
         if (r->state == DR_QUARANTINE && now > r->deadline) {
-            if (r->fence_cap)
-                KVR_LOG_WARN(COMP,
-                             "request %" PRIu64 ": no word from prefill node '%s' (attempt %u) "
-                             "within its lease: its %u quarantined blocks are reused",
-                             r->id, r->prefill_node, r->attempt, r->n_blocks);
-            d->quarantines_expired++;
-            req_end(d, r, false);
+            fence_expired(d, r);
         } else if (r->state == DR_RESERVED && now > r->deadline) {
             char msg[200];
             snprintf(msg, sizeof msg,
@@ -1305,7 +1353,20 @@ static void check_leases(struct decode *d)
                      "within %" PRIu64 " ms",
                      r->prefill_node, (uint64_t)((r->deadline - r->t_reserve) / 1000000u));
             d->n_expired++;
-            req_fail(d, r, KVR_ERR_TIMEOUT, msg);
+            if (r->aborted || !r->prefill_node[0]) {
+                req_fail(d, r, KVR_ERR_TIMEOUT, msg);
+                continue;
+            }
+            /* the writer fell silent (stopped, or the router that would
+             * have canceled it is gone): it may still write, so the
+             * request fails but its blocks are fenced like a cancel's */
+            KVR_LOG_WARN(COMP, "request %" PRIu64 ": %s (%s)", r->id, msg,
+                         kvr_status_str(KVR_ERR_TIMEOUT));
+            send_token(d, r, 0, 0, KVRAIL__FINISH_REASON__FINISH_ERROR, KVR_ERR_TIMEOUT, msg, true);
+            d->n_failed++;
+            fence_start(d, r, r->lease_ns, true);
+            d->lease_quarantines++;
+            d->lease_quarantined_blocks += r->n_blocks;
         }
     }
 }
@@ -1349,6 +1410,16 @@ static bool sync_horizon(struct decode *d)
     return f < (uint32_t)d->npool.kv.n_blocks && kvr_node_pool_fault_status(&d->npool) == KVR_OK;
 }
 
+/* Blocks held in quarantine now (their writer not fenced yet). */
+static uint32_t quarantined_blocks(const struct decode *d)
+{
+    uint32_t n = 0;
+    for (const struct dreq *r = d->reqs; r; r = r->next)
+        if (r->state == DR_QUARANTINE)
+            n += r->n_blocks;
+    return n;
+}
+
 static void send_heartbeat(void *arg)
 {
     struct decode *d = arg;
@@ -1367,6 +1438,9 @@ static void send_heartbeat(void *arg)
     h.incarnation = d->node.incarnation;
     h.bad_frames = d->node.bad_frames;
     h.bad_notifications = d->bad_notifs;
+    h.quarantined_blocks = quarantined_blocks(d);
+    h.quarantines_fenced = d->quarantines_fenced;
+    h.quarantines_expired = d->quarantines_expired;
     kvr_node_send(&d->node, KVRAIL__METHOD__HEARTBEAT, &h.base);
 }
 
@@ -1420,7 +1494,10 @@ static void role_stats(void *arg, struct kvr_sbuf *b)
         ", \"stale_notifications\": %" PRIu64 ", \"retry_quarantines\": %" PRIu64
         ", \"retry_quarantined_blocks\": %" PRIu64 ", \"quarantines_fenced\": %" PRIu64
         ", \"quarantines_expired\": %" PRIu64 ", \"transfer_refused\": %" PRIu64
-        ", \"transfer_tokens\": %d, \"cached_hashes\": [",
+        ", \"transfer_tokens\": %d, \"cancel_quarantines\": %" PRIu64
+        ", \"cancel_quarantined_blocks\": %" PRIu64 ", \"lease_quarantines\": %" PRIu64
+        ", \"lease_quarantined_blocks\": %" PRIu64 ", \"quarantined_blocks\": %u"
+        ", \"tokens_revoked\": %" PRIu64 ", \"cached_hashes\": [",
         c.total, c.free, c.evictable, c.cached, c.referenced, nres, nq, nready, nlocal, d->n_batch,
         d->n_done, d->n_failed, d->n_canceled, d->n_expired, d->n_rejected, d->n_local, d->n_remote,
         d->kv_bytes, d->tokens_out, d->steps, d->cached_tokens, d->ev_seq,
@@ -1432,7 +1509,9 @@ static void role_stats(void *arg, struct kvr_sbuf *b)
         kvr_status_name(kvr_node_pool_fault_status(&d->npool)), d->paged ? "paged" : "whole",
         d->preemptions, npre, d->grown_blocks, d->batch_max, d->lease_renewals, d->reservations,
         d->reserve_renewals, d->stale_notifs, d->retry_quarantines, d->retry_quarantined_blocks,
-        d->quarantines_fenced, d->quarantines_expired, xs.refused, d->n_ptokens);
+        d->quarantines_fenced, d->quarantines_expired, xs.refused, d->n_ptokens,
+        d->cancel_quarantines, d->cancel_quarantined_blocks, d->lease_quarantines,
+        d->lease_quarantined_blocks, quarantined_blocks(d), d->tokens_revoked);
     if (b->p)
         kvr_blocktab_foreach_cached(d->bt, stats_hash, b);
     kvr_sbuf_printf(b, "]");

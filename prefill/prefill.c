@@ -35,6 +35,14 @@
  * KV_ABORT after whatever was posted, so the decode node can reuse the
  * blocks.  A transport failure fails only the request(s) on that peer; the
  * next target reconnects.
+ *
+ * The write lease (write_lease_lost): the decode node holds a request's
+ * blocks for this writer only while it hears from it (KV_PROGRESS every
+ * third of the lease renews it, counted from its arrival there); if it
+ * hears nothing for a lease it may hand them to another request.  So this
+ * node never posts a write for a request whose last sign of life went out
+ * more than half a lease ago (it was stopped, or starved): it gives the
+ * request up (KV_ABORT, an error to the router) instead.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -109,7 +117,7 @@ struct preq {
     int32_t layers_done, layers_posted;
     bool prepared, notified, canceled, done_sent;
     kvr_status_t err;
-    char errmsg[200];
+    char errmsg[320];
     int32_t first_token;
     float logprob;
     uint32_t generated; /* the last tokens were generated (a migration) */
@@ -159,6 +167,7 @@ struct prefill {
     uint64_t n_batched, batched_reqs;     /* batched engine calls, requests in them */
     uint64_t targets_addr, targets_short; /* PrefillTargets with / without D's address */
     uint64_t progress_sent;               /* KV_PROGRESS notifications */
+    uint64_t self_fenced;                 /* pushes given up: silent for half a lease */
 };
 
 static void job_recheck(struct prefill *p);
@@ -550,11 +559,36 @@ static kvr_status_t prepare_lists(struct prefill *p, struct preq *r)
     return s;
 }
 
-/* Posts every finished layer not posted yet. */
+/* true when r's last sign of life to its decode node went out more than
+ * half a lease ago: the decode node may have fenced this writer out and
+ * reused the blocks (it waits a whole lease from the sign's arrival), so
+ * nothing more may be written for r; sets r's error (once) and counts it. */
+static bool write_lease_lost(struct prefill *p, struct preq *r, uint64_t now)
+{
+    uint64_t half = (uint64_t)r->lease_ms * 1000000ull / 2;
+    if (!r->have_target || r->notified || now - r->t_progress <= half)
+        return false;
+    if (r->err == KVR_OK) {
+        snprintf(r->errmsg, sizeof r->errmsg,
+                 "no sign of life sent to decode node '%s' for %" PRIu64
+                 " ms (over half the %u ms lease: this node was stopped or starved); it may "
+                 "have reused the blocks, so none are written",
+                 r->peer ? r->peer->name : "?", (now - r->t_progress) / 1000000u, r->lease_ms);
+        KVR_LOG_WARN(COMP, "request %" PRIu64 ": %s", r->id, r->errmsg);
+        r->err = KVR_ERR_TIMEOUT;
+        p->self_fenced++;
+    }
+    return true;
+}
+
+/* Posts every finished layer not posted yet (none once the write lease is
+ * lost). */
 static kvr_status_t post_ready_layers(struct prefill *p, struct preq *r)
 {
     if (!r->prepared)
         return KVR_OK;
+    if (r->layers_posted < r->layers_done && write_lease_lost(p, r, kvr_now_ns()))
+        return KVR_ERR_TIMEOUT;
     while (r->layers_posted < r->layers_done) {
         kvr_xfer_dlist_t *dl = r->dl ? r->dl[r->layers_posted] : NULL;
         if (dl) {
@@ -1188,6 +1222,7 @@ static void send_heartbeat(void *arg)
     h.kv_transfer_ns = p->transfer_ns;
     h.incarnation = p->node.incarnation;
     h.bad_frames = p->node.bad_frames;
+    h.self_fenced = p->self_fenced;
     kvr_node_send(&p->node, KVRAIL__METHOD__HEARTBEAT, &h.base);
 }
 
@@ -1208,24 +1243,24 @@ static void role_stats(void *arg, struct kvr_sbuf *b)
     kvr_blocktab_counts(p->bt, &c);
     int nq, na;
     queue_lengths(p, &nq, &na);
-    kvr_sbuf_printf(b,
-                    ", \"prefills_ok\": %" PRIu64 ", \"prefills_failed\": %" PRIu64
-                    ", \"prefills_canceled\": %" PRIu64 ", \"bytes_pushed\": %" PRIu64
-                    ", \"transfer_ns\": %" PRIu64 ", \"descriptors_raw\": %" PRIu64
-                    ", \"descriptors_posted\": %" PRIu64 ", \"computed_tokens\": %" PRIu64
-                    ", \"local_cached_tokens\": %" PRIu64 ", \"batched_prefills\": %" PRIu64
-                    ", \"batched_requests\": %" PRIu64 ", \"queued\": %d, \"active\": %d, "
-                    "\"computing\": %s, \"staging_total\": %u, \"staging_free\": %u, "
-                    "\"staging_cached\": %u, \"staging_referenced\": %u, \"block_bytes\": %zu, "
-                    "\"layers\": %d, \"pool_setup_ns\": %" PRIu64
-                    ", \"targets_with_address\": %" PRIu64 ", \"targets_without_address\": %" PRIu64
-                    ", \"decode_nodes_known\": %zu, \"progress_sent\": %" PRIu64,
-                    p->n_ok, p->n_failed, p->n_canceled, p->bytes_pushed, p->transfer_ns,
-                    p->ndesc_raw, p->ndesc_posted, p->computed_tokens, p->local_cached_tokens,
-                    p->n_batched, p->batched_reqs, nq, na, p->busy ? "true" : "false", c.total,
-                    c.free, c.cached, c.referenced, kvr_kv_block_bytes(&p->node.layout),
-                    p->node.layout.n_layers, p->npool.setup_ns, p->targets_addr, p->targets_short,
-                    p->n_dinfos, p->progress_sent);
+    kvr_sbuf_printf(
+        b,
+        ", \"prefills_ok\": %" PRIu64 ", \"prefills_failed\": %" PRIu64
+        ", \"prefills_canceled\": %" PRIu64 ", \"bytes_pushed\": %" PRIu64
+        ", \"transfer_ns\": %" PRIu64 ", \"descriptors_raw\": %" PRIu64
+        ", \"descriptors_posted\": %" PRIu64 ", \"computed_tokens\": %" PRIu64
+        ", \"local_cached_tokens\": %" PRIu64 ", \"batched_prefills\": %" PRIu64
+        ", \"batched_requests\": %" PRIu64 ", \"queued\": %d, \"active\": %d, "
+        "\"computing\": %s, \"staging_total\": %u, \"staging_free\": %u, "
+        "\"staging_cached\": %u, \"staging_referenced\": %u, \"block_bytes\": %zu, "
+        "\"layers\": %d, \"pool_setup_ns\": %" PRIu64 ", \"targets_with_address\": %" PRIu64
+        ", \"targets_without_address\": %" PRIu64
+        ", \"decode_nodes_known\": %zu, \"progress_sent\": %" PRIu64 ", \"self_fenced\": %" PRIu64,
+        p->n_ok, p->n_failed, p->n_canceled, p->bytes_pushed, p->transfer_ns, p->ndesc_raw,
+        p->ndesc_posted, p->computed_tokens, p->local_cached_tokens, p->n_batched, p->batched_reqs,
+        nq, na, p->busy ? "true" : "false", c.total, c.free, c.cached, c.referenced,
+        kvr_kv_block_bytes(&p->node.layout), p->node.layout.n_layers, p->npool.setup_ns,
+        p->targets_addr, p->targets_short, p->n_dinfos, p->progress_sent, p->self_fenced);
 }
 
 /* Tells the decode node that r is still queued or computing here, so that
@@ -1235,6 +1270,10 @@ static void send_progress(struct prefill *p, struct preq *r, uint64_t now)
     if (!r->have_target || !r->peer || r->peer->failed || r->notified || r->canceled ||
         now - r->t_progress < (uint64_t)r->lease_ms * 1000000ull / 3)
         return;
+    if (write_lease_lost(p, r, now)) {
+        job_recheck(p); /* no more writes for it: a sign of life now would lie */
+        return;
+    }
     struct kvr_notif n = {0};
     n.kind = KVR_NOTIF_KV_PROGRESS;
     n.request_id = r->id;

@@ -347,6 +347,10 @@ void rt_registry_on_heartbeat(rt_t *r, const kvr_proto_frame_t *f, struct rt_nod
     n->kv_ns = hb->kv_transfer_ns;
     n->bad_frames_hb = hb->bad_frames;
     n->bad_notifs_hb = hb->bad_notifications;
+    n->quarantined_hb = hb->quarantined_blocks;
+    n->fenced_hb = hb->quarantines_fenced;
+    n->fence_expired_hb = hb->quarantines_expired;
+    n->self_fenced_hb = hb->self_fenced;
     /* free estimate: what the node says minus what is on its way to it */
     n->free_est = (int64_t)hb->free_blocks - (int64_t)n->reserving_blocks;
     if (hb->block_event_seq <= n->ev_seq)

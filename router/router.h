@@ -108,6 +108,10 @@ struct rt_node {
     uint64_t inflight_prefill_hb, queued_prefill_hb;
     uint64_t kv_bytes, kv_ns;
     uint64_t bad_frames_hb, bad_notifs_hb; /* the node's own drops, from its heartbeats */
+    /* its fences, from its heartbeats (decode: quarantines; prefill: pushes
+     * it gave up after half a lease of silence) */
+    uint32_t quarantined_hb;
+    uint64_t fenced_hb, fence_expired_hb, self_fenced_hb;
     uint64_t pd_bytes, pd_ns; /* the same, summed from PrefillDone (prefill and decode side) */
     /* load, router's estimate between heartbeats */
     int64_t free_est;

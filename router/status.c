@@ -90,6 +90,10 @@ void rt_status_reply(rt_t *r, const kvr_proto_frame_t *f, uint64_t now)
         ns[i].model_fingerprint = n->fingerprint;
         ns[i].bad_frames = n->bad_frames_hb;
         ns[i].bad_notifications = n->bad_notifs_hb;
+        ns[i].quarantined_blocks = n->quarantined_hb;
+        ns[i].quarantines_fenced = n->fenced_hb;
+        ns[i].quarantines_expired = n->fence_expired_hb;
+        ns[i].self_fenced = n->self_fenced_hb;
         if (n->role == KVR_NODE_ROLE_PREFILL) {
             kb += nb;
             kns += nt;
