@@ -43,6 +43,7 @@ struct slot {
     const struct prompt *p;
     uint64_t seq, t0;
     uint32_t *out;
+    float *lp; /* each output token's logprob */
     size_t n_out;
 };
 
@@ -62,6 +63,9 @@ static void write_result(FILE *f, const struct slot *sl, const struct kvr_gen_re
     fprintf(f, ", \"tokens\": [");
     for (size_t i = 0; i < sl->n_out; i++)
         fprintf(f, "%s%u", i ? ", " : "", sl->out[i]);
+    fprintf(f, "], \"logprobs\": ["); /* as kvrail run --json prints them: exact */
+    for (size_t i = 0; i < sl->n_out; i++)
+        fprintf(f, "%s%.9g", i ? ", " : "", (double)sl->lp[i]);
     fprintf(f, "], \"finish\": %d, \"hung\": %s, \"start_ms\": %.3f, \"end_ms\": %.3f",
             (int)r->finish, hung ? "true" : "false", (double)(sl->t0 - t_base) / 1e6,
             (double)(kvr_now_ns() - t_base) / 1e6);
@@ -197,7 +201,14 @@ int main(int argc, char **argv)
             sl->t0 = kvr_now_ns();
             sl->n_out = 0;
             free(sl->out);
+            free(sl->lp);
             sl->out = calloc(p->max_tokens + 1, sizeof *sl->out);
+            sl->lp = calloc(p->max_tokens + 1, sizeof *sl->lp);
+            if (!sl->out || !sl->lp) {
+                fprintf(stderr, "kvr-chaos-client: out of memory for request %" PRIu64 "\n",
+                        sl->seq);
+                exit(2);
+            }
             open++;
         }
         if (stopping && open == 0)
@@ -211,8 +222,10 @@ int main(int argc, char **argv)
             struct kvr_gen_token tok;
             kvr_status_t s;
             while ((s = kvr_gen_stream_next(sl->s, 0, &tok)) == KVR_OK)
-                if (sl->n_out <= sl->p->max_tokens)
+                if (sl->n_out <= sl->p->max_tokens) {
+                    sl->lp[sl->n_out] = tok.logprob;
                     sl->out[sl->n_out++] = tok.token_id;
+                }
             bool is_hung = s != KVR_ERR_CLOSED && now - sl->t0 > (uint64_t)timeout_ms * 1000000ull;
             if (s != KVR_ERR_CLOSED && !is_hung)
                 continue;
@@ -232,8 +245,10 @@ int main(int argc, char **argv)
     kvr_client_close(c);
     printf("requests %" PRIu64 ": completed %" PRIu64 ", failed %" PRIu64 ", hung %" PRIu64 "\n",
            done, ok, failed, hung);
-    for (int i = 0; i < MAX_CONC; i++)
+    for (int i = 0; i < MAX_CONC; i++) {
         free(slots[i].out);
+        free(slots[i].lp);
+    }
     for (size_t i = 0; i < np; i++)
         free(ps[i].tokens);
     free(ps);

@@ -39,7 +39,8 @@ import subprocess
 import time
 
 from cluster_lib import (Bins, ClientCluster, Fail, add_bin_args, check, killgroup, make_model,
-                         reference, run, run_main, spawn, stop_group, wait_for, workdir)
+                         diff_output, reference, run, run_main, spawn, stop_group, wait_for,
+                         workdir)
 
 HB_MS, HB_TIMEOUT_MS = 100, 1000
 
@@ -240,7 +241,7 @@ def main():
         results = [json.loads(line) for line in open(of)]
         hung = [o for o in results if o["hung"]]
         ok = [o for o in results if o["status"] == 0]
-        bad = [o for o in ok if o["tokens"] != ref[o["id"]]]
+        bad = [o for o in ok if diff_output(o, ref[o["id"]])]
         failed = [o for o in results if o["status"] != 0 and not o["hung"]]
         unclear = [o for o in failed if not o["message"]]
         reasons = {}
@@ -254,8 +255,8 @@ def main():
             print("  %4d  %s" % (v, k))
         check(not hung, "%d requests hung (no end of stream within 45 s), e.g. %s" % (
             len(hung), hung[:2]))
-        check(not bad, "%d completed requests differ from kvrail run, e.g. id %s: %s vs %s" % (
-            len(bad), bad[0]["id"], bad[0]["tokens"], ref[bad[0]["id"]]) if bad else "")
+        check(not bad, "%d completed requests differ from kvrail run, e.g. id %s: %s" % (
+            len(bad), bad[0]["id"], diff_output(bad[0], ref[bad[0]["id"]])) if bad else "")
         check(not unclear, "failed without a message: %s" % unclear[:2])
         check(len(ok) >= len(results) // 2, "most requests failed: %s" % reasons)
 
