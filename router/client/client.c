@@ -8,6 +8,7 @@
  * left to its deadline.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,12 +70,45 @@ static void set_err(kvr_client_t *c, const char *fmt, ...)
     va_end(ap);
 }
 
-void kvr_gen_params_default(struct kvr_gen_params *p)
+/* Whether a field lies within the caller's size bytes of a struct. */
+#define HAS_FIELD(size, type, field) ((size) >= offsetof(type, field) + sizeof(((type *)0)->field))
+
+void kvr_gen_params_init(struct kvr_gen_params *p, size_t size)
 {
-    memset(p, 0, sizeof(*p));
-    p->max_tokens = 16;
-    p->top_p = 1.0f;
-    p->repetition_penalty = 1.0f;
+    struct kvr_gen_params d;
+    memset(&d, 0, sizeof(d));
+    d.max_tokens = 16;
+    d.top_p = 1.0f;
+    d.repetition_penalty = 1.0f;
+    if (size > sizeof(d)) { /* a caller built against a later header: its extra fields zeroed */
+        memset((char *)p + sizeof(d), 0, size - sizeof(d));
+        size = sizeof(d);
+    }
+    memcpy(p, &d, size);
+    if (HAS_FIELD(size, struct kvr_gen_params, size))
+        p->size = size;
+}
+
+/* The caller's params (p->size bytes) over the defaults: fields an older
+ * caller's struct lacks keep their default. */
+static bool params_of(const struct kvr_gen_params *p, struct kvr_gen_params *q)
+{
+    kvr_gen_params_init(q, sizeof(*q));
+    if (p->size < offsetof(struct kvr_gen_params, prompt))
+        return false;
+    memcpy(q, p, p->size < sizeof(*q) ? p->size : sizeof(*q));
+    q->size = sizeof(*q);
+    return true;
+}
+
+/* Copies the library's struct into the caller's (its size bytes). */
+static void copy_out(void *dst, size_t dst_size, const void *src, size_t src_size)
+{
+    memcpy(dst, src, dst_size < src_size ? dst_size : src_size);
+    if (dst_size >= sizeof(size_t)) { /* the leading size field: what was filled */
+        size_t n = dst_size < src_size ? dst_size : src_size;
+        memcpy(dst, &n, sizeof(n));
+    }
 }
 
 static kvr_status_t connect_on(void *zctx, bool own_ctx, const char *endpoint,
@@ -403,11 +437,18 @@ kvr_status_t kvr_client_ping(kvr_client_t *c, int timeout_ms)
     return st;
 }
 
-kvr_status_t kvr_client_generate_start(kvr_client_t *c, const struct kvr_gen_params *p,
+kvr_status_t kvr_client_generate_start(kvr_client_t *c, const struct kvr_gen_params *params,
                                        kvr_gen_stream_t **stream_p)
 {
-    if (!c || !p || !stream_p)
+    if (!c || !params || !stream_p)
         return KVR_ERR_INVALID;
+    struct kvr_gen_params pv;
+    const struct kvr_gen_params *p = &pv;
+    if (!params_of(params, &pv)) {
+        set_err(c, "kvr_gen_params.size is %zu: set the params up with kvr_gen_params_default()",
+                params->size);
+        return KVR_ERR_INVALID;
+    }
     kvr_gen_stream_t *s = calloc(1, sizeof(*s));
     if (!s)
         return KVR_ERR_NO_MEMORY;
@@ -453,6 +494,7 @@ kvr_status_t kvr_client_generate_start(kvr_client_t *c, const struct kvr_gen_par
     g.return_prompt_tokens = p->return_prompt_tokens;
     g.no_text = p->no_text;
     s->c = c;
+    s->res.size = sizeof(s->res);
     s->call_id = ++c->next_call;
     kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, KVRAIL__METHOD__GENERATE, s->call_id};
     kvr_status_t st = kvr_proto_send(c->sock, NULL, 0, &h, &g.base);
@@ -555,14 +597,20 @@ static kvr_status_t take(kvr_gen_stream_t *s, struct kvr_gen_token *tok_p)
     return ret;
 }
 
-kvr_status_t kvr_gen_stream_next(kvr_gen_stream_t *s, int timeout_ms, struct kvr_gen_token *tok_p)
+kvr_status_t kvr_gen_stream_next_sized(kvr_gen_stream_t *s, int timeout_ms,
+                                       struct kvr_gen_token *tok_p, size_t tok_size)
 {
-    if (!s || !tok_p)
+    if (!s || !tok_p || tok_size < sizeof(size_t))
         return KVR_ERR_INVALID;
     uint64_t deadline = kvr_deadline_ns(timeout_ms);
     for (;;) {
         while (s->head) {
-            kvr_status_t st = take(s, tok_p);
+            struct kvr_gen_token t;
+            kvr_status_t st = take(s, &t);
+            if (st == KVR_OK) {
+                t.size = sizeof(t);
+                copy_out(tok_p, tok_size, &t, sizeof(t));
+            }
             if (st == KVR_OK || st == KVR_ERR_CLOSED)
                 return st;
         }
@@ -683,12 +731,24 @@ void kvr_gen_stream_destroy(kvr_gen_stream_t *s)
     free(s);
 }
 
-kvr_status_t kvr_client_generate(kvr_client_t *c, const struct kvr_gen_params *p, kvr_gen_cb cb,
-                                 void *arg, int timeout_ms, struct kvr_gen_result *res_p)
+static kvr_status_t generate(kvr_client_t *c, const struct kvr_gen_params *p, kvr_gen_cb cb,
+                             void *arg, int timeout_ms, struct kvr_gen_result *res_p);
+
+kvr_status_t kvr_client_generate_sized(kvr_client_t *c, const struct kvr_gen_params *p,
+                                       kvr_gen_cb cb, void *arg, int timeout_ms,
+                                       struct kvr_gen_result *res_p, size_t res_size)
 {
-    struct kvr_gen_result dummy;
-    if (!res_p)
-        res_p = &dummy;
+    struct kvr_gen_result res;
+    kvr_status_t st = generate(c, p, cb, arg, timeout_ms, &res);
+    res.size = sizeof(res);
+    if (res_p && res_size >= sizeof(size_t))
+        copy_out(res_p, res_size, &res, sizeof(res));
+    return st;
+}
+
+static kvr_status_t generate(kvr_client_t *c, const struct kvr_gen_params *p, kvr_gen_cb cb,
+                             void *arg, int timeout_ms, struct kvr_gen_result *res_p)
+{
     memset(res_p, 0, sizeof(*res_p));
     kvr_gen_stream_t *s = NULL;
     kvr_status_t st = kvr_client_generate_start(c, p, &s);
@@ -703,7 +763,7 @@ kvr_status_t kvr_client_generate(kvr_client_t *c, const struct kvr_gen_params *p
         uint64_t now = kvr_now_ns();
         int left = now >= deadline ? 0 : (int)((deadline - now) / 1000000u);
         struct kvr_gen_token t;
-        st = kvr_gen_stream_next(s, left, &t);
+        st = kvr_gen_stream_next_sized(s, left, &t, sizeof(t));
         if (st == KVR_OK) {
             if (cb && cb(arg, &t) && !canceled) {
                 kvr_gen_stream_cancel(s);

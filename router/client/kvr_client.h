@@ -14,7 +14,16 @@
  *   kvr_client_close(c);
  *
  * Several streams may be open on one client at once (their frames are told
- * apart by call id); a client is used from one thread.  Every wait takes a
+ * apart by call id); a client is used from one thread.
+ *
+ * ABI: the soname is libkvrail-client.so.1.  The structs the caller
+ * allocates and the library fills or reads (kvr_gen_params, kvr_gen_token,
+ * kvr_gen_result) begin with `size`, the caller's sizeof, and only ever grow
+ * at the end: the library reads or writes no byte past the caller's size
+ * (fields a caller built against an older header lacks take their
+ * defaults).  kvr_gen_params_default(), kvr_gen_stream_next() and
+ * kvr_client_generate() are macros passing that sizeof, so a program
+ * built against this header keeps working with a later .so.1.  Every wait takes a
  * timeout in milliseconds; nothing blocks forever.  Error texts from the
  * router (what was wrong with a request) are in kvr_gen_result.message or
  * kvr_client_error().
@@ -45,6 +54,7 @@ enum kvr_finish {
 };
 
 struct kvr_gen_params {
+    size_t size;               /* the caller's sizeof (kvr_gen_params_default sets it) */
     const char *prompt;        /* text (tokenized by the router), or */
     const uint32_t *token_ids; /* token ids (used when n_token_ids > 0) */
     size_t n_token_ids;
@@ -68,6 +78,7 @@ struct kvr_gen_params {
     const struct kvr_gen_logit_bias *logit_bias; /* added to the logits; ids distinct */
     size_t n_logit_bias;                         /* at most 300 */
     uint32_t top_logprobs; /* alternatives per token (0 = none, at most KVR_GEN_MAX_TOP) */
+    /* new fields go here, at the end */
 };
 
 #define KVR_GEN_MAX_TOP 20
@@ -78,6 +89,7 @@ struct kvr_gen_logit_bias {
 };
 
 struct kvr_gen_token {
+    size_t size; /* the bytes the library filled (the caller's sizeof at most) */
     uint64_t request_id;
     uint32_t index; /* 0 = first generated token */
     uint32_t token_id;
@@ -91,9 +103,11 @@ struct kvr_gen_token {
     size_t n_top;
     uint32_t top_ids[KVR_GEN_MAX_TOP];
     float top_logprobs[KVR_GEN_MAX_TOP];
+    /* new fields go here, at the end */
 };
 
 struct kvr_gen_result {
+    size_t size;         /* the bytes the library filled */
     kvr_status_t status; /* KVR_OK, KVR_ERR_CANCELED, or the router's error */
     char message[512];
     uint64_t request_id;
@@ -105,12 +119,16 @@ struct kvr_gen_result {
     uint64_t ttft_us, total_us; /* measured by the router */
     uint64_t router_overhead_ns;
     uint64_t router_overhead_cpu_ns;
+    /* new fields go here, at the end */
 };
 
 /** Called for each token; return non-zero to cancel the request. */
 typedef int (*kvr_gen_cb)(void *arg, const struct kvr_gen_token *tok);
 
-void kvr_gen_params_default(struct kvr_gen_params *p);
+/** Sets every field of p (size bytes, the caller's sizeof) to its default
+ *  and p->size to size.  Use kvr_gen_params_default(p). */
+void kvr_gen_params_init(struct kvr_gen_params *p, size_t size);
+#define kvr_gen_params_default(p) kvr_gen_params_init((p), sizeof(*(p)))
 
 /** Creates a client connected (asynchronously, as ZeroMQ does) to endpoint.
  *  @return KVR_OK; KVR_ERR_INVALID (bad endpoint); KVR_ERR_NO_MEMORY; KVR_ERR_IO. */
@@ -129,22 +147,32 @@ const char *kvr_client_error(const kvr_client_t *c);
 kvr_status_t kvr_client_ping(kvr_client_t *c, int timeout_ms);
 
 /** Generates, calling cb for every token, until the stream ends or
- *  timeout_ms passes (then the request is canceled).  res_p is filled in
- *  every case.  @return res_p->status; KVR_ERR_TIMEOUT. */
-kvr_status_t kvr_client_generate(kvr_client_t *c, const struct kvr_gen_params *p, kvr_gen_cb cb,
-                                 void *arg, int timeout_ms, struct kvr_gen_result *res_p);
+ *  timeout_ms passes (then the request is canceled).  *res_p (res_size
+ *  bytes, NULL allowed) is filled in every case.  Use kvr_client_generate().
+ *  @return res_p->status; KVR_ERR_TIMEOUT. */
+kvr_status_t kvr_client_generate_sized(kvr_client_t *c, const struct kvr_gen_params *p,
+                                       kvr_gen_cb cb, void *arg, int timeout_ms,
+                                       struct kvr_gen_result *res_p, size_t res_size);
+#define kvr_client_generate(c, p, cb, arg, timeout_ms, res_p)                                      \
+    kvr_client_generate_sized((c), (p), (cb), (arg), (timeout_ms), (res_p), sizeof(*(res_p)))
 
 /** Starts a stream (sends the request, does not wait).
- *  @return KVR_OK; KVR_ERR_INVALID (NULL params); KVR_ERR_NO_RESOURCE
+ *  @return KVR_OK; KVR_ERR_INVALID (NULL params, or params whose size is 0:
+ *          not set up by kvr_gen_params_default); KVR_ERR_NO_RESOURCE
  *          (send queue full); KVR_ERR_NO_MEMORY; KVR_ERR_IO. */
 kvr_status_t kvr_client_generate_start(kvr_client_t *c, const struct kvr_gen_params *p,
                                        kvr_gen_stream_t **stream_p);
-/** Next token of a stream.
+/** Next token of a stream, into *tok_p (tok_size bytes at most).  Use
+ *  kvr_gen_stream_next().
  *  @return KVR_OK (tok_p filled, valid until the next call on this client);
  *          KVR_ERR_CLOSED (the stream ended: kvr_gen_stream_result());
  *          KVR_ERR_TIMEOUT (nothing within timeout_ms; call again or cancel). */
-kvr_status_t kvr_gen_stream_next(kvr_gen_stream_t *s, int timeout_ms, struct kvr_gen_token *tok_p);
-/** The final status and usage, once next returned KVR_ERR_CLOSED. */
+kvr_status_t kvr_gen_stream_next_sized(kvr_gen_stream_t *s, int timeout_ms,
+                                       struct kvr_gen_token *tok_p, size_t tok_size);
+#define kvr_gen_stream_next(s, timeout_ms, tok_p)                                                  \
+    kvr_gen_stream_next_sized((s), (timeout_ms), (tok_p), sizeof(*(tok_p)))
+/** The final status and usage, once next returned KVR_ERR_CLOSED (the
+ *  library's struct: res->size tells which fields it has). */
 const struct kvr_gen_result *kvr_gen_stream_result(const kvr_gen_stream_t *s);
 /** Waits up to timeout_ms until a frame for any open stream (or call) of
  *  this client arrives, and files it with its stream; for a caller that
