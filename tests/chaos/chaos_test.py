@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """chaos_test.py - a 2 prefill + 2 decode cluster with CURVE on every socket,
-under a steady load of greedy requests with shared prefixes (a dozen in
-flight, kvr-chaos-client through libkvrail-client), while nodes fail one at
+under a steady load of greedy requests with shared prefixes (prompts of
+3 to 1,500 tokens, a dozen in flight, kvr-chaos-client through libkvrail-client), while nodes fail one at
 a time, each role both ways:
 
   kill -9 prefill0, restart it;   kill -9 decode1, restart it;
@@ -14,7 +14,8 @@ until the node is back (alive in `kvrail status`) before the next.
 Asserted:
 - no request hangs: every stream ends by itself before the client's own
   deadline (which is longer than the router's request deadline);
-- every request that completes has exactly `kvrail run`'s greedy tokens; every
+- every request that completes has exactly `kvrail run`'s greedy tokens and
+  logprobs (bit for bit); every
   other one failed with a status and a message saying why;
 - every fault is detected by the router (the node shown dead) and every
   node rejoins (alive again) and serves requests afterwards (its own
@@ -47,11 +48,11 @@ HB_MS, HB_TIMEOUT_MS = 100, 1000
 
 def prompts_with_shared_prefixes(n, seed=21, vocab=512):
     rng = random.Random(seed)
-    prefixes = [[rng.randrange(4, vocab) for _ in range(L)] for L in (48, 160, 320, 96)]
+    prefixes = [[rng.randrange(4, vocab) for _ in range(L)] for L in (48, 160, 320, 1100)]
     out = []
     for i in range(n):
         pre = prefixes[i % len(prefixes)] if i % 5 else []
-        suf = [rng.randrange(4, vocab) for _ in range(rng.randrange(3, 220))]
+        suf = [rng.randrange(4, vocab) for _ in range(rng.randrange(3, 401))]  # up to 1,500 in all
         out.append((pre + suf, rng.randrange(4, 14)))
     return out
 
@@ -122,7 +123,7 @@ def main():
     model = make_model(bins, wd)
     prompts = prompts_with_shared_prefixes(args.prompts)
     ref = reference(bins, model, prompts, jobs=2)
-    c = ClientCluster(bins, wd, model, n_prefill=2, n_decode=2, pool_blocks=512, lease_ms=3000,
+    c = ClientCluster(bins, wd, model, n_prefill=2, n_decode=2, pool_blocks=1024, lease_ms=3000,
                       local_prefill_tokens=8, extra_yaml="auth: curve\nkeys: keys\n")
     with open(c.config) as f:
         y = f.read()
