@@ -544,7 +544,7 @@ const char *lg_http_model(const struct lg_http *h)
 }
 
 int lg_http_send(struct lg_http *h, struct req *r, int idx, const uint32_t *ids, uint32_t n_ids,
-                 uint32_t max_tokens, uint64_t seed, bool ignore_eos)
+                 uint32_t max_tokens, const struct lg_sampling *sp, uint64_t seed, bool ignore_eos)
 {
     (void)idx;
     struct conn *c = NULL;
@@ -569,9 +569,13 @@ int lg_http_send(struct lg_http *h, struct req *r, int idx, const uint32_t *ids,
         rc = put(&body, &blen, &bcap, tmp, (size_t)n);
     }
     n = snprintf(tmp, sizeof tmp,
-                 "],\"max_tokens\":%u,\"temperature\":0,\"seed\":%llu,\"ignore_eos\":%s,"
+                 "],\"max_tokens\":%u,\"temperature\":%.9g,\"top_p\":%.9g,\"top_k\":%u,"
+                 "\"min_p\":%.9g,\"repetition_penalty\":%.9g,\"presence_penalty\":%.9g,"
+                 "\"frequency_penalty\":%.9g,\"seed\":%llu,\"ignore_eos\":%s,"
                  "\"logprobs\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
-                 max_tokens, (unsigned long long)seed, ignore_eos ? "true" : "false");
+                 max_tokens, sp->temperature, sp->top_p, sp->top_k, sp->min_p,
+                 sp->repetition_penalty, sp->presence_penalty, sp->frequency_penalty,
+                 (unsigned long long)seed, ignore_eos ? "true" : "false");
     if (rc == 0)
         rc = put(&body, &blen, &bcap, tmp, (size_t)n);
     char head[512];

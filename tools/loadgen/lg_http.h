@@ -5,8 +5,11 @@
  * API, so the two can be compared on one cluster.
  *
  * Each request is POST /v1/completions {"model", "prompt": [token ids],
- * "max_tokens", "temperature": 0, "seed", "ignore_eos", "logprobs": 0,
- * "stream": true, "stream_options": {"include_usage": true}} on a
+ * "max_tokens", the sampling parameters given ("temperature", "top_p",
+ * "top_k", "min_p", "repetition_penalty", "presence_penalty",
+ * "frequency_penalty"; greedy by default), "seed" (the request's, as the
+ * protobuf path), "ignore_eos", "logprobs": 0, "stream": true,
+ * "stream_options": {"include_usage": true}} on a
  * keep-alive connection (a pool: one per request in flight, reused when its
  * answer has ended); the SSE events are read as they come: an event's
  * tokens are counted by its logprobs.token_logprobs, the first one stamps
@@ -23,6 +26,12 @@
 
 struct lg_http;
 struct req;
+
+/** The sampling parameters every request carries (both paths). */
+struct lg_sampling {
+    double temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
+    uint32_t top_k; /* 0 = off */
+};
 
 /** What the caller does with an event of request r (loadgen.c). */
 struct lg_http_sink {
@@ -43,10 +52,11 @@ void lg_http_close(struct lg_http *h);
 /** The model id requests name. */
 const char *lg_http_model(const struct lg_http *h);
 
-/** Sends request r (index idx of the caller's array; ids, max_tokens).
+/** Sends request r (index idx of the caller's array; ids, max_tokens, its
+ *  sampling parameters and seed).
  *  @return 0; -1 with the reason in r's end callback already called. */
 int lg_http_send(struct lg_http *h, struct req *r, int idx, const uint32_t *ids, uint32_t n_ids,
-                 uint32_t max_tokens, uint64_t seed, bool ignore_eos);
+                 uint32_t max_tokens, const struct lg_sampling *sp, uint64_t seed, bool ignore_eos);
 /** Waits up to timeout_ms for input on the connections in flight and
  *  handles what came (through the sink). */
 void lg_http_poll(struct lg_http *h, int timeout_ms);

@@ -104,12 +104,25 @@ struct opts {
     int shared_prefix;
     double shared_frac;
     const char *label;
-    double temperature, presence_penalty, frequency_penalty; /* default greedy, none */
-    const char *openai;                                      /* http://HOST:PORT: the OpenAI mode */
+    struct lg_sampling sp;  /* default greedy, no filter, no penalty */
+    const char *openai;     /* http://HOST:PORT: the OpenAI mode */
     const char *model_name; /* its model id (default: GET /v1/models) */
 };
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+/* A sampling option's number, in [lo, hi]; 0 or -1 with the error printed. */
+static int sampling_arg(const char *name, const char *s, double lo, double hi, double *v_p)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "kvrail-loadgen: --%s '%s': want a number in [%g, %g]\n", name, s, lo, hi);
+        return -1;
+    }
+    *v_p = v;
+    return 0;
+}
 
 static uint64_t rnd(void)
 {
@@ -188,7 +201,10 @@ static void usage(FILE *f)
                "  --prompts FILE           JSON lines {\"id\",\"tokens\",\"max_tokens\"} instead\n"
                "  --no-ignore-eos          stop at EOS (synthetic load ignores EOS by default)\n"
                "  --temperature T          sample (default 0: greedy); request i uses seed i\n"
+               "  --top-p P --top-k K --min-p P --repetition-penalty R   (default 1, 0 = off,\n"
+               "                           0, 1)\n"
                "  --presence-penalty X --frequency-penalty X   (default 0)\n"
+               "                           (every sampling parameter goes with --openai too)\n"
                "  --slo-ttft-ms X --slo-tpot-ms Y   goodput SLOs (default 1000, 100)\n"
                "  --timeout-ms T           per-request deadline (default 120000)\n"
                "  --outputs FILE --csv FILE --summary-json FILE --plot FILE.png --label NAME\n"
@@ -436,9 +452,13 @@ static kvr_status_t send_generate(void *sock, const struct opts *o, struct req *
 {
     Kvrail__GenerateRequest g = KVRAIL__GENERATE_REQUEST__INIT;
     Kvrail__SamplingParams sp = KVRAIL__SAMPLING_PARAMS__INIT;
-    sp.temperature = (float)o->temperature;
-    sp.presence_penalty = (float)o->presence_penalty;
-    sp.frequency_penalty = (float)o->frequency_penalty;
+    sp.temperature = (float)o->sp.temperature;
+    sp.top_p = (float)o->sp.top_p;
+    sp.top_k = o->sp.top_k;
+    sp.min_p = (float)o->sp.min_p;
+    sp.repetition_penalty = (float)o->sp.repetition_penalty;
+    sp.presence_penalty = (float)o->sp.presence_penalty;
+    sp.frequency_penalty = (float)o->sp.frequency_penalty;
     sp.seed = r->id;
     sp.has_seed = 1;
     g.token_ids = r->tokens;
@@ -824,7 +844,8 @@ int main(int argc, char **argv)
                      .slo_tpot_ms = 100,
                      .timeout_ms = 120000,
                      .ignore_eos = true,
-                     .shared_frac = 0.5};
+                     .shared_frac = 0.5,
+                     .sp = {.top_p = 1, .repetition_penalty = 1}};
     enum {
         O_MODE = 256,
         O_RATE,
@@ -855,6 +876,10 @@ int main(int argc, char **argv)
         O_TEMP,
         O_PRES,
         O_FREQ,
+        O_TOPP,
+        O_TOPK,
+        O_MINP,
+        O_REP,
         O_ROUTER_KEY,
         O_CLIENT_KEY,
         O_MODEL_NAME,
@@ -893,6 +918,10 @@ int main(int argc, char **argv)
         {"temperature", required_argument, 0, O_TEMP},
         {"presence-penalty", required_argument, 0, O_PRES},
         {"frequency-penalty", required_argument, 0, O_FREQ},
+        {"top-p", required_argument, 0, O_TOPP},
+        {"top-k", required_argument, 0, O_TOPK},
+        {"min-p", required_argument, 0, O_MINP},
+        {"repetition-penalty", required_argument, 0, O_REP},
         {"router-key", required_argument, 0, O_ROUTER_KEY},
         {"client-key", required_argument, 0, O_CLIENT_KEY},
         {"model-name", required_argument, 0, O_MODEL_NAME},
@@ -994,14 +1023,40 @@ int main(int argc, char **argv)
             o.openai = optarg;
             break;
         case O_TEMP:
-            o.temperature = atof(optarg);
+            if (sampling_arg("temperature", optarg, 0, 100, &o.sp.temperature))
+                return 2;
             break;
         case O_PRES:
-            o.presence_penalty = atof(optarg);
+            if (sampling_arg("presence-penalty", optarg, -2, 2, &o.sp.presence_penalty))
+                return 2;
             break;
         case O_FREQ:
-            o.frequency_penalty = atof(optarg);
+            if (sampling_arg("frequency-penalty", optarg, -2, 2, &o.sp.frequency_penalty))
+                return 2;
             break;
+        case O_TOPP:
+            if (sampling_arg("top-p", optarg, 0, 1, &o.sp.top_p) || o.sp.top_p == 0) {
+                fprintf(stderr, "kvrail-loadgen: --top-p must be in (0, 1]\n");
+                return 2;
+            }
+            break;
+        case O_MINP:
+            if (sampling_arg("min-p", optarg, 0, 1, &o.sp.min_p))
+                return 2;
+            break;
+        case O_REP:
+            if (sampling_arg("repetition-penalty", optarg, 0.01, 100, &o.sp.repetition_penalty))
+                return 2;
+            break;
+        case O_TOPK: {
+            double k;
+            if (sampling_arg("top-k", optarg, 0, 1 << 24, &k) || k != (uint32_t)k) {
+                fprintf(stderr, "kvrail-loadgen: --top-k takes a whole number (0 = off)\n");
+                return 2;
+            }
+            o.sp.top_k = (uint32_t)k;
+            break;
+        }
         case O_ROUTER_KEY:
             setenv("KVRAIL_ROUTER_KEY", optarg, 1);
             break;
@@ -1127,8 +1182,8 @@ int main(int argc, char **argv)
             r->state = 1;
             if (http) {
                 int before = g_http_done;
-                (void)lg_http_send(http, r, next, r->tokens, r->ntokens, r->max_tokens, r->id,
-                                   o.ignore_eos);
+                (void)lg_http_send(http, r, next, r->tokens, r->ntokens, r->max_tokens, &o.sp,
+                                   r->id, o.ignore_eos);
                 inflight++;
                 done += g_http_done - before;
                 inflight -= g_http_done - before;
