@@ -12,9 +12,10 @@
  * and libmicrohttpd runs in the same turn of the loop, so a token crosses
  * no thread of ours.  A streamed answer's reader suspends the connection
  * when it has nothing to send.  While a connection is suspended
- * libmicrohttpd does not watch it, so its socket is in the loop's epoll set
- * for EPOLLRDHUP: a client that leaves cancels every stream of its request
- * at once (the router cancels both halves).  Deadlines are looked at ten
+ * libmicrohttpd does not watch it, so while a request runs its socket is in
+ * the loop's epoll set for EPOLLRDHUP (one-shot, added once per request):
+ * a client that leaves cancels every stream of its request at once (the
+ * router cancels both halves).  Deadlines are looked at ten
  * times a second, off the token path.  /ready's STATUS call runs on a
  * short-lived thread (at most READY_THREADS at once) that resumes its
  * connection when done.
@@ -121,18 +122,22 @@ static void active_del(struct hreq *h)
     h->prev = h->next = NULL;
 }
 
-/* Suspends h's connection, its socket watched for the peer leaving. */
+/* Watches h's socket, for as long as its request runs, for the peer leaving
+ * (one-shot: one event is all it takes).  libmicrohttpd does not watch a
+ * suspended connection, and a request waits suspended. */
+static void watch(struct hreq *h)
+{
+    struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLONESHOT, .data.ptr = h};
+    if (h->fd >= 0 && epoll_ctl(epfd_, EPOLL_CTL_ADD, h->fd, &ev) == 0)
+        h->watched = true;
+}
+
 static void suspend(struct hreq *h)
 {
     if (h->suspended || stopping)
         return;
     MHD_suspend_connection(h->conn);
     h->suspended = true;
-    if (h->fd >= 0 && epfd_ >= 0) {
-        struct epoll_event ev = {.events = EPOLLRDHUP, .data.ptr = h};
-        if (epoll_ctl(epfd_, EPOLL_CTL_ADD, h->fd, &ev) == 0)
-            h->watched = true;
-    }
 }
 
 /* Resumes h's connection (a run has something for it). */
@@ -141,10 +146,6 @@ static void wake(void *arg)
     struct hreq *h = arg;
     if (!h->suspended)
         return;
-    if (h->watched) {
-        epoll_ctl(epfd_, EPOLL_CTL_DEL, h->fd, NULL);
-        h->watched = false;
-    }
     h->suspended = false;
     MHD_resume_connection(h->conn);
 }
@@ -446,6 +447,7 @@ static enum MHD_Result start_completions(struct MHD_Connection *conn, struct hre
     if (st != KVR_OK)
         return send_error(conn, h, status, "", msg);
     active_add(h);
+    watch(h);
     suspend(h);
     return MHD_YES;
 }
@@ -775,7 +777,7 @@ void fe_http_serve(volatile sig_atomic_t *stop)
                 struct hreq *h = ev[i].data.ptr;
                 if (!h)
                     continue; /* libmicrohttpd's: MHD_run below */
-                /* a suspended connection's peer left (or half-closed) */
+                /* a running request's peer left (or half-closed) */
                 if (h->gen && h->gen->run)
                     fe_run_cancel(h->gen->run);
                 wake(h);

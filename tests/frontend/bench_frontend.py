@@ -72,6 +72,8 @@ def main():
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--mkmodel-args", default="", help="extra kvrail-mkmodel arguments")
+    ap.add_argument("--perf-record", metavar="FILE",
+                    help="record the frontend's profile (perf record -g) over the rounds")
     a = ap.parse_args()
     bins = cl.Bins(a)
     work = tempfile.mkdtemp(prefix="kvr-fe-bench-")
@@ -91,6 +93,11 @@ def main():
                     break
             except OSError:
                 time.sleep(0.1)
+        perf = None
+        if a.perf_record:
+            perf = cl.spawn(["perf", "record", "-g", "-o", a.perf_record, "-p", str(fe.pid)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1)  # perf attaches
         rows = {"http": [], "protobuf": []}
         for rnd in range(a.rounds):
             seed = 1000 + rnd * 2
@@ -122,6 +129,9 @@ def main():
                 "mean": (a1[1] - a0[1]) / max(1, a1[0] - a0[0]) * 1e6,
                 "p50_le": quantile_bound(a0[2], a1[2], 0.5),
                 "p99_le": quantile_bound(a0[2], a1[2], 0.99)}
+        if perf:
+            perf.send_signal(2)
+            perf.wait(timeout=60)
         med = {}
         for k, rs in rows.items():
             med[k] = {
