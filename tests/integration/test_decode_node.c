@@ -327,7 +327,8 @@ int main(int argc, char **argv)
     KVR_CHECK_EQ(reserved, 0); /* both quarantines ended with their 300 ms lease */
 
     /* exhaustion: 60 of 64 blocks reserved (2 cached are evicted for it),
-     * then 10 more do not fit; cancel frees them after the quarantine */
+     * then 10 more do not fit; cancel frees them after the quarantine (the
+     * writer p0 never answers: held for its 5 s lease, the fence's bound) */
     reserve(30, toks + 200, 100, 860, false, 5000, 0);
     rs = (Kvrail__Reserved *)expect(KVRAIL__METHOD__RESERVED, 5000);
     KVR_CHECK(rs && rs->request_id == 30);
@@ -342,7 +343,7 @@ int main(int argc, char **argv)
     expect_rejected(31, KVR_ERR_NO_RESOURCE, "KV pool full");
     nc.request_id = 30;
     send_msg(KVRAIL__METHOD__NODE_CANCEL, &nc.base);
-    deadline = kvr_deadline_ns(4000);
+    deadline = kvr_deadline_ns(9000);
     reserved = 99;
     while (kvr_now_ns() < deadline && reserved != 0) {
         hb = heartbeat();
