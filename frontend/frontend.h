@@ -92,6 +92,12 @@ void fe_metrics_ttft(uint64_t ns);
  *  (router receive -> first token sent), i.e. HTTP and JSON parsing, the
  *  hops to and from the router, and the first event's formatting. */
 void fe_metrics_added_ttft(uint64_t ns);
+/** A generation request's time in the frontend before the router has it
+ *  (body complete -> parsed, checked and sent). */
+void fe_metrics_to_router(uint64_t ns);
+/** A token's time in the frontend's loop (frame taken from the router
+ *  client -> its SSE event handed to the socket). */
+void fe_metrics_to_client(uint64_t ns);
 void fe_metrics_tokens(uint64_t prompt, uint64_t completion);
 void fe_metrics_inflight(int delta);
 void fe_metrics_connection(int delta, bool rejected);

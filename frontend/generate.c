@@ -159,6 +159,7 @@ struct fe_run {
     fe_wake_fn wake;
     void *wake_arg;
     bool want_tokens; /* streaming: wake on every token, not only the first and the end */
+    uint64_t t_rx;    /* the oldest frame taken and not yet streamed (0: none) */
     kvr_status_t err; /* the run failed here (canceled, timeout, router silent) */
     unsigned err_http;
     char err_msg[512];
@@ -403,6 +404,8 @@ void fe_run_on_stream(kvr_gen_stream_t *s)
     bool any = take_all(run, c);
     if (!any || run->err)
         return;
+    if (!run->t_rx)
+        run->t_rx = kvr_now_ns();
     if (run->want_tokens || c->ended || (!was_first && all_first(run)))
         run->wake(run->wake_arg);
 }
@@ -750,11 +753,18 @@ kvr_status_t fe_run_next_sse(struct fe_run *run, struct fe_buf *out)
             put_usage(&dummy, run); /* counts the tokens */
             fe_buf_free(&dummy);
         }
+        if (run->t_rx)
+            fe_metrics_to_client(kvr_now_ns() - run->t_rx);
         fe_buf_puts(out, "data: [DONE]\n\n");
         run->done_sent = true;
         return KVR_ERR_CLOSED;
     }
-    return out->len > before ? KVR_OK : KVR_INPROGRESS;
+    if (out->len == before)
+        return KVR_INPROGRESS;
+    if (run->t_rx) /* the frames these events carry: their time in the loop */
+        fe_metrics_to_client(kvr_now_ns() - run->t_rx);
+    run->t_rx = 0;
+    return KVR_OK;
 }
 
 void fe_run_free(struct fe_run *run)

@@ -415,6 +415,7 @@ static enum MHD_Result start_completions(struct MHD_Connection *conn, struct hre
 {
     char err[512], param[64] = "", msg[700];
     kvr_json_doc_t *doc = NULL;
+    uint64_t t_body = kvr_now_ns();
     if (h->body.oom)
         return send_error(conn, h, 500, "", "out of memory reading the request body");
     if (kvr_json_parse(h->body.p ? h->body.p : "", h->body.len, &doc, err, sizeof(err)) != KVR_OK) {
@@ -446,6 +447,7 @@ static enum MHD_Result start_completions(struct MHD_Connection *conn, struct hre
     st = fe_run_start(&g->req, router_, h->t0, wake, h, &g->run, &status, msg, sizeof(msg));
     if (st != KVR_OK)
         return send_error(conn, h, status, "", msg);
+    fe_metrics_to_router(kvr_now_ns() - t_body);
     active_add(h);
     watch(h);
     suspend(h);

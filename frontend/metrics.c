@@ -42,7 +42,10 @@ struct hist {
 static const double fine[] = {0.00005, 0.0001, 0.0002, 0.0005, 0.001,
                               0.002,   0.005,  0.01,   0.02,   0.05};
 #define N_FINE (sizeof(fine) / sizeof(fine[0]))
-static atomic_uint_fast64_t added_count[N_FINE + 1], added_sum_ns;
+struct fine_hist {
+    atomic_uint_fast64_t count[N_FINE + 1], sum_ns;
+};
+static struct fine_hist added, to_router, to_client;
 
 static atomic_uint_fast64_t requests[FE_EP_COUNT][N_CODES];
 static struct hist duration[FE_EP_COUNT];
@@ -53,6 +56,23 @@ static atomic_uint_fast64_t rejected, bad_http, prompt_tokens, gen_tokens;
 const char *fe_endpoint_name(enum fe_endpoint ep)
 {
     return ep < FE_EP_COUNT ? ep_names[ep] : "other";
+}
+
+static void render_fine(struct fe_buf *b, const char *name, const char *base, struct fine_hist *h)
+{
+    uint64_t cum = 0;
+    for (size_t i = 0; i <= N_FINE; i++) {
+        cum += atomic_load_explicit(&h->count[i], memory_order_relaxed);
+        if (i < N_FINE)
+            fe_buf_printf(b, "%s_bucket{%s,le=\"%g\"} %llu\n", name, base, fine[i],
+                          (unsigned long long)cum);
+        else
+            fe_buf_printf(b, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, base,
+                          (unsigned long long)cum);
+    }
+    fe_buf_printf(b, "%s_sum{%s} %.9f\n", name, base,
+                  (double)atomic_load_explicit(&h->sum_ns, memory_order_relaxed) / 1e9);
+    fe_buf_printf(b, "%s_count{%s} %llu\n", name, base, (unsigned long long)cum);
 }
 
 static void observe(struct hist *h, uint64_t ns)
@@ -84,14 +104,29 @@ void fe_metrics_ttft(uint64_t ns)
     observe(&ttft, ns);
 }
 
-void fe_metrics_added_ttft(uint64_t ns)
+static void observe_fine(struct fine_hist *h, uint64_t ns)
 {
     double s = (double)ns / 1e9;
     size_t i = 0;
     while (i < N_FINE && s > fine[i])
         i++;
-    atomic_fetch_add_explicit(&added_count[i], 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&added_sum_ns, ns, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->count[i], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->sum_ns, ns, memory_order_relaxed);
+}
+
+void fe_metrics_added_ttft(uint64_t ns)
+{
+    observe_fine(&added, ns);
+}
+
+void fe_metrics_to_router(uint64_t ns)
+{
+    observe_fine(&to_router, ns);
+}
+
+void fe_metrics_to_client(uint64_t ns)
+{
+    observe_fine(&to_client, ns);
 }
 
 void fe_metrics_tokens(uint64_t prompt, uint64_t completion)
@@ -211,20 +246,17 @@ void fe_metrics_render(struct fe_buf *b)
                    "TTFT minus the router's (HTTP and JSON parsing, the hops to and from the "
                    "router, the first event).\n"
                    "# TYPE kvrail_frontend_added_ttft_seconds histogram\n");
-    uint64_t cum = 0;
-    for (size_t i = 0; i <= N_FINE; i++) {
-        cum += ld(&added_count[i]);
-        if (i < N_FINE)
-            fe_buf_printf(b, "kvrail_frontend_added_ttft_seconds_bucket{%s,le=\"%g\"} %llu\n", base,
-                          fine[i], (unsigned long long)cum);
-        else
-            fe_buf_printf(b, "kvrail_frontend_added_ttft_seconds_bucket{%s,le=\"+Inf\"} %llu\n",
-                          base, (unsigned long long)cum);
-    }
-    fe_buf_printf(b, "kvrail_frontend_added_ttft_seconds_sum{%s} %.9f\n", base,
-                  (double)ld(&added_sum_ns) / 1e9);
-    fe_buf_printf(b, "kvrail_frontend_added_ttft_seconds_count{%s} %llu\n", base,
-                  (unsigned long long)cum);
+    render_fine(b, "kvrail_frontend_added_ttft_seconds", base, &added);
+    fe_buf_puts(b, "# HELP kvrail_frontend_to_router_seconds A generation request's time in the "
+                   "frontend before the router has it: body complete -> parsed, checked and "
+                   "sent (ZeroMQ queue).\n"
+                   "# TYPE kvrail_frontend_to_router_seconds histogram\n");
+    render_fine(b, "kvrail_frontend_to_router_seconds", base, &to_router);
+    fe_buf_puts(b, "# HELP kvrail_frontend_to_client_seconds A token's time in the frontend's "
+                   "loop: its frame taken from the router client -> its SSE event handed to "
+                   "the socket.\n"
+                   "# TYPE kvrail_frontend_to_client_seconds histogram\n");
+    render_fine(b, "kvrail_frontend_to_client_seconds", base, &to_client);
     fe_buf_puts(b, "# HELP kvrail_frontend_request_duration_seconds Every HTTP request, by "
                    "endpoint.\n"
                    "# TYPE kvrail_frontend_request_duration_seconds histogram\n");

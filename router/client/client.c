@@ -295,13 +295,17 @@ static bool monitor(kvr_client_t *c)
 static kvr_status_t pump_fd(kvr_client_t *c, uint64_t deadline, int fd, bool *fd_ready)
 {
     bool got = false;
+    /* the monitor is read when its socket is readable (or the call will not
+     * poll): one ZeroMQ call less per wake-up */
+    bool mon_check = kvr_now_ns() >= deadline;
     for (;;) {
         kvr_proto_frame_t f;
         char err[256];
         kvr_status_t st = kvr_proto_recv(c->sock, false, &f, err, sizeof(err));
         if (st == KVR_ERR_NO_RESOURCE) {
-            if (monitor(c))
+            if (mon_check && monitor(c))
                 got = true;
+            mon_check = false;
             if (got || (fd_ready && *fd_ready))
                 return KVR_OK;
             uint64_t now = kvr_now_ns();
@@ -317,6 +321,7 @@ static kvr_status_t pump_fd(kvr_client_t *c, uint64_t deadline, int fd, bool *fd
                 n = 1;
             long ms = (long)((deadline - now + 999999) / 1000000u);
             int rc = zmq_poll(it, n, ms);
+            mon_check = rc > 0 && c->mon && (it[n - 1].revents & ZMQ_POLLIN);
             if (rc > 0 && fd >= 0 && (it[1].revents & ZMQ_POLLIN))
                 *fd_ready = true;
             else if (rc < 0 && fd >= 0 && zmq_errno() == EINTR)

@@ -37,19 +37,26 @@ def cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def added_ttft(base):
-    """(count, sum_s, {le: cumulative}) of kvrail_frontend_added_ttft_seconds"""
+FINE = ("added_ttft", "to_router", "to_client")
+
+
+def fine_hists(base):
+    """{name: (count, sum_s, {le: cumulative})} of kvrail_frontend_NAME_seconds"""
     text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
-    count, total, buckets = 0, 0.0, {}
-    for line in text.splitlines():
-        if line.startswith("kvrail_frontend_added_ttft_seconds_bucket"):
-            le = line.split(',le="')[1].split('"')[0]
-            buckets[le] = int(line.rsplit(" ", 1)[1])
-        elif line.startswith("kvrail_frontend_added_ttft_seconds_sum"):
-            total = float(line.rsplit(" ", 1)[1])
-        elif line.startswith("kvrail_frontend_added_ttft_seconds_count"):
-            count = int(line.rsplit(" ", 1)[1])
-    return count, total, buckets
+    out = {}
+    for name in FINE:
+        m = "kvrail_frontend_%s_seconds" % name
+        count, total, buckets = 0, 0.0, {}
+        for line in text.splitlines():
+            if line.startswith(m + "_bucket"):
+                le = line.split(',le="')[1].split('"')[0]
+                buckets[le] = int(line.rsplit(" ", 1)[1])
+            elif line.startswith(m + "_sum"):
+                total = float(line.rsplit(" ", 1)[1])
+            elif line.startswith(m + "_count"):
+                count = int(line.rsplit(" ", 1)[1])
+        out[name] = (count, total, buckets)
+    return out
 
 
 def quantile_bound(b0, b1, q):
@@ -112,7 +119,7 @@ def main():
             with open(sj) as f:
                 rows["protobuf"].append(json.load(f))
             c0 = cpu_s(fe.pid)
-            a0 = added_ttft(base)
+            a0 = fine_hists(base)
             sj = os.path.join(work, "http%d.json" % rnd)
             r = cl.run([bins.loadgen, "--openai", base, "--mode", "closed", "--concurrency",
                         str(a.concurrency), "--requests", str(a.requests), "--prompt-len",
@@ -124,11 +131,13 @@ def main():
             with open(sj) as f:
                 rows["http"].append(json.load(f))
             rows["http"][-1]["frontend_cpu_s"] = cpu_s(fe.pid) - c0
-            a1 = added_ttft(base)
-            rows["http"][-1]["added_ttft_us"] = {
-                "mean": (a1[1] - a0[1]) / max(1, a1[0] - a0[0]) * 1e6,
-                "p50_le": quantile_bound(a0[2], a1[2], 0.5),
-                "p99_le": quantile_bound(a0[2], a1[2], 0.99)}
+            a1 = fine_hists(base)
+            for name in FINE:
+                h0, h1 = a0[name], a1[name]
+                rows["http"][-1][name + "_us"] = {
+                    "mean": (h1[1] - h0[1]) / max(1, h1[0] - h0[0]) * 1e6,
+                    "p50_le": quantile_bound(h0[2], h1[2], 0.5),
+                    "p99_le": quantile_bound(h0[2], h1[2], 0.99)}
         if perf:
             perf.send_signal(2)
             perf.wait(timeout=60)
@@ -161,11 +170,16 @@ def main():
         fcpu = statistics.median(x["frontend_cpu_s"] / (a.requests + 8) for x in rows["http"])
         print("kvrail-frontend CPU time: %.0f us per request (%d output tokens), warm-up included"
               % (fcpu * 1e6, a.output_len))
-        print("kvrail-frontend's own share of TTFT (its TTFT minus the router's, from /metrics): "
-              "mean %s us; p50 <= %s s, p99 <= %s s per round" % (
-                  ", ".join("%.0f" % x["added_ttft_us"]["mean"] for x in rows["http"]),
-                  ", ".join(x["added_ttft_us"]["p50_le"] for x in rows["http"]),
-                  ", ".join(x["added_ttft_us"]["p99_le"] for x in rows["http"])))
+        for name, what in (("added_ttft", "its TTFT minus the router's"),
+                           ("to_router", "request body complete -> sent to the router"),
+                           ("to_client", "token frame taken -> its SSE event handed to the socket")):
+            print("kvrail-frontend %s (%s, from /metrics): mean %s us; p50 <= %s s, p99 <= %s s "
+                  "per round" % (name, what,
+                                 ", ".join("%.0f" % x[name + "_us"]["mean"] for x in rows["http"]),
+                                 ", ".join(x[name + "_us"]["p50_le"] for x in rows["http"]),
+                                 ", ".join(x[name + "_us"]["p99_le"] for x in rows["http"])))
+        la = os.getloadavg()
+        print("load average at the end: %.2f %.2f %.2f" % la)
         print("raw rounds: " + json.dumps(rows))
     finally:
         cl.reap_all()
