@@ -157,22 +157,42 @@ static kvr_status_t check_layout(rt_t *r, const struct rt_node *self,
         }
     /* Compared with the live nodes only: a node that registered with a wrong
      * model and died (or a bogus first registration) must not lock out the
-     * real nodes until the router restarts. */
+     * real nodes until the router restarts.  The KV layout field by field
+     * first (a prefill node's blocks must be byte for byte a decode node's),
+     * then the model fingerprint. */
     for (int i = 0; i < r->n_nodes; i++) {
         const struct rt_node *o = &r->nodes[i];
         if (o == self || !o->registered || !o->alive)
             continue;
+        const struct {
+            const char *what;
+            uint32_t mine, theirs;
+        } f[] = {
+            {"block_size (tokens per block)", l->block_size, o->block_size},
+            {"layers", l->layers, o->layers},
+            {"kv_heads", l->kv_heads, o->kv_heads},
+            {"head_dim", l->head_dim, o->head_dim},
+            {"max_context", l->max_context, o->max_context},
+            {"vocab_size", l->vocab_size, o->vocab_size},
+        };
+        for (size_t k = 0; k < sizeof f / sizeof f[0]; k++)
+            if (f[k].mine != f[k].theirs && (k < 4 || f[k].mine)) { /* model sizes: when given */
+                snprintf(err, err_len,
+                         "register: KV layout field %s is %u, but live node %s has %u (every node "
+                         "must run the same model with the same cluster file)",
+                         f[k].what, f[k].mine, o->name, f[k].theirs);
+                return KVR_ERR_MISMATCH;
+            }
+        if (strcmp(o->dtype, l->dtype ? l->dtype : "")) {
+            snprintf(err, err_len,
+                     "register: KV layout field dtype is '%s', but live node %s has '%s' (every "
+                     "node must run with the same kv_dtype)",
+                     l->dtype ? l->dtype : "", o->name, o->dtype);
+            return KVR_ERR_MISMATCH;
+        }
         if (strcmp(o->fingerprint, q->model_fingerprint ? q->model_fingerprint : "")) {
             snprintf(err, err_len, "register: model fingerprint '%s' differs from node %s's '%s'",
                      q->model_fingerprint, o->name, o->fingerprint);
-            return KVR_ERR_MISMATCH;
-        }
-        if (o->layers != l->layers || o->kv_heads != l->kv_heads || o->head_dim != l->head_dim ||
-            strcmp(o->dtype, l->dtype ? l->dtype : "")) {
-            snprintf(err, err_len,
-                     "register: KV layout %ux%ux%u %s differs from node %s's %ux%ux%u %s",
-                     l->layers, l->kv_heads, l->head_dim, l->dtype, o->name, o->layers, o->kv_heads,
-                     o->head_dim, o->dtype);
             return KVR_ERR_MISMATCH;
         }
     }

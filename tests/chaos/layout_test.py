@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""layout_test.py - the router compares a registering node's KV layout
+with the live nodes' field by field (a prefill node's blocks must be byte
+for byte a decode node's), not only with the cluster file, and a mismatch
+is refused at registration with a message naming the field and both
+values.
+
+1P+1D (auth: none) and a third node entry, prefill9, that nothing runs:
+kvr-rogue-peer registers as prefill9 with the live nodes' model
+fingerprint and their layout but for one field at a time (layers,
+kv_heads, head_dim), and with another KV dtype.  Asserted: each is refused
+(a non-zero REPLY) with "field F is X, but live node N has Y" (the dtype:
+the cluster file's value and its own); the exact layout registers (the
+control); the real nodes stay alive.
+"""
+import argparse
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+from cluster_lib import (Bins, Cluster, add_bin_args, check, make_model, run,  # noqa
+                         run_main, workdir)
+
+
+def register(args, c, layers, heads, hdim, dtype, fp):
+    r = run([args.rogue, "--endpoint", c.node_ep, "--name", "prefill9", "--role", "prefill",
+             "--layers", str(layers), "--kv-heads", str(heads), "--head-dim", str(hdim),
+             "--dtype", dtype, "--fingerprint", fp, "--wait-ms", "3000"], timeout=30)
+    check(r.returncode == 0, "kvr-rogue-peer failed: %s" % r.stderr)
+    line = [ln for ln in r.stdout.split("\n") if ln.startswith(("REPLY", "NO-REPLY"))]
+    check(line, "kvr-rogue-peer printed no reply: %s" % r.stdout)
+    return line[0]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    add_bin_args(ap)
+    ap.add_argument("--rogue", required=True)
+    args = ap.parse_args()
+    bins = Bins(args)
+    wd = workdir("kvr-layout-")
+    model = make_model(bins, wd, [])
+    extra = "\n".join(["  - name: prefill9", "    role: prefill", "    transport:",
+                       "      backend: ucx", ""])
+    c = Cluster(bins, wd, model, n_prefill=1, n_decode=1, extra_yaml=extra)
+    try:
+        c.start()
+        with open(c.logs["router"]) as f:
+            log = f.read()
+        m = re.search(r"node decode0 registered: decode, \S+ transport, layout (\d+)x(\d+)x(\d+) "
+                      r"(\S+) bs \d+, \d+ blocks, model (\S+)", log)
+        check(m, "no registration line of decode0 in the router's log")
+        layers, heads, hdim = (int(x) for x in m.groups()[:3])
+        dtype, fp = m.group(4), m.group(5)
+        cases = [("layers", (layers + 1, heads, hdim), layers + 1, layers),
+                 ("kv_heads", (layers, heads * 2, hdim), heads * 2, heads),
+                 ("head_dim", (layers, heads, hdim + 8), hdim + 8, hdim)]
+        for field, (L, H, D), mine, theirs in cases:
+            got = register(args, c, L, H, D, dtype, fp)
+            print("prefill9 with %s %d (live nodes: %d): %s" % (field, mine, theirs, got))
+            check(got.startswith("REPLY") and not got.startswith("REPLY 0 "),
+                  "a node with %s %d was not refused: %s" % (field, mine, got))
+            check(re.search(r"field %s is %d, but live node (prefill0|decode0) has %d" %
+                            (field, mine, theirs), got),
+                  "the refusal does not name the field %s and both values: %s" % (field, got))
+        other = "bf16" if dtype != "bf16" else "f16"
+        got = register(args, c, layers, heads, hdim, other, fp)
+        print("prefill9 with dtype %s: %s" % (other, got))
+        check("'%s'" % other in got and dtype in got and not got.startswith("REPLY 0 "),
+              "a node with KV dtype %s was not refused naming both dtypes: %s" % (other, got))
+        got = register(args, c, layers, heads, hdim, dtype, fp)
+        print("prefill9 with the live nodes' layout (control): %s" % got)
+        check(got.startswith("REPLY 0"), "the matching layout was refused: %s" % got)
+        st = c.status() or {}
+        alive = {n["name"] for n in st.get("nodes", []) if n.get("alive")}
+        check({"prefill0", "decode0"} <= alive, "real nodes not alive after the refusals: %s" %
+              alive)
+        c.check_alive()
+    finally:
+        c.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
