@@ -215,6 +215,22 @@ kvr_status_t kvr_xfer_peer_status(const kvr_xfer_peer_t *peer);
  *  (e.g. "rc_mlx5/mlx5_0:1", "tcp/lo", "posix/memory"). */
 const char *kvr_xfer_peer_transports(const kvr_xfer_peer_t *peer);
 
+/** One rail (a local NIC paired with a remote one) of a connection. */
+struct kvr_xfer_rail_stats {
+    char local[48];      /* "rxe0:1" */
+    char remote[48];     /* the target's device, "rxe1:1" */
+    uint64_t bytes;      /* data bytes posted on the rail (again after a failover) */
+    uint64_t bytes_done; /* of those, completed on the rail */
+    uint64_t failovers;  /* times the rail failed and its transfers moved to others */
+    uint32_t down;       /* 1: failed, resting or being probed; carries nothing */
+    uint32_t notif;      /* 1: the rail notifications are sent on now */
+};
+
+/** The rails of a connection (verbs; 0 for backends without rails): fills
+ *  up to cap entries and returns how many rails the connection has. */
+size_t kvr_xfer_peer_rails(const kvr_xfer_peer_t *peer, struct kvr_xfer_rail_stats *rails,
+                           size_t cap);
+
 /** Unpacks a remote key blob received from the peer.
  *  @return KVR_OK; KVR_ERR_INVALID / KVR_ERR_CORRUPT; KVR_ERR_VERSION;
  *          KVR_ERR_MISMATCH; KVR_ERR_PEER_FAILURE; KVR_ERR_NO_MEMORY. */

@@ -656,6 +656,13 @@ const char *kvr_xfer_peer_transports(const kvr_xfer_peer_t *p)
     return p->transports[0] ? p->transports : "unknown";
 }
 
+size_t kvr_xfer_peer_rails(const kvr_xfer_peer_t *p, struct kvr_xfer_rail_stats *rails, size_t cap)
+{
+    if (!p || (cap && !rails) || !p->engine->ops->peer_rails)
+        return 0;
+    return p->engine->ops->peer_rails(p, rails, cap);
+}
+
 void kvr_xfer_peer_fail(kvr_xfer_peer_t *p, kvr_status_t s, const char *why)
 {
     if (p->status != KVR_OK)

@@ -139,6 +139,8 @@ struct kvr_xfer_ops {
      * deregisters it (peers then see the engine go away, not a bad key), and
      * lets what is in flight finish, bounded.  optional: default none */
     void (*engine_quiesce)(kvr_xfer_engine_t *e);
+    /* the connection's rails (kvr_xfer_peer_rails).  optional: default none */
+    size_t (*peer_rails)(const kvr_xfer_peer_t *p, struct kvr_xfer_rail_stats *rails, size_t cap);
 };
 
 /* --- services of the core, for backends --- */

@@ -6,6 +6,7 @@
 #
 #   rxe_lo  on lo                  GID 1 = ::ffff:127.0.0.1
 #   rxe0    on veth0 (10.77.0.1)   rxe1 on veth1 (10.77.0.2)
+#   rxe2    on veth2 (10.78.0.1)   rxe3 on veth3 (10.78.0.2)   (a second link)
 #
 # Every guest test runs under `timeout`; the whole VM is bounded by vm.py.
 RES=$1
@@ -44,7 +45,7 @@ fail_all() {
 TESTS_LO="verbs_conformance:60 verbs_pair_lo:60 verbs_bad_rkey:30 verbs_kvrail_bench:60
        verbs_cluster_1p1d:120"
 TESTS_VETH="rdma_devices:30 verbs_pair_veth:90 verbs_peer_death:60 verbs_mismatch:30
-       verbs_failover:90"
+       verbs_failover:90 verbs_linkdown:240"
 # `vm.py --mode bench` (a file "mode" in the results directory) runs the benchmark only
 if [ "$(cat "$RES/mode" 2>/dev/null)" = bench ]; then
     TESTS_LO="verbs_bench:1200"
@@ -76,20 +77,32 @@ ip link set veth0 up
 ip link set veth1 up
 rdma link add rxe0 type rxe netdev veth0 || fail_all "rdma link add rxe0"
 rdma link add rxe1 type rxe netdev veth1 || fail_all "rdma link add rxe1"
-log "rxe0, rxe1 created"
+# the second link: verbs_linkdown takes links down under a transfer; without
+# DAD its link-local GIDs come back as soon as a link is up again
+ip link add veth2 type veth peer name veth3 || fail_all "ip link add veth2"
+for i in 0 1 2 3; do echo 0 > /proc/sys/net/ipv6/conf/veth$i/accept_dad; done
+ip addr add 10.78.0.1/24 dev veth2
+ip addr add 10.78.0.2/24 dev veth3
+ip link set veth2 up
+ip link set veth3 up
+rdma link add rxe2 type rxe netdev veth2 || fail_all "rdma link add rxe2"
+rdma link add rxe3 type rxe netdev veth3 || fail_all "rdma link add rxe3"
+log "rxe0, rxe1, rxe2, rxe3 created"
 
 # wait (bounded) until the link-local and IPv4-mapped GIDs of both veth devices exist
 wait_veth_gids() {
     i=0
     while [ $i -lt 100 ]; do
         a=$(cat /sys/class/infiniband/rxe0/ports/1/gids/0 /sys/class/infiniband/rxe0/ports/1/gids/1 \
-            /sys/class/infiniband/rxe1/ports/1/gids/0 /sys/class/infiniband/rxe1/ports/1/gids/1 2>/dev/null)
-        case "$a" in fe80*ffff:0a4d:0001*fe80*ffff:0a4d:0002*) break ;; esac
+            /sys/class/infiniband/rxe1/ports/1/gids/0 /sys/class/infiniband/rxe1/ports/1/gids/1 \
+            /sys/class/infiniband/rxe2/ports/1/gids/0 /sys/class/infiniband/rxe2/ports/1/gids/1 \
+            /sys/class/infiniband/rxe3/ports/1/gids/0 /sys/class/infiniband/rxe3/ports/1/gids/1 2>/dev/null)
+        case "$a" in fe80*ffff:0a4d:0001*fe80*ffff:0a4d:0002*fe80*ffff:0a4e:0001*fe80*ffff:0a4e:0002*) break ;; esac
         sleep 0.1
         i=$((i + 1))
     done
     rdma link show
-    for d in rxe_lo rxe0 rxe1; do
+    for d in rxe_lo rxe0 rxe1 rxe2 rxe3; do
         for g in 0 1; do
             echo "$d gid[$g] $(cat /sys/class/infiniband/$d/ports/1/gids/$g 2>/dev/null)" \
                 "$(cat /sys/class/infiniband/$d/ports/1/gid_attrs/types/$g 2>/dev/null)"
@@ -112,6 +125,8 @@ cmd_of() {
         $BIN/test_verbs_pair --case pair --dev-a rxe0:1:0,rxe_lo:1:1 --dev-b rxe1:1:0,rxe_lo:1:1 --rounds 2" ;;
     verbs_peer_death) echo "$BIN/test_verbs_pair --case death --dev-a rxe0 --dev-b rxe1 --gid-a 0 --gid-b 0" ;;
     verbs_failover) echo "$BIN/test_verbs_pair --case failover --dev-a rxe0:1:0,rxe_lo:1:1 --dev-b rxe1:1:0,rxe_lo:1:1" ;;
+    verbs_linkdown) echo "$BIN/test_verbs_pair --case linkdown --dev-a rxe0:1:0,rxe2:1:0 --dev-b rxe1:1:0,rxe3:1:0 \
+        --link0 veth0 --link1 veth2 --mib 256" ;;
     verbs_bad_rkey) echo "$BIN/test_verbs_pair --case badkey --dev-a rxe_lo --dev-b rxe_lo" ;;
     verbs_mismatch) echo "$BIN/test_verbs_pair --case mismatch --dev-a rxe0 --dev-b rxe1" ;;
     verbs_kvrail_bench) echo "$BUILD/tools/bench/kvrail-bench --backend verbs --devices rxe_lo --pool-size 16M \

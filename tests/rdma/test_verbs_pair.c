@@ -29,6 +29,18 @@
  *                    a zero-length WRITE) and a write over both is verified;
  *                    a reconnection has both rails too; then a new initiator
  *                    whose two rails both fail: KVR_ERR_PEER_FAILURE within 5 s
+ *   --case linkdown  two rails on two veth pairs (--link0/--link1 name the
+ *                    initiator's netdev of each): rail 1's link taken down
+ *                    (SIOCSIFFLAGS, as `ip link set down`) under a striped
+ *                    --mib MiB write notified at once: it completes, every
+ *                    byte verified at the notification, the failover counted,
+ *                    detection time and throughput in the second after
+ *                    printed; link up: the probe brings the rail back and the
+ *                    next write is striped over both (per-rail bytes); rail
+ *                    0's link - the notifications' rail - down under a write:
+ *                    its notification arrives on rail 1 after the data; both
+ *                    links down: KVR_ERR_PEER_FAILURE within 5 s; both up: a
+ *                    new connection stripes over both (later writes: --mib-next)
  *   --case bench     write bandwidth of one size and batch (by hand)
  *   --case nodev     (on the host) no RDMA device: engine create fails cleanly
  *                    with KVR_ERR_NO_RDMA
@@ -49,10 +61,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define REGION (8u << 20)
+#define SIDE (8u << 20) /* the target's READ source and the initiator's READ sink */
+/* the target's write region and the initiator's source: 8 MiB, or --mib */
+static uint64_t region = 8u << 20;
+#define REGION region
+/* the bytes the lists of the current round cover (a prefix of the region):
+ * perm_list(), fill_round(), write_round(); the target checks what the
+ * notification names */
+static uint64_t span = 8u << 20;
 
 static const char *dev_a = "rxe_lo", *dev_b = "rxe_lo";
 static int gid_a = -1, gid_b = -1;
@@ -133,11 +155,12 @@ static void target_cb(void *arg, const void *msg, size_t len)
         t->quit = 1;
         return;
     }
-    if (sscanf(m, "round %u", &round) != 1) {
+    unsigned long long upto = REGION;
+    if (sscanf(m, "round %u %llu", &round, &upto) < 1 || upto > REGION) {
         snprintf(ans, sizeof(ans), "bad message");
     } else {
         uint64_t bad = UINT64_MAX;
-        for (uint64_t o = 0; o < REGION; o += 8)
+        for (uint64_t o = 0; o < upto; o += 8)
             if (*word(t->rbuf, o) != pat(round, o)) {
                 bad = o;
                 break;
@@ -160,14 +183,14 @@ static void target_main(int blob_fd, int res_fd)
     kvr_xfer_engine_t *e;
     KVR_CHECK_STATUS(make_engine(dev_b, gid_b, target_cb, &t, &e), KVR_OK);
     t.rbuf = aligned_alloc(4096, REGION);
-    uint8_t *sbuf = aligned_alloc(4096, REGION), *xbuf = aligned_alloc(4096, 1 << 20);
+    uint8_t *sbuf = aligned_alloc(4096, SIDE), *xbuf = aligned_alloc(4096, 1 << 20);
     KVR_CHECK(t.rbuf && sbuf && xbuf);
     memset(t.rbuf, 0, REGION);
-    for (uint64_t o = 0; o < REGION; o += 8)
+    for (uint64_t o = 0; o < SIDE; o += 8)
         *word(sbuf, o) = pat(1000, o);
     kvr_xfer_mem_t *mr, *ms, *mx;
     KVR_CHECK_STATUS(kvr_xfer_mem_reg(e, t.rbuf, REGION, KVR_MEM_HOST, 0, &mr), KVR_OK);
-    KVR_CHECK_STATUS(kvr_xfer_mem_reg(e, sbuf, REGION, KVR_MEM_HOST, 0, &ms), KVR_OK);
+    KVR_CHECK_STATUS(kvr_xfer_mem_reg(e, sbuf, SIDE, KVR_MEM_HOST, 0, &ms), KVR_OK);
     KVR_CHECK_STATUS(kvr_xfer_mem_reg(e, xbuf, 1 << 20, KVR_MEM_HOST, 0, &mx), KVR_OK);
     void *b;
     size_t l;
@@ -181,7 +204,7 @@ static void target_main(int blob_fd, int res_fd)
         free(b);
     }
     kvr_xfer_mem_dereg(mx); /* its rkey is now stale */
-    uint64_t deadline = kvr_deadline_ns(60000);
+    uint64_t deadline = kvr_deadline_ns(300000);
     while (!t.quit && kvr_now_ns() < deadline)
         if (kvr_xfer_progress(e) == 0)
             usleep(50);
@@ -243,7 +266,7 @@ static void expect_verdict(kvr_xfer_engine_t *e, struct target_proc *tp, unsigne
 {
     char line[64];
     size_t have = 0;
-    uint64_t deadline = kvr_deadline_ns(20000);
+    uint64_t deadline = kvr_deadline_ns(60000);
     while (have < sizeof(line)) {
         kvr_xfer_progress(e);
         ssize_t n = read(tp->res_fd, line + have, sizeof(line) - have);
@@ -285,17 +308,17 @@ static void init_setup(struct init *in)
 {
     KVR_CHECK_STATUS(make_engine(dev_a, gid_a, NULL, NULL, &in->e), KVR_OK);
     in->lbuf = aligned_alloc(4096, REGION);
-    in->lbuf2 = aligned_alloc(4096, REGION);
+    in->lbuf2 = aligned_alloc(4096, SIDE);
     KVR_CHECK(in->lbuf && in->lbuf2);
     KVR_CHECK_STATUS(kvr_xfer_mem_reg(in->e, in->lbuf, REGION, KVR_MEM_HOST, 0, &in->lm), KVR_OK);
-    KVR_CHECK_STATUS(kvr_xfer_mem_reg(in->e, in->lbuf2, REGION, KVR_MEM_HOST, 0, &in->lm2), KVR_OK);
+    KVR_CHECK_STATUS(kvr_xfer_mem_reg(in->e, in->lbuf2, SIDE, KVR_MEM_HOST, 0, &in->lm2), KVR_OK);
 }
 
 /* a permuted list of n blocks of bs bytes over the whole region */
 static kvr_xfer_dlist_t *perm_list(struct init *in, enum kvr_xfer_op op, kvr_xfer_mem_t *lm,
                                    kvr_xfer_rmem_t *rm, uint32_t bs, uint32_t *map)
 {
-    uint32_t n = REGION / bs;
+    uint32_t n = span / bs;
     struct kvr_xfer_desc *d = calloc(n, sizeof(*d));
     KVR_CHECK(d);
     for (uint32_t i = 0; i < n; i++) {
@@ -318,7 +341,7 @@ static kvr_xfer_dlist_t *perm_list(struct init *in, enum kvr_xfer_op op, kvr_xfe
 
 static void fill_round(struct init *in, unsigned round, uint32_t bs, const uint32_t *map)
 {
-    uint32_t n = REGION / bs;
+    uint32_t n = span / bs;
     for (uint32_t i = 0; i < n; i++) {
         uint64_t ro = (uint64_t)map[i] * bs;
         for (uint32_t k = 0; k < bs; k += 8)
@@ -333,17 +356,17 @@ static void write_round(struct init *in, struct target_proc *tp, kvr_xfer_dlist_
     fill_round(in, round, bs, map);
     kvr_status_t s = kvr_xfer_post(dl);
     KVR_CHECK(s == KVR_INPROGRESS || s == KVR_OK);
-    char msg[32];
-    snprintf(msg, sizeof(msg), "round %u", round);
+    char msg[48];
+    snprintf(msg, sizeof(msg), "round %u %llu", round, (unsigned long long)span);
     KVR_CHECK_STATUS(kvr_xfer_notify(in->p, msg, strlen(msg) + 1), KVR_OK);
-    KVR_CHECK_STATUS(kvr_xfer_wait(dl, 20000), KVR_OK);
+    KVR_CHECK_STATUS(kvr_xfer_wait(dl, 120000), KVR_OK);
     expect_verdict(in->e, tp, round);
     struct kvr_xfer_stats st;
     kvr_xfer_dlist_stats(dl, &st);
-    KVR_CHECK(st.bytes == REGION && st.complete_ns > 0);
+    KVR_CHECK(st.bytes == span && st.complete_ns > 0);
     printf("round %u: %u x %u B verified at the target after the notification; %.1f MB/s, "
            "post %.1f us\n",
-           round, st.ndesc_coalesced, bs, REGION / (st.complete_ns / 1e3), st.post_ns / 1e3);
+           round, st.ndesc_coalesced, bs, span / (st.complete_ns / 1e3), st.post_ns / 1e3);
 }
 
 static void quit_target(struct init *in, struct target_proc *tp)
@@ -435,6 +458,275 @@ static int case_failover(void)
     kvr_xfer_engine_destroy(in3.e);
     free(map4);
     printf("failover %s -> %s: OK\n", dev_a, dev_b);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* links taken down under a transfer (two veth pairs, one rxe device per end) */
+
+static const char *link0, *link1; /* the initiator-side netdev of rail 0 / rail 1 */
+
+/* what `ip link set dev IF up|down` does (SIOCSIFFLAGS: the kernel's
+ * dev_change_flags), without exec'ing ip from the 9p root under TCG, which
+ * took seconds: the link's state changes at a known instant */
+static void set_link(const char *ifname, int up)
+{
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    KVR_CHECK(fd >= 0);
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof(ifr));
+    snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", ifname);
+    KVR_CHECK(ioctl(fd, SIOCGIFFLAGS, &ifr) == 0);
+    if (up)
+        ifr.ifr_flags |= IFF_UP;
+    else
+        ifr.ifr_flags &= ~IFF_UP;
+    if (ioctl(fd, SIOCSIFFLAGS, &ifr) != 0) {
+        fprintf(stderr, "link %s %s: %s\n", ifname, up ? "up" : "down", strerror(errno));
+        exit(1);
+    }
+    close(fd);
+}
+
+/* the connection's rails into rs[]; returns the bytes completed on all */
+static uint64_t rails_now(kvr_xfer_peer_t *p, struct kvr_xfer_rail_stats rs[4])
+{
+    size_t n = kvr_xfer_peer_rails(p, rs, 4);
+    KVR_CHECK(n >= 2 && n <= 4);
+    uint64_t b = 0;
+    for (size_t i = 0; i < n; i++)
+        b += rs[i].bytes_done;
+    return b;
+}
+
+/* the rxe device of each end of link li up again, with its GID back (the
+ * link-local address returns after the link comes up) */
+static void wait_link_back(kvr_xfer_engine_t *e, const char *devs_a, const char *devs_b, int li)
+{
+    const char *lists[2] = {devs_a, devs_b};
+    for (int k = 0; k < 2; k++) {
+        char dev[64] = {0};
+        const char *c = lists[k];
+        for (int i = 0; i < li && c; i++)
+            c = strchr(c, ',') ? strchr(c, ',') + 1 : NULL;
+        KVR_CHECK(c);
+        size_t n = strcspn(c, ":,");
+        KVR_CHECK(n > 0 && n < sizeof(dev));
+        memcpy(dev, c, n);
+        char path[160];
+        snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/1/gids/0", dev);
+        uint64_t deadline = kvr_deadline_ns(30000);
+        for (;;) {
+            char g[64] = {0}, st[64] = {0};
+            FILE *f = fopen(path, "r");
+            if (f) {
+                (void)!fgets(g, sizeof(g), f);
+                fclose(f);
+            }
+            snprintf(path + strlen(path) - strlen("gids/0"), 16, "state");
+            f = fopen(path, "r");
+            if (f) {
+                (void)!fgets(st, sizeof(st), f);
+                fclose(f);
+            }
+            snprintf(path + strlen(path) - strlen("state"), 16, "gids/0");
+            if (strncmp(g, "fe80", 4) == 0 && strstr(st, "ACTIVE"))
+                break;
+            KVR_CHECK(kvr_now_ns() < deadline);
+            if (e)
+                kvr_xfer_progress(e);
+            usleep(10000);
+        }
+    }
+}
+
+/* progresses until bytes have completed on the rails (or w completed); returns them */
+static uint64_t progress_until(struct init *in, kvr_xfer_dlist_t *w, uint64_t bytes,
+                               struct kvr_xfer_rail_stats rs[4])
+{
+    uint64_t deadline = kvr_deadline_ns(300000), b;
+    while ((b = rails_now(in->p, rs)) < bytes && kvr_xfer_test(w) == KVR_INPROGRESS) {
+        kvr_xfer_progress(in->e);
+        KVR_CHECK(kvr_now_ns() < deadline);
+    }
+    return b;
+}
+
+/* the issue-9 scenario on real links: rail 1's link taken down in the
+ * middle of a striped write (--mib MiB in 64 KiB permuted descriptors, the
+ * notification sent right after the post); then back up; then both links
+ * down; then both up (the later writes cover --mib-next MiB) */
+static uint64_t span_next = 32u << 20;
+
+static int case_linkdown(void)
+{
+    KVR_CHECK(strchr(dev_a, ',') && strchr(dev_b, ',') && link0 && link1);
+    KVR_CHECK(span_next <= REGION && REGION % 65536 == 0 && span_next % 65536 == 0);
+    const uint32_t bs = 65536;
+    struct init in = {0};
+    struct target_proc tp;
+    target_start(&tp);
+    init_setup(&in);
+    init_connect(&in, &tp);
+    uint32_t *map = calloc(REGION / bs, 4), *map2 = calloc(span_next / bs, 4);
+    KVR_CHECK(map && map2);
+    span = span_next; /* the later rounds' list; also connects the rails before round 1 */
+    kvr_xfer_dlist_t *w2 = perm_list(&in, KVR_XFER_WRITE, in.lm, in.rr, bs, map2);
+    write_round(&in, &tp, w2, 9, bs, map2);
+    span = REGION;
+    kvr_xfer_dlist_t *w = perm_list(&in, KVR_XFER_WRITE, in.lm, in.rr, bs, map);
+    struct kvr_xfer_rail_stats rs[4];
+    struct kvr_xfer_engine_stats es;
+
+    /* 1: rail 1's link goes down once a quarter of the write completed */
+    fill_round(&in, 1, bs, map);
+    uint64_t base = rails_now(in.p, rs);
+    KVR_CHECK_STATUS(kvr_xfer_post(w), KVR_INPROGRESS);
+    char msg[48];
+    snprintf(msg, sizeof(msg), "round 1 %llu", (unsigned long long)span);
+    KVR_CHECK_STATUS(kvr_xfer_notify(in.p, msg, strlen(msg) + 1), KVR_OK);
+    uint64_t b_8 = progress_until(&in, w, base + REGION / 8, rs), t_8 = kvr_now_ns();
+    uint64_t b_down = progress_until(&in, w, base + REGION / 4, rs), t_down = kvr_now_ns();
+    KVR_CHECK_STATUS(kvr_xfer_test(w), KVR_INPROGRESS); /* still mid-transfer */
+    set_link(link1, 0);
+    uint64_t t_ip = kvr_now_ns(), t_detect = 0, t_1s = 0, b_1s = 0;
+    uint64_t deadline = kvr_deadline_ns(300000);
+    kvr_status_t s;
+    while ((s = kvr_xfer_test(w)) == KVR_INPROGRESS || !t_1s) {
+        kvr_xfer_progress(in.e);
+        uint64_t now = kvr_now_ns();
+        kvr_xfer_engine_stats(in.e, &es);
+        if (!t_detect && es.failovers)
+            t_detect = now;
+        if (!t_1s && (now - t_ip >= 1000000000ull || s != KVR_INPROGRESS)) {
+            t_1s = now;
+            b_1s = rails_now(in.p, rs);
+        }
+        KVR_CHECK(now < deadline);
+    }
+    KVR_CHECK_STATUS(s, KVR_OK);
+    expect_verdict(in.e, &tp, 1); /* every byte, checked when the notification came */
+    kvr_xfer_engine_stats(in.e, &es);
+    rails_now(in.p, rs);
+    KVR_CHECK_EQ(es.failovers, 1);
+    KVR_CHECK_EQ(es.errors, 0);
+    KVR_CHECK(rs[1].down && rs[1].failovers == 1 && !rs[0].down);
+    KVR_CHECK(t_detect > 0);
+    struct kvr_xfer_stats st;
+    kvr_xfer_dlist_stats(w, &st);
+    printf("link %s down under a %llu MiB striped write: completed %s, every byte verified; "
+           "rail 1 failed over %.0f ms after the link went down\n",
+           link1, (unsigned long long)(REGION >> 20), kvr_status_name(s),
+           (double)(t_detect - t_ip) / 1e6);
+    printf("  throughput: %.1f MB/s before the link went down, %.1f MB/s in the second after, "
+           "%.1f MB/s over the whole write (%.2f s)\n",
+           (double)(b_down - b_8) / ((double)(t_down - t_8) / 1e3),
+           (double)(b_1s - b_down) / ((double)(t_1s - t_ip) / 1e3),
+           (double)REGION / ((double)st.complete_ns / 1e3), (double)st.complete_ns / 1e9);
+    printf("  per rail (all rounds so far): %s %.1f MiB, %s %.1f MiB (down)\n", rs[0].local,
+           (double)rs[0].bytes_done / 1048576.0, rs[1].local, (double)rs[1].bytes_done / 1048576.0);
+    printf("  transports: %s\n", kvr_xfer_peer_transports(in.p));
+
+    /* 2: the link comes back: the probe brings rail 1 back, and a new
+     * write is striped over both rails again */
+    span = span_next;
+    uint64_t t_up = kvr_now_ns();
+    set_link(link1, 1);
+    deadline = kvr_deadline_ns(60000);
+    while (rails_now(in.p, rs) && rs[1].down) {
+        kvr_xfer_progress(in.e);
+        KVR_CHECK(kvr_now_ns() < deadline);
+        usleep(1000);
+    }
+    printf("link %s up: rail 1 back after %.0f ms\n", link1, (double)(kvr_now_ns() - t_up) / 1e6);
+    uint64_t before[2] = {rs[0].bytes_done, rs[1].bytes_done};
+    write_round(&in, &tp, w2, 2, bs, map2);
+    rails_now(in.p, rs);
+    printf("  next write per rail: %s %.1f MiB, %s %.1f MiB\n", rs[0].local,
+           (double)(rs[0].bytes_done - before[0]) / 1048576.0, rs[1].local,
+           (double)(rs[1].bytes_done - before[1]) / 1048576.0);
+    /* striping by link speed: equal links, half each */
+    KVR_CHECK(rs[0].bytes_done - before[0] >= span / 4);
+    KVR_CHECK(rs[1].bytes_done - before[1] >= span / 4);
+
+    /* 2b: rail 0's link - the notifications' rail - goes down under a write
+     * whose notification is already queued: the write completes, the
+     * notification arrives on rail 1 after every byte (checked by the target
+     * when it arrives), and so do later ones while rail 0 is down */
+    fill_round(&in, 5, bs, map2);
+    base = rails_now(in.p, rs);
+    KVR_CHECK(rs[0].notif && !rs[1].notif);
+    KVR_CHECK_STATUS(kvr_xfer_post(w2), KVR_INPROGRESS);
+    snprintf(msg, sizeof(msg), "round 5 %llu", (unsigned long long)span);
+    KVR_CHECK_STATUS(kvr_xfer_notify(in.p, msg, strlen(msg) + 1), KVR_OK);
+    progress_until(&in, w2, base + span / 4, rs);
+    KVR_CHECK_STATUS(kvr_xfer_test(w2), KVR_INPROGRESS);
+    set_link(link0, 0);
+    KVR_CHECK_STATUS(kvr_xfer_wait(w2, 120000), KVR_OK);
+    expect_verdict(in.e, &tp, 5);
+    kvr_xfer_engine_stats(in.e, &es);
+    rails_now(in.p, rs);
+    KVR_CHECK_EQ(es.failovers, 2);
+    KVR_CHECK_EQ(es.errors, 0);
+    KVR_CHECK(rs[0].down && !rs[1].down && rs[1].notif && !rs[0].notif);
+    printf("link %s (rail 0, notifications) down under a write: completed, its notification "
+           "arrived on rail 1 after every byte\n",
+           link0);
+    write_round(&in, &tp, w2, 6, bs, map2); /* rail 1 alone, notified there */
+    t_up = kvr_now_ns();
+    set_link(link0, 1);
+    deadline = kvr_deadline_ns(60000);
+    while (rails_now(in.p, rs) && rs[0].down) {
+        kvr_xfer_progress(in.e);
+        KVR_CHECK(kvr_now_ns() < deadline);
+        usleep(1000);
+    }
+    printf("link %s up: rail 0 back after %.0f ms\n", link0, (double)(kvr_now_ns() - t_up) / 1e6);
+    before[0] = rs[0].bytes_done;
+    before[1] = rs[1].bytes_done;
+    write_round(&in, &tp, w2, 7, bs, map2);
+    rails_now(in.p, rs);
+    printf("  next write per rail: %s %.1f MiB, %s %.1f MiB\n", rs[0].local,
+           (double)(rs[0].bytes_done - before[0]) / 1048576.0, rs[1].local,
+           (double)(rs[1].bytes_done - before[1]) / 1048576.0);
+    KVR_CHECK(rs[0].bytes_done - before[0] >= span / 4);
+    KVR_CHECK(rs[1].bytes_done - before[1] >= span / 4);
+
+    /* 3: both links down under a write: the post fails, typed, within 5 s */
+    fill_round(&in, 3, bs, map2);
+    base = rails_now(in.p, rs);
+    KVR_CHECK_STATUS(kvr_xfer_post(w2), KVR_INPROGRESS);
+    progress_until(&in, w2, base + span / 8, rs);
+    KVR_CHECK_STATUS(kvr_xfer_test(w2), KVR_INPROGRESS);
+    set_link(link0, 0);
+    set_link(link1, 0);
+    uint64_t t_both = kvr_now_ns();
+    s = kvr_xfer_wait(w2, 5000);
+    printf("both links down: %s %.0f ms after\n", kvr_status_name(s),
+           (double)(kvr_now_ns() - t_both) / 1e6);
+    KVR_CHECK_STATUS(s, KVR_ERR_PEER_FAILURE);
+    KVR_CHECK_STATUS(kvr_xfer_peer_status(in.p), KVR_ERR_PEER_FAILURE);
+    KVR_CHECK(kvr_xfer_post(w2) == KVR_ERR_PEER_FAILURE);
+
+    /* 4: both links up: a new connection stripes over both again */
+    set_link(link0, 1);
+    set_link(link1, 1);
+    wait_link_back(in.e, dev_a, dev_b, 0);
+    wait_link_back(in.e, dev_a, dev_b, 1);
+    kvr_xfer_disconnect(in.p);
+    init_connect(&in, &tp);
+    w2 = perm_list(&in, KVR_XFER_WRITE, in.lm, in.rr, bs, map2);
+    write_round(&in, &tp, w2, 4, bs, map2);
+    rails_now(in.p, rs);
+    printf("links up, reconnected: per rail %s %.1f MiB, %s %.1f MiB; transports %s\n", rs[0].local,
+           (double)rs[0].bytes_done / 1048576.0, rs[1].local, (double)rs[1].bytes_done / 1048576.0,
+           kvr_xfer_peer_transports(in.p));
+    KVR_CHECK(rs[0].bytes_done >= span / 4 && rs[1].bytes_done >= span / 4);
+    quit_target(&in, &tp);
+    kvr_xfer_engine_destroy(in.e);
+    free(map);
+    free(map2);
+    printf("linkdown %s -> %s: OK\n", dev_a, dev_b);
     return 0;
 }
 
@@ -682,6 +974,7 @@ static int case_nodev(void)
 
 int main(int argc, char **argv)
 {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* a test killed by its timeout still shows its lines */
     const char *cs = "pair";
     uint32_t size = 65536, iters = 100, batch = 1;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -695,6 +988,14 @@ int main(int argc, char **argv)
             gid_a = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--gid-b"))
             gid_b = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--link0"))
+            link0 = argv[i + 1];
+        else if (!strcmp(argv[i], "--link1"))
+            link1 = argv[i + 1];
+        else if (!strcmp(argv[i], "--mib"))
+            region = span = strtoull(argv[i + 1], NULL, 0) << 20;
+        else if (!strcmp(argv[i], "--mib-next"))
+            span_next = strtoull(argv[i + 1], NULL, 0) << 20;
         else if (!strcmp(argv[i], "--rounds"))
             rounds = (unsigned)atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--size"))
@@ -720,6 +1021,8 @@ int main(int argc, char **argv)
         return case_death();
     if (!strcmp(cs, "failover"))
         return case_failover();
+    if (!strcmp(cs, "linkdown"))
+        return case_linkdown();
     if (!strcmp(cs, "badkey"))
         return case_badkey();
     if (!strcmp(cs, "mismatch"))

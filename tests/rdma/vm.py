@@ -206,7 +206,7 @@ def boot(args, cache, resdir):
         with open(os.path.join(resdir, "only"), "w") as f:
             f.write(args.only + "\n")
     cmd = ["timeout", "-k", "5", str(args.vm_timeout), qemu,
-           "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2", "-m", "1024",
+           "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2", "-m", "1536",
            "-kernel", vmlinux, "-initrd", initrd,
            "-append", "console=ttyS0 panic=-1 quiet loglevel=3",
            "-nographic", "-no-reboot", "-nic", "none", "-monitor", "none",

@@ -317,6 +317,8 @@ static int vb_post_chunk(struct vb_rail *r, struct vb_part *pt, uint32_t n, uint
         sl->kind = VB_ITEM_PART;
         sl->end = k == pt->nwr - 1;
         sl->pi = (uint8_t)(pt - pt->dl->part);
+        sl->len = pt->sge[k].length;
+        sl->wi = k;
         r->bytes += pt->sge[k].length;
     }
     struct vb_engine *ve = ENG(r->peer->base.engine);
@@ -376,12 +378,13 @@ static int vb_post_notif(struct vb_rail *r, struct vb_notif *nt, uint32_t depth)
     struct vb_peer *vp = r->peer;
     struct ibv_sge sge = {.addr = (uintptr_t)(vp->nbuf + (size_t)nt->slot * VB_NOTIF_BUF),
                           .length = nt->len,
-                          .lkey = vp->nmr->lkey};
+                          .lkey = vp->nmr[r->ldev]->lkey};
     struct ibv_send_wr wr = {.wr_id = r->posted,
                              .sg_list = &sge,
                              .num_sge = nt->len ? 1 : 0,
-                             .opcode = IBV_WR_SEND,
-                             .send_flags = IBV_SEND_SIGNALED},
+                             .opcode = IBV_WR_SEND_WITH_IMM,
+                             .send_flags = IBV_SEND_SIGNALED,
+                             .imm_data = htonl(nt->seq)},
                        *bad = NULL;
     struct vb_slot *sl = &r->slots[r->posted % depth];
     sl->dl = NULL;
@@ -395,10 +398,13 @@ static int vb_post_notif(struct vb_rail *r, struct vb_notif *nt, uint32_t depth)
     return 0;
 }
 
+/* a notification goes out on its rail (vp->nr) once every live other rail
+ * retired what was enqueued on it before the notification: RC orders its
+ * own rail, the fence the others */
 static bool vb_fence_ok(const struct vb_peer *vp, const struct vb_notif *nt)
 {
-    for (int i = 1; i < vp->nrails; i++)
-        if (!vp->rail[i].down && vp->rail[i].done < nt->fence[i])
+    for (int i = 0; i < vp->nrails; i++)
+        if (i != vp->nr && !vp->rail[i].down && vp->rail[i].done_enq < nt->fence[i])
             return false;
     return true;
 }
@@ -448,10 +454,15 @@ static void vb_retire(struct vb_rail *r, uint64_t upto, uint32_t depth)
         struct vb_slot *sl = &r->slots[r->done % depth];
         if (sl->kind == VB_ITEM_NOTIF) {
             vp->nb_tail++;
-        } else if (sl->end && sl->dl) {
-            struct vb_dlist *dl = sl->dl;
-            sl->dl = NULL;
-            vb_part_done(&dl->part[sl->pi], KVR_OK);
+            r->done_enq++;
+        } else if (sl->kind == VB_ITEM_PART) {
+            r->done_enq++;
+            r->bytes_done += sl->len;
+            if (sl->end && sl->dl) {
+                struct vb_dlist *dl = sl->dl;
+                sl->dl = NULL;
+                vb_part_done(&dl->part[sl->pi], KVR_OK);
+            }
         }
         sl->kind = 0;
     }
@@ -522,7 +533,8 @@ static int vb_live_rail(const struct vb_peer *vp, int prefer)
     int best = -1;
     for (int i = 0; i < vp->nrails; i++) {
         const struct vb_rail *r = &vp->rail[i];
-        if (!r->down && (best < 0 || r->enq - r->done < vp->rail[best].enq - vp->rail[best].done))
+        if (!r->down &&
+            (best < 0 || r->enq - r->done_enq < vp->rail[best].enq - vp->rail[best].done_enq))
             best = i;
     }
     return best;
@@ -548,15 +560,19 @@ static void vb_push_front(struct vb_rail *r, struct vb_part *pt)
         r->tail = it;
 }
 
-/* Rail ri failed (a QP error, or a post to it refused).  Rail 0 carries the
- * notifications (the target receives on rail 0 only): its loss, or the loss
- * of the last rail, fails the peer.  Otherwise the rail goes down for the
- * rest of the connection and every part it held - in flight (whether or not
- * the WRs executed: a WRITE or READ again is harmless, the source and
- * destination of an incomplete post are the caller's untouched buffers) or
- * queued - is resubmitted whole on a live rail, ahead of what waits there;
- * notifications queued on rail 0 now also wait for those WRs.  A part's
- * list fails when the part was submitted VB_MAX_ATTEMPTS times. */
+/* Rail ri failed (a QP error, or a post to it refused).  The loss of the
+ * last rail fails the peer.  Otherwise the rail goes down (until a probe
+ * brings it back) and every part it held - in flight or queued - is
+ * resubmitted on a live rail, ahead of what waits there, from its first WR
+ * not retired (RC retires in order: those before it are complete at the
+ * target; those after may or may not have executed, and a WRITE or READ
+ * again is harmless, the source and destination of an incomplete post are
+ * the caller's untouched buffers).
+ * If it carried the notifications, they move to the lowest live rail: every
+ * one not yet completed is sent again there, in order (one that did arrive
+ * is dropped by the target by its sequence number).  A notification waits
+ * for the moved WRs.  A part's list fails when the part was submitted
+ * VB_MAX_ATTEMPTS times. */
 static void vb_rail_failover(struct vb_peer *vp, int ri, kvr_status_t s, const char *why)
 {
     struct vb_rail *r = &vp->rail[ri];
@@ -565,7 +581,7 @@ static void vb_rail_failover(struct vb_peer *vp, int ri, kvr_status_t s, const c
     int others = 0;
     for (int i = 0; i < vp->nrails; i++)
         others += i != ri && !vp->rail[i].down;
-    if (ri == 0 || others == 0 || vp->state != VB_READY) {
+    if (others == 0 || vp->state != VB_READY) {
         vb_peer_failed(vp, s, NULL, why);
         return;
     }
@@ -576,44 +592,66 @@ static void vb_rail_failover(struct vb_peer *vp, int ri, kvr_status_t s, const c
     ve->base.stats.failovers++;
     if (r->qp)
         kvr_verbs_qp_to_error(r->qp);
-    /* the parts it held: queued ones, then those with WRs in flight */
+    /* the parts it held: queued ones, then those with WRs in flight (its
+     * notifications, queued or in flight, are all sent again below).  A
+     * part resumes at its first WR not retired: RC retired the WRs before
+     * it in order, so they are complete at the target */
     struct vb_part *moved = NULL;
-    uint32_t nmoved = 0;
+    uint32_t nmoved = 0, nresent = 0;
+    char nmsg[96] = "";
     while (r->head) {
         struct vb_item *it = r->head;
         vb_fifo_pop(r);
+        if (it->kind != VB_ITEM_PART)
+            continue;
         struct vb_part *pt = container_of(it, struct vb_part, item);
         pt->moving = true;
+        pt->resume = pt->posted; /* (a half-posted head: lowered below) */
         pt->item.next = moved ? &moved->item : NULL;
         moved = pt;
         nmoved++;
     }
     for (; r->done < r->posted; r->done++) {
         struct vb_slot *sl = &r->slots[r->done % depth];
-        if (sl->kind == VB_ITEM_PART && sl->dl && !sl->dl->part[sl->pi].moving) {
+        if (sl->kind == VB_ITEM_PART && sl->dl) {
             struct vb_part *pt = &sl->dl->part[sl->pi];
-            pt->moving = true;
-            pt->item.next = moved ? &moved->item : NULL;
-            moved = pt;
-            nmoved++;
+            if (!pt->moving) {
+                pt->moving = true;
+                pt->resume = sl->wi;
+                pt->item.next = moved ? &moved->item : NULL;
+                moved = pt;
+                nmoved++;
+            } else if (sl->wi < pt->resume) {
+                pt->resume = sl->wi;
+            }
         }
         sl->dl = NULL;
         sl->kind = 0;
     }
     /* what it held moved away: its counters say it holds nothing, and no
-     * notification waits for it any more */
+     * notification waits for it any more (down rails are not fenced on) */
     r->sig = r->posted;
-    r->enq = r->posted;
-    for (struct vb_item *it = vp->rail[0].head; it; it = it->next)
-        if (it->kind == VB_ITEM_NOTIF &&
-            container_of(it, struct vb_notif, item)->fence[ri] > r->posted)
-            container_of(it, struct vb_notif, item)->fence[ri] = r->posted;
+    r->done_enq = r->enq;
+    if (ri == vp->nr) {
+        int j = 0;
+        while (vp->rail[j].down)
+            j++;
+        vp->nr = j;
+        for (uint64_t k = vp->nb_tail; k < vp->nb_head; k++) {
+            struct vb_notif *nt = &vp->nodes[k % VB_NOTIF_SLOTS];
+            vp->rail[j].enq++;
+            vb_fifo_push(&vp->rail[j], &nt->item);
+            nresent++;
+        }
+        snprintf(nmsg, sizeof(nmsg),
+                 "; notifications now on rail %d (%u not acknowledged: sent again)", j, nresent);
+    }
     vb_peer_transports(vp, vp->tstate);
     KVR_LOG_WARN(COMP,
                  "%s: rail %d (%s -> %s of %.64s) failed: %s; %u transfer part(s) resubmitted on "
-                 "the other rails; a probe in %u ms",
+                 "the other rails%s; a probe in %u ms",
                  ve->base.name, ri, ve->dev[r->ldev].name, vp->remote.dev[r->rdev].name,
-                 vp->remote.host, why, nmoved, ve->cooldown_ms);
+                 vp->remote.host, why, nmoved, nmsg, ve->cooldown_ms);
     while (moved) {
         struct vb_part *pt = moved;
         moved = pt->item.next ? container_of(pt->item.next, struct vb_part, item) : NULL;
@@ -627,12 +665,14 @@ static void vb_rail_failover(struct vb_peer *vp, int ri, kvr_status_t s, const c
             continue;
         }
         vb_part_rekey(vp, pt, j);
-        pt->posted = 0;
+        pt->posted = pt->resume;
         struct vb_rail *rj = &vp->rail[j];
-        rj->enq += pt->nwr;
-        for (struct vb_item *it = vp->rail[0].head; it && j > 0; it = it->next)
+        rj->enq += pt->nwr - pt->resume;
+        /* queued notifications wait for it: for everything enqueued on rail j
+         * (it goes ahead of what waits there, behind what is in flight) */
+        for (struct vb_item *it = vp->rail[vp->nr].head; it && j != vp->nr; it = it->next)
             if (it->kind == VB_ITEM_NOTIF)
-                container_of(it, struct vb_notif, item)->fence[j] += pt->nwr;
+                container_of(it, struct vb_notif, item)->fence[j] = rj->enq;
         vb_push_front(rj, pt);
     }
     for (int i = 0; i < vp->nrails && vp->state == VB_READY; i++)
@@ -684,6 +724,27 @@ static void vb_peer_transports(struct vb_peer *vp, const char *state)
         snprintf(t + len, cap - len, " %s %s", kvr_verbs_gid_type_str(ve->dev[0].gid_type), state);
 }
 
+static size_t vb_peer_rails(const kvr_xfer_peer_t *p, struct kvr_xfer_rail_stats *rs, size_t cap)
+{
+    const struct vb_peer *vp = container_of(p, const struct vb_peer, base);
+    const struct vb_engine *ve = container_of(p->engine, const struct vb_engine, base);
+    for (int i = 0; i < vp->nrails && (size_t)i < cap; i++) {
+        const struct vb_rail *r = &vp->rail[i];
+        const struct vb_dev *d = &ve->dev[r->ldev];
+        const struct vb_wire_dev *rd = &vp->remote.dev[r->rdev];
+        struct kvr_xfer_rail_stats *o = &rs[i];
+        memset(o, 0, sizeof(*o));
+        snprintf(o->local, sizeof(o->local), "%.40s:%u", d->name, d->port);
+        snprintf(o->remote, sizeof(o->remote), "%.40s:%u", rd->name, rd->port);
+        o->bytes = r->bytes;
+        o->bytes_done = r->bytes_done;
+        o->failovers = r->failovers;
+        o->down = r->down;
+        o->notif = i == vp->nr;
+    }
+    return (size_t)vp->nrails;
+}
+
 static kvr_status_t vb_connect(kvr_xfer_peer_t *p, const void *addr, size_t len)
 {
     struct vb_engine *ve = ENG(p->engine);
@@ -718,6 +779,8 @@ static kvr_status_t vb_connect(kvr_xfer_peer_t *p, const void *addr, size_t len)
     req->nonce = a->nonce;
     memcpy(req->token, p->token, sizeof(req->token));
     req->nrails = (uint32_t)vp->nrails;
+    vp->conn = ((uint64_t)kvr_verbs_rand32() << 32 | kvr_verbs_rand32()) | 1;
+    req->conn = vp->conn;
     snprintf(req->who, sizeof(req->who), "%s", ve->who);
     for (int i = 0; i < vp->nrails; i++) {
         struct vb_rail *r = &vp->rail[i];
@@ -756,11 +819,13 @@ static kvr_status_t vb_connect(kvr_xfer_peer_t *p, const void *addr, size_t len)
         s = KVR_ERR_NO_MEMORY;
         goto err_rails;
     }
-    vp->nmr = ibv_reg_mr(ve->dev[0].pd, vp->nbuf, (size_t)VB_NOTIF_SLOTS * VB_NOTIF_BUF,
-                         IBV_ACCESS_LOCAL_WRITE);
-    if (!vp->nmr) {
-        s = kvr_verbs_status(-1, errno);
-        goto err_nbuf;
+    for (int i = 0; i < vp->nrails; i++) { /* notifications may go on any rail */
+        vp->nmr[i] = ibv_reg_mr(ve->dev[vp->rail[i].ldev].pd, vp->nbuf,
+                                (size_t)VB_NOTIF_SLOTS * VB_NOTIF_BUF, IBV_ACCESS_LOCAL_WRITE);
+        if (!vp->nmr[i]) {
+            s = kvr_verbs_status(-1, errno);
+            goto err_mr;
+        }
     }
     for (int i = 0; i < VB_NOTIF_SLOTS; i++)
         vp->nodes[i].item.kind = VB_ITEM_NOTIF;
@@ -795,9 +860,11 @@ err_fd:
     close(vp->fd);
     vp->fd = -1;
 err_mr:
-    ibv_dereg_mr(vp->nmr);
-    vp->nmr = NULL;
-err_nbuf:
+    for (int i = 0; i < vp->nrails; i++) {
+        if (vp->nmr[i])
+            ibv_dereg_mr(vp->nmr[i]);
+        vp->nmr[i] = NULL;
+    }
     free(vp->nbuf);
     vp->nbuf = NULL;
 err_rails:
@@ -872,8 +939,9 @@ static void vb_disconnect(kvr_xfer_peer_t *p)
     }
     for (int i = 0; i < vp->nrails; i++)
         vb_rail_fini(&vp->rail[i]);
-    if (vp->nmr)
-        ibv_dereg_mr(vp->nmr);
+    for (int i = 0; i < vp->nrails; i++)
+        if (vp->nmr[i])
+            ibv_dereg_mr(vp->nmr[i]);
     free(vp->nbuf);
 }
 
@@ -996,6 +1064,12 @@ static void vb_dlist_release(kvr_xfer_dlist_t *d)
                 *pp = vd->part[i].item.next;
                 if (r->tail == &vd->part[i].item)
                     r->tail = prev;
+                /* its unposted WRs never will be: no notification waits for them */
+                r->enq -= vd->part[i].nwr - vd->part[i].posted;
+                for (struct vb_item *it = vp->rail[vp->nr].head; it; it = it->next)
+                    if (it->kind == VB_ITEM_NOTIF &&
+                        container_of(it, struct vb_notif, item)->fence[r - vp->rail] > r->enq)
+                        container_of(it, struct vb_notif, item)->fence[r - vp->rail] = r->enq;
             }
         }
     }
@@ -1061,9 +1135,10 @@ static kvr_status_t vb_notify(kvr_xfer_peer_t *p, const void *msg, size_t len)
     struct vb_notif *nt = &vp->nodes[slot];
     nt->slot = slot;
     nt->len = (uint32_t)len;
-    for (int i = 1; i < vp->nrails; i++)
+    nt->seq = ++vp->nseq;
+    for (int i = 0; i < vp->nrails; i++)
         nt->fence[i] = vp->rail[i].enq;
-    struct vb_rail *r = &vp->rail[0];
+    struct vb_rail *r = &vp->rail[vp->nr];
     r->enq++;
     bool was_empty = r->head == NULL;
     vb_fifo_push(r, &nt->item);
@@ -1082,10 +1157,10 @@ static void vb_inbound_destroy(struct vb_inbound *in)
             ibv_destroy_qp(in->rail[i].qp);
         if (in->rail[i].cq)
             ibv_destroy_cq(in->rail[i].cq);
+        if (in->rail[i].rmr)
+            ibv_dereg_mr(in->rail[i].rmr);
+        free(in->rail[i].rbuf);
     }
-    if (in->rmr)
-        ibv_dereg_mr(in->rmr);
-    free(in->rbuf);
     if (in->fd >= 0) {
         if (in->bye)
             (void)!send(in->fd, &in->bye, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -1094,13 +1169,22 @@ static void vb_inbound_destroy(struct vb_inbound *in)
     free(in);
 }
 
-static int vb_inbound_post_recv(struct vb_inbound *in, uint32_t i)
+static int vb_inbound_post_recv(struct vb_inbound *in, int ri, uint32_t i)
 {
-    struct ibv_sge sge = {.addr = (uintptr_t)(in->rbuf + (size_t)i * VB_NOTIF_BUF),
+    struct ibv_sge sge = {.addr = (uintptr_t)(in->rail[ri].rbuf + (size_t)i * VB_NOTIF_BUF),
                           .length = VB_NOTIF_BUF,
-                          .lkey = in->rmr->lkey};
+                          .lkey = in->rail[ri].rmr->lkey};
     struct ibv_recv_wr wr = {.wr_id = i, .sg_list = &sge, .num_sge = 1}, *bad = NULL;
-    return ibv_post_recv(in->rail[0].qp, &wr, &bad);
+    return ibv_post_recv(in->rail[ri].qp, &wr, &bad);
+}
+
+/* the inbounds of one initiator connection (its first and its probes' share
+ * req.conn) share the sequence number of the last notification delivered */
+static void vb_conn_seq_set(struct vb_engine *ve, uint64_t conn, uint32_t seq)
+{
+    for (struct vb_inbound *o = ve->inbound; o; o = o->next)
+        if (o->req.conn == conn)
+            o->nseq = seq;
 }
 
 /* the request is complete: create the QPs, bring them to RTS, answer */
@@ -1144,28 +1228,28 @@ static void vb_inbound_accept(struct vb_inbound *in)
         struct vb_dev *d = &ve->dev[w->dev];
         in->rail[i].dev = (int)w->dev;
         in->nrails = (int)i + 1;
-        s = kvr_verbs_qp_create(ve, (int)w->dev, 4, i == 0 ? VB_RQ_DEPTH : 0, &in->armed,
+        s = kvr_verbs_qp_create(ve, (int)w->dev, 4, VB_RQ_DEPTH, &in->rail[i].armed,
                                 &in->rail[i].cq, &in->rail[i].qp);
         if (s != KVR_OK) {
             snprintf(rp->why, sizeof(rp->why), "creating a QP on %s failed", d->name);
             break;
         }
-        if (i == 0 && ve->efd >= 0)
-            in->armed = ibv_req_notify_cq(in->rail[0].cq, 0) == 0;
-        if (i == 0) {
-            in->rbuf = aligned_alloc(4096, (size_t)VB_RQ_DEPTH * VB_NOTIF_BUF);
-            in->rmr = in->rbuf ? ibv_reg_mr(d->pd, in->rbuf, (size_t)VB_RQ_DEPTH * VB_NOTIF_BUF,
-                                            IBV_ACCESS_LOCAL_WRITE)
-                               : NULL;
-            for (uint32_t k = 0; in->rmr && k < VB_RQ_DEPTH; k++)
-                if (vb_inbound_post_recv(in, k))
-                    s = KVR_ERR_IO;
-            if (!in->rmr)
-                s = KVR_ERR_NO_MEMORY;
-            if (s != KVR_OK) {
-                snprintf(rp->why, sizeof(rp->why), "receive buffers on %s failed", d->name);
-                break;
-            }
+        if (ve->efd >= 0)
+            in->rail[i].armed = ibv_req_notify_cq(in->rail[i].cq, 0) == 0;
+        /* receive buffers on every rail: notifications move when a rail fails */
+        in->rail[i].rbuf = aligned_alloc(4096, (size_t)VB_RQ_DEPTH * VB_NOTIF_BUF);
+        in->rail[i].rmr = in->rail[i].rbuf ? ibv_reg_mr(d->pd, in->rail[i].rbuf,
+                                                        (size_t)VB_RQ_DEPTH * VB_NOTIF_BUF,
+                                                        IBV_ACCESS_LOCAL_WRITE)
+                                           : NULL;
+        for (uint32_t k = 0; in->rail[i].rmr && k < VB_RQ_DEPTH; k++)
+            if (vb_inbound_post_recv(in, (int)i, k))
+                s = KVR_ERR_IO;
+        if (!in->rail[i].rmr)
+            s = KVR_ERR_NO_MEMORY;
+        if (s != KVR_OK) {
+            snprintf(rp->why, sizeof(rp->why), "receive buffers on %s failed", d->name);
+            break;
         }
         uint32_t mtu = w->mtu < (uint32_t)d->mtu ? w->mtu : (uint32_t)d->mtu;
         uint32_t rd = w->rd_atom < d->rd_atom ? w->rd_atom : d->rd_atom;
@@ -1196,6 +1280,9 @@ static void vb_inbound_accept(struct vb_inbound *in)
         in->dead = true;
     else {
         in->ready = true;
+        for (struct vb_inbound *o = ve->inbound; o; o = o->next) /* a probe's: the sequence */
+            if (o != in && o->ready && o->req.conn == rq->conn)
+                in->nseq = o->nseq;
         KVR_LOG_DEBUG(COMP, "%s: accepted %.64s (%d rails)", en, rq->who, in->nrails);
     }
     free(rp);
@@ -1254,36 +1341,64 @@ static kvr_status_t vb_event_fd(kvr_xfer_engine_t *e, int *fd_p)
         }
         for (struct vb_inbound *in = ve->inbound; in; in = in->next) {
             vb_efd_add(ve, in->fd);
-            if (in->rail[0].cq)
-                in->armed = ibv_req_notify_cq(in->rail[0].cq, 0) == 0;
+            for (int i = 0; i < in->nrails; i++)
+                if (in->rail[i].cq)
+                    in->rail[i].armed = ibv_req_notify_cq(in->rail[i].cq, 0) == 0;
         }
     }
     *fd_p = ve->efd;
     return KVR_OK;
 }
 
+/* notifications arrive on any rail (the initiator moves them off a failed
+ * one, sending again those it has no acknowledgement of): delivered in
+ * sequence, a repeat dropped.  A completion error on a rail: with one rail
+ * the connection is dead ('E' tells the initiator); with several, the rail
+ * is (the initiator fails it over), and the connection when all are. */
 static int vb_inbound_poll_cq(struct vb_inbound *in)
 {
-    struct ibv_wc wc[VB_CQ_BATCH];
-    int n = in->rail[0].cq ? vb_cq_poll(in->eng, in->rail[0].cq, &in->armed, wc) : 0;
-    for (int i = 0; i < n; i++) {
-        if (wc[i].status != IBV_WC_SUCCESS) {
-            if (!in->dead && wc[i].status != IBV_WC_WR_FLUSH_ERR)
-                KVR_LOG_WARN(COMP, "%s: inbound %.64s: %s", in->eng->base.name, in->req.who,
-                             ibv_wc_status_str(wc[i].status));
-            in->dead = true;
-            in->bye = 'E';
+    struct vb_engine *ve = in->eng;
+    int total = 0;
+    for (int ri = 0; ri < in->nrails; ri++) { /* (also when dead: what arrived before) */
+        if (!in->rail[ri].cq || in->rail[ri].dead)
             continue;
-        }
-        if (wc[i].opcode & IBV_WC_RECV) {
+        struct ibv_wc wc[VB_CQ_BATCH];
+        int n = vb_cq_poll(ve, in->rail[ri].cq, &in->rail[ri].armed, wc);
+        for (int i = 0; i < n; i++) {
+            if (wc[i].status != IBV_WC_SUCCESS) {
+                if (!in->rail[ri].dead && wc[i].status != IBV_WC_WR_FLUSH_ERR)
+                    KVR_LOG_WARN(COMP, "%s: inbound %.64s rail %d (%s): %s", ve->base.name,
+                                 in->req.who, ri, ve->dev[in->rail[ri].dev].name,
+                                 ibv_wc_status_str(wc[i].status));
+                in->rail[ri].dead = true;
+                continue;
+            }
+            if (!(wc[i].opcode & IBV_WC_RECV))
+                continue;
             uint32_t k = (uint32_t)wc[i].wr_id;
-            kvr_xfer_deliver_notif(&in->eng->base, in->rbuf + (size_t)k * VB_NOTIF_BUF,
-                                   wc[i].byte_len);
-            if (vb_inbound_post_recv(in, k))
-                in->dead = true;
+            uint32_t seq = (wc[i].wc_flags & IBV_WC_WITH_IMM) ? ntohl(wc[i].imm_data) : 0;
+            if ((int32_t)(seq - in->nseq) > 0) {
+                vb_conn_seq_set(ve, in->req.conn, seq);
+                kvr_xfer_deliver_notif(&ve->base, in->rail[ri].rbuf + (size_t)k * VB_NOTIF_BUF,
+                                       wc[i].byte_len);
+            } else {
+                KVR_LOG_DEBUG(COMP,
+                              "%s: notification %u of %.64s again (after a failover): dropped",
+                              ve->base.name, seq, in->req.who);
+            }
+            if (vb_inbound_post_recv(in, ri, k))
+                in->rail[ri].dead = true;
         }
+        total += n > 0 ? n : 0;
     }
-    return n > 0 ? n : 0;
+    int alive = 0;
+    for (int ri = 0; ri < in->nrails; ri++)
+        alive += !in->rail[ri].dead;
+    if (alive == 0 && !in->dead) {
+        in->dead = true;
+        in->bye = 'E';
+    }
+    return total;
 }
 
 static int vb_rail_poll(struct vb_rail *r, uint32_t depth);
@@ -1511,6 +1626,7 @@ static void vb_probe_start(struct vb_peer *vp, int ri)
     req->version = VB_HS_VERSION;
     req->nonce = vp->remote.nonce;
     memcpy(req->token, vp->base.token, sizeof(req->token));
+    req->conn = vp->conn; /* its notifications share the connection's sequence */
     req->nrails = 1;
     snprintf(req->who, sizeof(req->who), "%s", ve->who);
     const struct vb_dev *d = &ve->dev[r->ldev];
@@ -1602,6 +1718,7 @@ static int vb_probe_poll(struct vb_peer *vp, int ri)
             return n;
         }
         r->done = r->posted;
+        r->done_enq = r->enq;
         r->down = false;
         vb_peer_transports(vp, vp->tstate);
         KVR_LOG_INFO(COMP, "%s: rail %d (%s -> %s of %.64s) is back (transports %s)", ve->base.name,
@@ -1637,8 +1754,8 @@ static int vb_progress(kvr_xfer_engine_t *e)
             if (ve->efd >= 0 && vp->state == VB_READY && !vp->rail[i].down)
                 vb_rail_flush_or_fail(&vp->rail[i], ve->sq_depth);
         }
-        if (vp->state == VB_READY && vp->rail[0].head) /* fenced notifications */
-            n += vb_rail_kick(&vp->rail[0]);
+        if (vp->state == VB_READY && vp->rail[vp->nr].head) /* fenced notifications */
+            n += vb_rail_kick(&vp->rail[vp->nr]);
     }
     for (struct vb_inbound *in = ve->inbound; in; in = in->next)
         if (in->ready && !in->dead)
@@ -1677,4 +1794,5 @@ const struct kvr_xfer_ops kvr_xfer_verbs_ops = {
     .progress = vb_progress,
     .event_fd = vb_event_fd,
     .engine_quiesce = vb_engine_quiesce,
+    .peer_rails = vb_peer_rails,
 };

@@ -31,7 +31,7 @@
 #define VB_MAX_DEV       4
 #define VB_MAX_IP        8
 #define VB_SQ_DEPTH      512 /* send WRs in flight per rail (KVR_VERBS_SQ_DEPTH) */
-#define VB_RQ_DEPTH      64  /* notification receive buffers per inbound rail 0 */
+#define VB_RQ_DEPTH      64  /* notification receive buffers per inbound rail */
 #define VB_NOTIF_SLOTS   64  /* notification send buffers per peer */
 #define VB_NOTIF_BUF     KVR_XFER_NOTIF_MAX
 #define VB_SIGNAL_EVERY  16 /* at most; sq_depth / 4 when smaller */
@@ -44,7 +44,7 @@
 #define VB_MAX_ATTEMPTS  3    /* submissions of a part before its list fails */
 #define VB_COOLDOWN_MS   1000 /* a failed rail's rest before a probe (KVR_VERBS_RAIL_COOLDOWN_MS) */
 #define VB_HS_MAGIC      0x5652564bu /* "KVRV" */
-#define VB_HS_VERSION    1
+#define VB_HS_VERSION    2 /* 2: conn, notifications on every rail with a sequence number */
 
 /* ------------------------------------------------------------------------ */
 /* objects                                                                   */
@@ -101,6 +101,7 @@ struct vb_hs {
     char who[64];                      /* request: initiator name; reply: target name */
     char why[160];                     /* reply: the reason of a refusal */
     uint8_t token[KVR_XFER_TOKEN_LEN]; /* request: the pair's token (xfer_token.c) */
+    uint64_t conn; /* request: the initiator's connection (a probe names its own) */
     struct vb_wire_rail rail[VB_MAX_DEV];
 } __attribute__((packed));
 
@@ -159,6 +160,7 @@ struct vb_part {
     struct ibv_sge *sge;
     struct vb_wref *ref; /* the regions of each WR: keys for another rail */
     int rail;            /* the rail its WRs carry the keys of (failover moves it) */
+    uint32_t resume;     /* failover: its first WR not known to be complete */
     uint8_t attempts;    /* submissions of the current post */
     bool moving;
 };
@@ -171,7 +173,8 @@ struct vb_wref {
 struct vb_notif {
     struct vb_item item;
     uint32_t slot, len;
-    uint64_t fence[VB_MAX_DEV]; /* other rails: enqueued count at notify time */
+    uint32_t seq;               /* 1, 2, ... per connection: the target drops a repeat */
+    uint64_t fence[VB_MAX_DEV]; /* other rails: WRs enqueued on them before it (done_enq) */
 };
 
 /* what a send-queue slot belongs to */
@@ -180,6 +183,8 @@ struct vb_slot {
     uint8_t kind;        /* VB_ITEM_PART, VB_ITEM_NOTIF or VB_ITEM_FLUSH */
     uint8_t end;         /* last WR of its part */
     uint8_t pi;          /* which part of dl (failover: not always this rail's) */
+    uint32_t len;        /* data bytes of the WR (counted in bytes_done when retired) */
+    uint32_t wi;         /* the WR's index in its part */
 };
 
 struct vb_rail {
@@ -191,6 +196,7 @@ struct vb_rail {
     uint32_t psn;
     uint32_t weight;
     uint64_t posted, done, enq; /* WR counters: posted to the SQ, retired, enqueued */
+    uint64_t done_enq;          /* enqueued WRs retired (done without the completion flushes) */
     uint64_t sig;               /* 1 + seq of the last signaled WR posted (0: none) */
     uint64_t flushes;           /* zero-length signaled WRITEs posted to cover a tail */
     bool down;                  /* failed over: carries nothing until a probe brings it back */
@@ -201,6 +207,7 @@ struct vb_rail {
     size_t plen;
     struct vb_hs *prep;    /* the probe's handshake reply being read */
     uint64_t bytes;        /* data bytes posted on this rail */
+    uint64_t bytes_done;   /* of those, retired as successful */
     uint64_t failovers;    /* times this rail failed and its transfers moved */
     struct vb_slot *slots; /* sq_depth, indexed by seq % sq_depth */
     struct vb_item *head, *tail;
@@ -223,9 +230,12 @@ struct vb_peer {
     struct vb_wire_addr remote;
     int nrails;
     struct vb_rail rail[VB_MAX_DEV];
-    char *nbuf; /* VB_NOTIF_SLOTS * VB_NOTIF_BUF, registered on rail 0's device */
-    struct ibv_mr *nmr;
-    uint64_t nb_head, nb_tail;
+    char *nbuf; /* VB_NOTIF_SLOTS * VB_NOTIF_BUF, registered on every rail's device */
+    struct ibv_mr *nmr[VB_MAX_DEV];
+    uint64_t nb_head, nb_tail; /* notifications made / completed (in order) */
+    int nr;                    /* the rail notifications go on: 0 until it fails */
+    uint32_t nseq;             /* the last notification's sequence number */
+    uint64_t conn;             /* this connection's id, in every handshake it makes */
     struct vb_notif nodes[VB_NOTIF_SLOTS];
     uint32_t mtu;
     char tstate[48]; /* the last state shown in the transports string */
@@ -247,18 +257,20 @@ struct vb_inbound {
     struct vb_engine *eng;
     int fd;
     bool ready, dead;
-    bool armed; /* rail 0's CQ armed for an event */
-    char bye;   /* sent on the side channel before closing: 'E' QP error, 'S' shutdown */
+    char bye; /* sent on the side channel before closing: 'E' QP error, 'S' shutdown */
     size_t rlen;
     struct vb_hs req;
+    uint32_t nseq; /* the last notification delivered of req.conn (shared by its inbounds) */
     int nrails;
     struct {
         int dev;
         struct ibv_cq *cq;
         struct ibv_qp *qp;
+        bool armed; /* CQ armed for an event */
+        bool dead;  /* a completion error: the initiator fails it over */
+        char *rbuf; /* VB_RQ_DEPTH * VB_NOTIF_BUF: notifications may come on any rail */
+        struct ibv_mr *rmr;
     } rail[VB_MAX_DEV];
-    char *rbuf; /* VB_RQ_DEPTH * VB_NOTIF_BUF on rail 0 */
-    struct ibv_mr *rmr;
 };
 
 #define ENG(e)   container_of((e), struct vb_engine, base)
