@@ -30,6 +30,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/prctl.h>
+#include <sys/shm.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -495,6 +496,123 @@ static void test_damaged_blobs(struct side *a, struct side *b, kvr_xfer_peer_t *
  * was not given or that was revoked, the peer's notification is never
  * delivered (verbs: the handshake is refused) and the refusal is counted;
  * with the allowed token it is delivered. */
+/* an rkey altered and framed again; its unpack must be refused, and the
+ * process live on */
+static void shm_rkey_try(kvr_xfer_peer_t *p, uint16_t id, const uint8_t *pl, size_t n, size_t at,
+                         const void *bytes, size_t nb, const char *what)
+{
+    uint8_t *m = malloc(n);
+    KVR_CHECK(m);
+    memcpy(m, pl, n);
+    memcpy(m + at, bytes, nb);
+    void *blob;
+    size_t bl;
+    KVR_CHECK_STATUS(kvr_xfer_blob_frame(id, KVR_XFER_BLOB_RKEY, m, n, &blob, &bl), KVR_OK);
+    kvr_xfer_rmem_t *r;
+    kvr_status_t s = kvr_xfer_rmem_unpack(p, blob, bl, &r);
+    fprintf(stderr, "shm rkey naming %s: %s\n", what, kvr_status_name(s));
+    KVR_CHECK(s == KVR_ERR_NOT_FOUND || s == KVR_ERR_CORRUPT);
+    free(blob);
+    free(m);
+}
+
+/* UCX rkeys that name a shared-memory segment which is not the peer's to
+ * give.  UCX 1.13 maps the segment an rkey names while unpacking it, and
+ * when that failed it crashed inside its own error handling (a System V
+ * segment id that does not exist: SIGSEGV).  A region from
+ * kvr_xfer_mem_alloc in UCX shared memory (KVR_UCX_POOL=shm) has such a
+ * key, found here by its content: sysv - shmid (4), owner address (8) -
+ * or posix - segment id (flags in bits 60-63; in procfs mode pid in bits
+ * 0-29, fd in 30-59), address, length.  Altered to name a segment that
+ * does not exist, one of another process, one smaller than the region, the
+ * unpack is refused (the log names what was wrong) and the process lives;
+ * the intact rkey still unpacks.  Other configurations carry no such key. */
+static void test_shm_rkeys(struct side *a)
+{
+    if (strcmp(backend, "ucx") != 0)
+        return;
+    struct side t;
+    side_init2(&t, "shm-target", 0, 1);
+    void *ab, *rb;
+    size_t al, rl;
+    KVR_CHECK_STATUS(kvr_xfer_address(t.eng, &ab, &al), KVR_OK);
+    KVR_CHECK_STATUS(kvr_xfer_mem_pack(t.mem, &rb, &rl), KVR_OK);
+    kvr_xfer_peer_t *p;
+    KVR_CHECK_STATUS(kvr_xfer_connect(a->eng, ab, al, &p), KVR_OK);
+    uint16_t id;
+    memcpy(&id, (uint8_t *)rb + 6, 2);
+    const void *plv;
+    size_t n;
+    KVR_CHECK_STATUS(kvr_xfer_blob_parse(id, KVR_XFER_BLOB_RKEY, rb, rl, &plv, &n, NULL), KVR_OK);
+    const uint8_t *pl = plv;
+    /* region header 24 (length at 8), kvrail's UCX header 40, UCX's: md_map 8,
+     * memory type 1, per MD a length byte and the key */
+    size_t off = 64 + 9, posix = 0, sysv = 0;
+    uint64_t md_map = 0;
+    if (n > 64 + 9)
+        memcpy(&md_map, pl + 64, 8);
+    for (; md_map && off < n; md_map &= md_map - 1) {
+        const uint8_t *key = pl + off + 1;
+        uint64_t seg = 0;
+        int shmid;
+        struct shmid_ds ds;
+        if (pl[off] >= 24 && off + 1 + 24 <= n)
+            memcpy(&seg, key, 8);
+        if ((seg >> 63) && (pid_t)(seg & 0x3fffffff) == getpid())
+            posix = off + 1;
+        if (pl[off] == 12 && (memcpy(&shmid, key, 4), shmctl(shmid, IPC_STAT, &ds) == 0) &&
+            ds.shm_cpid == getpid())
+            sysv = off + 1;
+        off += 1u + pl[off];
+    }
+    if (sysv) {
+        int gone = 0x7ffffff0; /* no such segment */
+        shm_rkey_try(p, id, pl, n, sysv, &gone, 4, "a System V segment that does not exist");
+        /* one of another process: made by a child that has exited */
+        int pp[2];
+        KVR_CHECK(pipe(pp) == 0);
+        pid_t c = fork();
+        KVR_CHECK(c >= 0);
+        if (c == 0) {
+            int other = shmget(IPC_PRIVATE, 1 << 20, IPC_CREAT | 0600);
+            _exit(write(pp[1], &other, 4) == 4 ? 0 : 1);
+        }
+        int other = -1;
+        KVR_CHECK(read(pp[0], &other, 4) == 4 && other >= 0);
+        waitpid(c, NULL, 0);
+        close(pp[0]);
+        close(pp[1]);
+        shm_rkey_try(p, id, pl, n, sysv, &other, 4, "another process's System V segment");
+        shmctl(other, IPC_RMID, NULL);
+        uint64_t len;
+        memcpy(&len, pl + 8, 8);
+        len += 1ull << 30;
+        shm_rkey_try(p, id, pl, n, 8, &len, 8, "a System V segment smaller than the region");
+    }
+    if (posix) {
+        uint64_t seg, alt;
+        memcpy(&seg, pl + posix, 8);
+        alt = (seg & ~(0x3fffffffull << 30)) | (1000000ull << 30);
+        shm_rkey_try(p, id, pl, n, posix, &alt, 8, "an fd the peer does not have");
+        alt = (seg & ~0x3fffffffull) | 1;
+        shm_rkey_try(p, id, pl, n, posix, &alt, 8, "an fd of another process (init)");
+        alt = (1ull << 62) | 0xdeadbeefull;
+        shm_rkey_try(p, id, pl, n, posix, &alt, 8, "a shm_open name that does not exist");
+        uint64_t len;
+        memcpy(&len, pl + posix + 16, 8);
+        len += 1ull << 30;
+        shm_rkey_try(p, id, pl, n, posix + 16, &len, 8, "a length past the posix segment");
+    }
+    if (!sysv && !posix)
+        fprintf(stderr, "shm rkeys: no shared-memory key in this configuration\n");
+    kvr_xfer_rmem_t *r;
+    KVR_CHECK_STATUS(kvr_xfer_rmem_unpack(p, rb, rl, &r), KVR_OK);
+    kvr_xfer_disconnect(p);
+    free(ab);
+    free(rb);
+    side_fini(&t, 1);
+}
+
 static kvr_status_t token_try(struct side *a, kvr_xfer_engine_t *t, const uint8_t *token)
 {
     void *blob;
@@ -909,6 +1027,7 @@ int main(int argc, char **argv)
     test_bad_input(&a, &b, p, r);
     test_timeouts(&a, &b, p, r);
     test_event_fd(&a, &b, p);
+    test_shm_rkeys(&a);
     test_damaged_blobs(&a, &b, p);
     test_tokens(&a);
     test_peer_gone(&a, &b, p, r);

@@ -580,7 +580,8 @@ static kvr_status_t ucx_connect(kvr_xfer_peer_t *base, const void *addr, size_t 
      * parsed first in a child, then given to UCX padded (ucx_check.c) */
     uint8_t *wa = ucx_check_pad((const uint8_t *)addr + sizeof(h), h.wa_len);
     const char *why = "";
-    kvr_status_t cs = wa ? ucx_check_address(e, wa, &why) : KVR_ERR_NO_MEMORY;
+    kvr_status_t cs = wa ? ucx_check_address(e, wa, &p->shm, &why) : KVR_ERR_NO_MEMORY;
+    p->same_host = local;
     if (cs != KVR_OK) {
         KVR_LOG_ERROR(COMP,
                       "%s: connect to pid %d: its UCX worker address (%u bytes) is not one this "
@@ -706,6 +707,21 @@ static kvr_status_t ucx_rmem_unpack(kvr_xfer_rmem_t *base, const void *buf, size
                       "sent a damaged or foreign rkey",
                       base->peer->engine->name, (int)p->pid, h.rkey_len,
                       rk ? why : "out of memory");
+        free(rk);
+        return cs;
+    }
+    /* a shared-memory key names a segment that UCX maps while unpacking (and
+     * UCX 1.13 crashed when it could not): it must be the peer's and there.
+     * (A peer on another host: UCX finds its shared memory unreachable and
+     * skips those keys.) */
+    char swhy[256];
+    cs = p->same_host ? ucx_check_rkey_shm(p, rk, h.rkey_len, base->len, swhy, sizeof(swhy))
+                      : KVR_OK;
+    if (cs != KVR_OK) {
+        KVR_LOG_ERROR(COMP,
+                      "%s: rkey of pid %d refused before UCX maps it: %s; the peer sent a "
+                      "damaged or forged rkey (%s)",
+                      base->peer->engine->name, (int)p->pid, swhy, kvr_status_name(cs));
         free(rk);
         return cs;
     }

@@ -30,6 +30,19 @@
  * inside the bytes received: ucp_ep_rkey_unpack cannot run in a child,
  * because on an endpoint still being wired up it may send, and the child's
  * message would reach the peer (seen as an assertion on an endpoint id).
+ *
+ * Shared-memory keys.  UCX maps the segment a posix or sysv key names while
+ * unpacking the rkey (open of /proc/PID/fd/FD or shm_open + mmap; shmat),
+ * and when that fails UCX 1.13 destroys the half-made rkey and crashes
+ * (SIGSEGV in uct_rkey_release): an rkey naming a segment that does not
+ * exist killed the process.  Which of the peer's MDs are posix and sysv is
+ * read from its worker address by the same child (the address entries'
+ * md_index and transport name; passed back on a pipe); for a peer on this
+ * host each such key is then checked here before UCX sees it: the segment
+ * exists, is the peer's (procfs: its pid; shm_open: owned by its uid;
+ * sysv: made by its pid) and holds the region.  Without the child's answer
+ * (KVR_UCX_CHECK=0 skips both, another UCX version) keys are judged by
+ * their form (a 12-byte key is sysv's, a posix one carries its mode bits).
  */
 #include "ucx_internal.h"
 
@@ -42,6 +55,8 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/shm.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <uct/api/uct.h>
@@ -106,8 +121,9 @@ static bool sane(double v)
     return isfinite(v) && v >= 0;
 }
 
-/* the child: 0 when UCX parses the address and its figures are usable */
-static int child_parse(struct ucx_engine *e, const uint8_t *padded)
+/* the child: 0 when UCX parses the address and its figures are usable;
+ * writes the peer's shared-memory MDs (struct ucx_shm_mds) to out_fd */
+static int child_parse(struct ucx_engine *e, const uint8_t *padded, int out_fd)
 {
     struct uc_unpacked u = {0};
     if (ucp_address_unpack(e->worker, padded, UNPACK_FLAGS, &u) != UCS_OK)
@@ -139,6 +155,19 @@ static int child_parse(struct ucx_engine *e, const uint8_t *padded)
             (memcpy(&seg, a[i].iface_addr, 8), (seg & (3ull << 62)) == 0))
             return 4;
     }
+    struct ucx_shm_mds shm = {.known = true};
+    for (unsigned i = 0; i < u.address_count; i++) {
+        if (a[i].md_index >= 64)
+            return 5;
+        if (a[i].tl_name_csum == cs[2])
+            shm.posix |= 1ull << a[i].md_index;
+        if (a[i].tl_name_csum == cs[3])
+            shm.sysv |= 1ull << a[i].md_index;
+    }
+    if (write(out_fd, &shm, sizeof(shm)) != (ssize_t)sizeof(shm))
+        return 6;
+#else
+    (void)out_fd;
 #endif
     return 0;
 }
@@ -152,17 +181,27 @@ uint8_t *ucx_check_pad(const void *src, size_t len)
 }
 
 /* runs UCX's address parse in a child; KVR_OK when it survived and succeeded */
-static kvr_status_t check_in_child(struct ucx_engine *e, const uint8_t *padded, const char **why_p)
+static kvr_status_t check_in_child(struct ucx_engine *e, const uint8_t *padded,
+                                   struct ucx_shm_mds *shm, const char **why_p)
 {
+    memset(shm, 0, sizeof(*shm));
     const char *env = getenv("KVR_UCX_CHECK");
     if (env && strcmp(env, "0") == 0)
         return KVR_OK;
+    int pp[2];
+    if (pipe2(pp, O_CLOEXEC | O_NONBLOCK) != 0) {
+        *why_p = "pipe for the check failed";
+        return KVR_ERR_IO;
+    }
     pid_t c = fork();
     if (c < 0) {
+        close(pp[0]);
+        close(pp[1]);
         *why_p = "fork for the check failed";
         return KVR_ERR_IO;
     }
     if (c == 0) {
+        close(pp[0]);
         int fd = open("/dev/null", O_WRONLY);
         if (fd >= 0) {
             dup2(fd, 1);
@@ -170,8 +209,9 @@ static kvr_status_t check_in_child(struct ucx_engine *e, const uint8_t *padded, 
         }
         signal(SIGALRM, SIG_DFL);
         alarm(1 + KVR_UCX_CHECK_MS / 1000); /* a second bound, should the parent die */
-        _exit(child_parse(e, padded));
+        _exit(child_parse(e, padded, pp[1]));
     }
+    close(pp[1]);
     int pfd = (int)syscall(SYS_pidfd_open, c, 0);
     if (pfd >= 0) {
         struct pollfd pf = {.fd = pfd, .events = POLLIN};
@@ -185,6 +225,10 @@ static kvr_status_t check_in_child(struct ucx_engine *e, const uint8_t *padded, 
     int st = 0;
     while (waitpid(c, &st, 0) < 0 && errno == EINTR)
         ;
+    struct ucx_shm_mds got;
+    if (read(pp[0], &got, sizeof(got)) == (ssize_t)sizeof(got) && got.known)
+        *shm = got;
+    close(pp[0]);
     if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
         return KVR_OK;
     *why_p = WIFSIGNALED(st) ? (WTERMSIG(st) == SIGKILL ? "UCX's parse did not finish in time"
@@ -194,9 +238,10 @@ static kvr_status_t check_in_child(struct ucx_engine *e, const uint8_t *padded, 
     return KVR_ERR_CORRUPT;
 }
 
-kvr_status_t ucx_check_address(struct ucx_engine *e, const uint8_t *padded, const char **why_p)
+kvr_status_t ucx_check_address(struct ucx_engine *e, const uint8_t *padded, struct ucx_shm_mds *shm,
+                               const char **why_p)
 {
-    return check_in_child(e, padded, why_p);
+    return check_in_child(e, padded, shm, why_p);
 }
 
 kvr_status_t ucx_check_rkey(const uint8_t *rk, size_t len, const char **why_p)
@@ -220,6 +265,153 @@ kvr_status_t ucx_check_rkey(const uint8_t *rk, size_t len, const char **why_p)
             return KVR_ERR_CORRUPT;
         }
         off += 1u + rk[off];
+    }
+    return KVR_OK;
+}
+
+/* --- shared-memory keys --------------------------------------------------- */
+
+/* UCX's posix key (mm_posix.c): segment id - flags in bits 60-63, then in
+ * procfs mode the owner's pid (bits 0-29) and fd (bits 30-59), in shm_open
+ * mode the name's number - address, length; sysv's (mm_sysv.c): shmid,
+ * owner's address.  UCX maps the segment while unpacking the rkey (open +
+ * mmap, or shmat), and in 1.13 a segment that is not there made it crash
+ * in its own error path (the half-made rkey destroyed): so every such key
+ * is checked here first. */
+#define POSIX_PROCFS   (1ull << 63)
+#define POSIX_SHM_OPEN (1ull << 62)
+#define POSIX_FLAGS    (15ull << 60)
+#define MASK30         0x3fffffffull
+#define POSIX_KEY_LEN  24u
+#define SYSV_KEY_LEN   12u
+
+/* the uid the peer runs as (it owns its segments) */
+static int peer_uid(pid_t pid, uid_t *uid)
+{
+    char path[32];
+    struct stat st;
+    snprintf(path, sizeof(path), "/proc/%d", (int)pid);
+    if (stat(path, &st) != 0)
+        return -1;
+    *uid = st.st_uid;
+    return 0;
+}
+
+static kvr_status_t check_posix(const struct ucx_peer *p, const uint8_t *key, unsigned klen,
+                                uint64_t region_len, char *why, size_t cap)
+{
+    uint64_t seg, length;
+    if (klen < POSIX_KEY_LEN) {
+        snprintf(why, cap, "a posix shared-memory key of %u bytes (at least %u)", klen,
+                 POSIX_KEY_LEN);
+        return KVR_ERR_CORRUPT;
+    }
+    memcpy(&seg, key, 8);
+    memcpy(&length, key + 16, 8);
+    char path[96];
+    struct stat st;
+    if (seg & POSIX_PROCFS) {
+        int pid = (int)(seg & MASK30), fd = (int)((seg >> 30) & MASK30);
+        if (pid != (int)p->pid) {
+            snprintf(why, cap,
+                     "its posix key names fd %d of pid %d, not a segment of the peer (pid %d)", fd,
+                     pid, (int)p->pid);
+            return KVR_ERR_CORRUPT;
+        }
+        snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, fd);
+        if (stat(path, &st) != 0) {
+            snprintf(why, cap, "its posix key names %s, which does not exist (%s)", path,
+                     strerror(errno));
+            return KVR_ERR_NOT_FOUND;
+        }
+    } else if (seg & POSIX_SHM_OPEN) {
+        snprintf(path, sizeof(path), "/dev/shm/ucx_shm_posix_%llx",
+                 (unsigned long long)(seg & ~POSIX_FLAGS));
+        uid_t uid;
+        if (stat(path, &st) != 0) {
+            snprintf(why, cap, "its posix key names %s, which does not exist (%s)", path,
+                     strerror(errno));
+            return KVR_ERR_NOT_FOUND;
+        }
+        if (peer_uid(p->pid, &uid) != 0 || st.st_uid != uid) {
+            snprintf(why, cap, "its posix key names %s, which the peer (pid %d) does not own", path,
+                     (int)p->pid);
+            return KVR_ERR_CORRUPT;
+        }
+    } else {
+        snprintf(why, cap,
+                 "its posix key names a segment in a directory (UCX_POSIX_USE_PROC_LINK=n), "
+                 "a form kvrail does not accept");
+        return KVR_ERR_CORRUPT;
+    }
+    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < length || length < region_len) {
+        snprintf(why, cap,
+                 "its posix key names %s of %lld bytes for a segment of %llu (the region is %llu)",
+                 path, (long long)st.st_size, (unsigned long long)length,
+                 (unsigned long long)region_len);
+        return KVR_ERR_CORRUPT;
+    }
+    return KVR_OK;
+}
+
+static kvr_status_t check_sysv(const struct ucx_peer *p, const uint8_t *key, unsigned klen,
+                               uint64_t region_len, char *why, size_t cap)
+{
+    if (klen < SYSV_KEY_LEN) {
+        snprintf(why, cap, "a sysv shared-memory key of %u bytes (at least %u)", klen,
+                 SYSV_KEY_LEN);
+        return KVR_ERR_CORRUPT;
+    }
+    int shmid;
+    memcpy(&shmid, key, 4);
+    struct shmid_ds ds;
+    if (shmctl(shmid, IPC_STAT, &ds) != 0) {
+        snprintf(why, cap, "its sysv key names segment %d, which %s (%s)", shmid,
+                 errno == EACCES ? "this process may not read" : "does not exist", strerror(errno));
+        return errno == EACCES ? KVR_ERR_CORRUPT : KVR_ERR_NOT_FOUND;
+    }
+    if (ds.shm_cpid != p->pid) {
+        snprintf(why, cap, "its sysv key names segment %d of pid %d, not one of the peer (pid %d)",
+                 shmid, (int)ds.shm_cpid, (int)p->pid);
+        return KVR_ERR_CORRUPT;
+    }
+    if ((uint64_t)ds.shm_segsz < region_len) {
+        snprintf(why, cap, "its sysv key names segment %d of %zu bytes, the region is %llu", shmid,
+                 (size_t)ds.shm_segsz, (unsigned long long)region_len);
+        return KVR_ERR_CORRUPT;
+    }
+    return KVR_OK;
+}
+
+kvr_status_t ucx_check_rkey_shm(const struct ucx_peer *p, const uint8_t *rk, size_t len,
+                                uint64_t region_len, char *why, size_t cap)
+{
+    const char *env = getenv("KVR_UCX_CHECK");
+    if (env && strcmp(env, "0") == 0)
+        return KVR_OK;
+    uint64_t md_map;
+    memcpy(&md_map, rk, 8);
+    size_t off = 9; /* (ucx_check_rkey: every key lies inside the len bytes) */
+    for (; md_map && off < len; md_map &= md_map - 1) {
+        unsigned md = (unsigned)__builtin_ctzll(md_map), klen = rk[off];
+        const uint8_t *key = rk + off + 1;
+        bool posix, sysv;
+        if (p->shm.known) {
+            posix = (p->shm.posix >> md) & 1;
+            sysv = (p->shm.sysv >> md) & 1;
+        } else { /* by its form: a sysv key is 12 bytes, a posix one says its mode */
+            uint64_t seg = 0;
+            if (klen >= POSIX_KEY_LEN)
+                memcpy(&seg, key, 8);
+            sysv = klen == SYSV_KEY_LEN;
+            posix = !sysv && klen >= POSIX_KEY_LEN && (seg & (POSIX_PROCFS | POSIX_SHM_OPEN));
+        }
+        kvr_status_t s = posix  ? check_posix(p, key, klen, region_len, why, cap)
+                         : sysv ? check_sysv(p, key, klen, region_len, why, cap)
+                                : KVR_OK;
+        if (s != KVR_OK)
+            return s;
+        off += 1u + klen;
     }
     return KVR_OK;
 }

@@ -65,6 +65,14 @@ struct ucx_engine {
     bool pool_logged; /* ucx_local_mem_alloc said which memory pools get */
 };
 
+/* which of a peer's memory domains (its MD indices: the bits of an rkey's
+ * md_map) are UCX shared memory, whose keys name a segment that unpacking
+ * maps: read from its worker address by the check's child */
+struct ucx_shm_mds {
+    uint64_t posix, sysv;
+    bool known; /* false: not parsed (KVR_UCX_CHECK=0, another UCX): keys judged by their form */
+};
+
 struct ucx_peer {
     struct kvr_xfer_peer base;
     ucp_ep_h ep;
@@ -73,8 +81,10 @@ struct ucx_peer {
     struct ucx_pflush *fl; /* kvr_xfer_flush's endpoint flush (made at connect) */
     int pidfd;             /* local peer watched, or -1 */
     pid_t pid;
-    struct ucx_notif *nq; /* notifications in order: waiting flush, ready, sending */
-    bool local_ok;        /* same host, death watched (pidfd) or this process */
+    struct ucx_notif *nq;   /* notifications in order: waiting flush, ready, sending */
+    bool local_ok;          /* same host, death watched (pidfd) or this process */
+    bool same_host;         /* its address names this host and pid namespace */
+    struct ucx_shm_mds shm; /* its MDs whose rkeys name shared memory (ucx_check.c) */
 };
 
 /* the endpoint flush kvr_xfer_flush issues; outlives its peer when the peer
@@ -166,10 +176,18 @@ uint8_t *ucx_check_pad(const void *src, size_t len);
 /** Parses a padded worker address in a forked child as UCX would.
  *  @return KVR_OK; KVR_ERR_CORRUPT (UCX refused it, crashed or hung on it;
  *          *why_p says which); KVR_ERR_IO (no child could be made). */
-kvr_status_t ucx_check_address(struct ucx_engine *e, const uint8_t *padded, const char **why_p);
+kvr_status_t ucx_check_address(struct ucx_engine *e, const uint8_t *padded, struct ucx_shm_mds *shm,
+                               const char **why_p);
 /** Checks the structure of a packed UCX rkey of len bytes.
  *  @return KVR_OK; KVR_ERR_CORRUPT (*why_p says what is wrong). */
 kvr_status_t ucx_check_rkey(const uint8_t *rk, size_t len, const char **why_p);
+/** Checks every shared-memory key of a structurally sound rkey of peer p
+ *  (same host) against the segment it names, before UCX maps it: the
+ *  segment must exist, be the peer's, and hold region_len bytes.
+ *  @return KVR_OK; KVR_ERR_NOT_FOUND (no such segment) or KVR_ERR_CORRUPT
+ *          (another process's, too small, a form not accepted); why names it. */
+kvr_status_t ucx_check_rkey_shm(const struct ucx_peer *p, const uint8_t *rk, size_t len,
+                                uint64_t region_len, char *why, size_t cap);
 
 /* from ucx.c */
 void ucx_peer_failed(struct ucx_peer *p, kvr_status_t s, const char *why);
