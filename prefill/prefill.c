@@ -313,6 +313,25 @@ static kvr_status_t dinfo_get(struct prefill *p, const Kvrail__PrefillTarget *t,
     return KVR_OK;
 }
 
+/* What a refused connection to a decode node means, for the error the
+ * client gets (the transport logs its own detail here). */
+static const char *connect_why(kvr_status_t s)
+{
+    switch (s) {
+    case KVR_ERR_CORRUPT:
+        return "the transport address it registered was refused: damaged, or not one this "
+               "node's transport can use (a broken or foreign decode node)";
+    case KVR_ERR_VERSION:
+    case KVR_ERR_MISMATCH:
+    case KVR_ERR_UNSUPPORTED:
+        return "its transport address is of another transport backend or version";
+    case KVR_ERR_TIMEOUT:
+        return "its transport side channel did not answer";
+    default:
+        return "its transport address could not be reached";
+    }
+}
+
 static kvr_status_t peer_get(struct prefill *p, const Kvrail__PrefillTarget *t, struct dpeer **d_p,
                              char *err, size_t err_len)
 {
@@ -371,8 +390,8 @@ static kvr_status_t peer_get(struct prefill *p, const Kvrail__PrefillTarget *t, 
             ? kvr_xfer_connect_token(p->node.xfer, di->addr, di->addr_len, di->token, &d->peer)
             : kvr_xfer_connect(p->node.xfer, di->addr, di->addr_len, &d->peer);
     if (s != KVR_OK) {
-        snprintf(err, err_len, "cannot connect to decode node '%s': %s", t->decode_node,
-                 kvr_status_str(s));
+        snprintf(err, err_len, "cannot connect to decode node '%s' (%s): %s", t->decode_node,
+                 kvr_status_str(s), connect_why(s));
         free(d->rmem);
         free(d);
         return s;
@@ -638,18 +657,21 @@ static kvr_status_t apply_target(struct prefill *p, struct preq *r, const Kvrail
 {
     const struct kvr_kv_layout *L = &p->node.layout;
     uint32_t nb = (uint32_t)((r->n_tokens + L->block_size - 1) / L->block_size);
-    char err[200];
+    char err[300];
+    const char *dn = t->decode_node ? t->decode_node : "?";
     if (t->n_block_ids < nb) {
-        snprintf(r->errmsg, sizeof r->errmsg, "target has %zu blocks, the prompt needs %u",
-                 t->n_block_ids, nb);
+        snprintf(r->errmsg, sizeof r->errmsg,
+                 "decode node '%s' reserved %zu blocks, the prompt needs %u (a broken or "
+                 "foreign decode node)",
+                 dn, t->n_block_ids, nb);
         return KVR_ERR_INVALID;
     }
     if (t->cached_tokens % (uint32_t)L->block_size != 0 ||
         t->cached_tokens >= (uint32_t)r->n_tokens) {
         snprintf(r->errmsg, sizeof r->errmsg,
-                 "target cached_tokens %u is not a whole number of "
+                 "decode node '%s' reserved with cached_tokens %u, not a whole number of "
                  "blocks below the prompt length %d",
-                 t->cached_tokens, r->n_tokens);
+                 dn, t->cached_tokens, r->n_tokens);
         return KVR_ERR_INVALID;
     }
     kvr_status_t s = peer_get(p, t, &r->peer, err, sizeof err);
@@ -1152,10 +1174,15 @@ static void check_active(struct prefill *p)
             continue;
         unlink_req(&p->active, r);
         if (st != KVR_OK) {
-            /* PrefillDone went out already; the decode node never gets a
-             * usable KV_READY and its lease fails the request there */
-            KVR_LOG_WARN(COMP, "request %" PRIu64 ": KV transfer to '%s' failed: %s", r->id,
-                         r->peer->name, kvr_status_str(st));
+            /* the decode node never gets a usable KV_READY: a second
+             * PrefillDone tells the router the cause now (it retries the
+             * prefill), rather than the decode node's lease running out */
+            char why[200];
+            snprintf(why, sizeof why,
+                     "KV transfer to decode node '%s' failed after the prompt was computed: %s",
+                     r->peer->name, kvr_status_str(st));
+            KVR_LOG_WARN(COMP, "request %" PRIu64 ": %s", r->id, why);
+            send_done(p, r, st, why);
             kvr_node_metrics_transfer_failed(st);
             r->peer->failed = true;
             p->n_failed++;

@@ -23,6 +23,8 @@ void rt_failover_prefill_failed(rt_t *r, struct rt_req *q, uint64_t now, kvr_sta
                                 const char *why)
 {
     const char *pname = q->p >= 0 ? r->nodes[q->p].name : "(decode node)";
+    if (!q->first_why[0])
+        snprintf(q->first_why, sizeof q->first_why, "on %s: %s", pname, why);
     if (q->retries < r->cl->prefill_retries && q->n_out == q->index_base) {
         q->retries++;
         r->st.retries++;
@@ -38,8 +40,17 @@ void rt_failover_prefill_failed(rt_t *r, struct rt_req *q, uint64_t now, kvr_sta
         r->pump_wanted = true;
         return;
     }
-    rt_req_finish(r, q, code, KVRAIL__FINISH_REASON__FINISH_ERROR, true, now,
-                  "prefill on %s failed after %u retries: %s", pname, q->retries, why);
+    /* the last failure may be a symptom of the first (a retry against the
+     * same bad peer): the client is told both */
+    char last[256];
+    snprintf(last, sizeof last, "on %s: %s", pname, why);
+    if (q->retries && strcmp(last, q->first_why) != 0)
+        rt_req_finish(r, q, code, KVRAIL__FINISH_REASON__FINISH_ERROR, true, now,
+                      "prefill failed after %u retries; first %s; last %s", q->retries,
+                      q->first_why, last);
+    else
+        rt_req_finish(r, q, code, KVRAIL__FINISH_REASON__FINISH_ERROR, true, now,
+                      "prefill on %s failed after %u retries: %s", pname, q->retries, why);
 }
 
 /* The new dispatch continues from prompt + streamed tokens.  False when out

@@ -176,7 +176,8 @@ static kvr_status_t check_layout(rt_t *r, const struct rt_node *self,
             {"vocab_size", l->vocab_size, o->vocab_size},
         };
         for (size_t k = 0; k < sizeof f / sizeof f[0]; k++)
-            if (f[k].mine != f[k].theirs && (k < 4 || f[k].mine)) { /* model sizes: when given */
+            if (f[k].mine != f[k].theirs && (k < 4 || (f[k].mine && f[k].theirs))) {
+                /* the model's sizes: when both gave them */
                 snprintf(err, err_len,
                          "register: KV layout field %s is %u, but live node %s has %u (every node "
                          "must run the same model with the same cluster file)",

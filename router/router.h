@@ -171,6 +171,7 @@ struct rt_req {
     int bad_p;      /* prefill node that failed this request last, -1 */
     bool local;
     uint32_t retries;
+    char first_why[256]; /* the first failure's cause: the final error names it too */
     uint32_t need_blocks;
     uint32_t cached_tokens;
     uint32_t *block_ids;

@@ -9,8 +9,9 @@ and checksummed correctly but whose UCX worker address says version 13
 (UCX 1.13 asserts on it: 'addr version 13'), garbage rkeys, and answers
 every reservation.  A prompt is then routed to it; the prefill node is
 sent the address and connects.  Asserted: the request ends (an error, not a
-hang), prefill0 is alive and still registered, its log names the refused
-address, and - with a real decode node again - the next prompt gives
+hang) and its message names the refused address of decode1 (not the
+symptom of the retries after it), prefill0 is alive and still registered,
+its log names the refused address, and - with a real decode node again - the next prompt gives
 `kvrail run`'s tokens.  The control: the same with KVR_UCX_CHECK=0 on the
 prefill node (the check off) would have the prefill node die; it is not run
 here, the conformance test shows the abort (test_damaged_blobs).
@@ -132,6 +133,10 @@ def main():
         # long enough to be prefilled remotely (past the local-prefill threshold)
         r = generate(bins, c, " ".join("word%d" % i for i in range(80)), 8)
         check(r.returncode != 0, "a request through a garbage address succeeded: %s" % r.stdout)
+        # the client is told the cause (the refused address of decode1), not
+        # only a symptom of the retries that followed it
+        check("decode1" in r.stderr and "transport address it registered was refused" in
+              r.stderr, "the error does not name the refused address: %s" % r.stderr)
         wait_log(c, "prefill0", "is not one this UCX can use")
         c.check_alive()  # prefill0 (and the router) still running
         print("garbage address: request ended with an error in %.1f s (%s); prefill0 alive, "
