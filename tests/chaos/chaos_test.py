@@ -7,6 +7,8 @@ a time, each role both ways:
   kill -9 prefill0, restart it;   kill -9 decode1, restart it;
   SIGSTOP prefill1 for longer than the heartbeat timeout, SIGCONT it;
   SIGSTOP decode0 the same way, SIGCONT it;
+  SIGSTOP both decode nodes until requests fail at the node level (no live
+  decode node within timeouts.queue_ms), SIGCONT them;
   kill -9 the router, restart it on the same endpoints.
 
 Each fault waits until the load has made progress since the last one, and
@@ -16,7 +18,9 @@ Asserted:
   deadline (which is longer than the router's request deadline);
 - every request that completes has exactly `kvrail run`'s greedy tokens and
   logprobs (bit for bit); every
-  other one failed with a status and a message saying why;
+  other one failed with a status and a message saying why; with both
+  decode nodes gone, requests end with the node-level error (no live
+  decode node) - a failure that is not the router's lost connection;
 - every fault is detected by the router (the node shown dead) and every
   node rejoins (alive again) and serves requests afterwards (its own
   counters rise after it is back); after the router's restart every node
@@ -44,6 +48,8 @@ from cluster_lib import (Bins, ClientCluster, Fail, add_bin_args, check, killgro
                          workdir)
 
 HB_MS, HB_TIMEOUT_MS = 100, 1000
+QUEUE_MS = 2500  # a request with no live decode node fails after this
+NO_DECODE = "no live decode node"
 
 
 def prompts_with_shared_prefixes(n, seed=21, vocab=512):
@@ -107,6 +113,14 @@ def completed(path):
         return 0
 
 
+def failed_with(path, text):
+    try:
+        with open(path) as f:
+            return sum(1 for line in f if text in json.loads(line).get("message", ""))
+    except (OSError, ValueError):
+        return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     add_bin_args(ap)
@@ -131,6 +145,7 @@ def main():
     y = y.replace("heartbeat_timeout_ms: 3000", "heartbeat_timeout_ms: %d\n  prefill_ms: 5000"
                   % HB_TIMEOUT_MS)
     y = y.replace("request_ms: 120000", "request_ms: 30000")
+    y = y.replace("queue_ms: 5000", "queue_ms: %d" % QUEUE_MS)
     with open(c.config, "w") as f:
         f.write(y)
     r = run([bins.kvrail, "keygen", "--config", c.config, "--client", "chaos"], timeout=30)
@@ -195,6 +210,43 @@ def main():
                   "back %.2f s after %s" % (
                       how, name, t_detect, HB_TIMEOUT_MS / 1000, t_rejoin,
                       "the restart" if how == "kill" else "SIGCONT"))
+        # both decode nodes gone at once, longer than a request may queue:
+        # requests must fail at the node level with a clear error (never
+        # hang), then both come back
+        base = completed(of)
+        wait_for("the load to progress before stopping both decode nodes",
+                 lambda: completed(of) >= base + 12 or load.poll() is not None, timeout=60)
+        check(load.poll() is None, "the load ended early:\n%s" % c.tail("router"))
+        nd0 = failed_with(of, NO_DECODE)
+        t0 = time.time()
+        dps = [proc_of(c, n) for n in c.decodes]
+        for p in dps:
+            killgroup(p, signal.SIGSTOP)
+        for n in c.decodes:
+            wait_for("the router to find %s dead" % n, lambda: node_alive(c, n) is False,
+                     timeout=30, step=0.02)
+        t_detect = max(router_event(c, r"node %s \(\w+\) is dead" % n, t0) or t0 + 99
+                       for n in c.decodes) - t0
+        # state, not time: until requests have ended with the node-level error
+        wait_for("requests to fail with '%s'" % NO_DECODE,
+                 lambda: failed_with(of, NO_DECODE) > nd0, timeout=30, step=0.05)
+        n_nodec = failed_with(of, NO_DECODE) - nd0
+        t1 = time.time()
+        for p in dps:
+            killgroup(p, signal.SIGCONT)
+        before = {n: served(c, n) for n in c.decodes}
+        for n in c.decodes:
+            wait_for("%s to rejoin" % n, lambda: node_alive(c, n) is True, timeout=30, step=0.02)
+        t_back = max(router_event(c, r"node %s (registered|is back)" % n, t1) or t1 + 99
+                     for n in c.decodes) - t1
+        faults.append({"node": "decode0+decode1", "fault": "SIGSTOP both", "detect_s": t_detect,
+                       "rejoin_s": t_back, "served_before": 0})
+        for n in c.decodes:
+            faults.append({"node": n, "fault": "(serves again)", "detect_s": float("nan"),
+                           "rejoin_s": float("nan"), "served_before": before[n], "hidden": True})
+        print("SIGSTOP both decode nodes: found dead after %.2f s; %d requests failed with '%s' "
+              "(queue_ms %d); both back %.2f s after SIGCONT" % (
+                  t_detect, n_nodec, NO_DECODE, QUEUE_MS, t_back))
         # the router itself: kill -9 under load and restart it on the same
         # endpoints; open streams end with the lost-connection error, the
         # nodes register again, the client's connection comes back
@@ -202,8 +254,8 @@ def main():
         wait_for("the load to progress before killing the router",
                  lambda: completed(of) >= base + 12 or load.poll() is not None, timeout=60)
         rt0 = (c.status() or {}).get("router", {})
-        check(rt0.get("dead_nodes", 0) >= 4,
-              "the router counted %s dead nodes for 4 faults" % rt0.get("dead_nodes"))
+        check(rt0.get("dead_nodes", 0) >= 6,
+              "the router counted %s dead nodes for 6 node faults" % rt0.get("dead_nodes"))
         print("first router: dead_nodes %s, retries %s, auth_refused %s" % (
             rt0.get("dead_nodes"), rt0.get("retries"), rt0.get("auth_refused")))
         rp = proc_of(c, "router")
@@ -228,7 +280,7 @@ def main():
               % t_all)
         # every node serves again after coming back (the load goes on)
         for f in faults:
-            if f["node"] == "router":
+            if f["node"] in ("router", "decode0+decode1"):
                 continue
             n = f["node"]
             wait_for("%s to serve requests after rejoining" % n,
@@ -259,6 +311,9 @@ def main():
         check(not bad, "%d completed requests differ from kvrail run, e.g. id %s: %s" % (
             len(bad), bad[0]["id"], diff_output(bad[0], ref[bad[0]["id"]])) if bad else "")
         check(not unclear, "failed without a message: %s" % unclear[:2])
+        nodec = [o for o in failed if NO_DECODE in o["message"]]
+        check(nodec, "no request failed with the node-level error '%s': %s" % (NO_DECODE,
+                                                                              reasons))
         check(len(ok) >= len(results) // 2, "most requests failed: %s" % reasons)
 
         # no stranded blocks: only the prefix cache is left in the pools
@@ -279,6 +334,8 @@ def main():
         print("| fault | node | detected dead after (s) | rejoined after (s) |")
         print("|---|---|---:|---:|")
         for f in faults:
+            if f.get("hidden"):
+                continue
             print("| %s | %s | %s | %.2f |" % (
                 f["fault"], f["node"], "-" if f["node"] == "router" else "%.2f" % f["detect_s"],
                 f["rejoin_s"]))
