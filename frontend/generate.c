@@ -273,7 +273,7 @@ static bool take_all(struct fe_run *run, struct choice *c)
     bool any = false;
     while (!c->ended) {
         struct kvr_gen_token t;
-        kvr_status_t st = kvr_gen_stream_next(c->s, 0, &t);
+        kvr_status_t st = kvr_gen_stream_take(c->s, &t); /* what the loop's wait filed */
         if (st == KVR_OK) {
             absorb(run, c, &t);
             any = true;

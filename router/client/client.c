@@ -626,6 +626,24 @@ kvr_status_t kvr_gen_stream_next_sized(kvr_gen_stream_t *s, int timeout_ms,
     }
 }
 
+kvr_status_t kvr_gen_stream_take_sized(kvr_gen_stream_t *s, struct kvr_gen_token *tok_p,
+                                       size_t tok_size)
+{
+    if (!s || !tok_p || tok_size < sizeof(size_t))
+        return KVR_ERR_INVALID;
+    while (s->head) {
+        struct kvr_gen_token t;
+        kvr_status_t st = take(s, &t);
+        if (st == KVR_OK) {
+            t.size = sizeof(t);
+            copy_out(tok_p, tok_size, &t, sizeof(t));
+        }
+        if (st == KVR_OK || st == KVR_ERR_CLOSED)
+            return st;
+    }
+    return s->ended ? KVR_ERR_CLOSED : KVR_ERR_TIMEOUT;
+}
+
 kvr_status_t kvr_client_wait(kvr_client_t *c, int timeout_ms)
 {
     if (!c)

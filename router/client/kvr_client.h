@@ -171,6 +171,13 @@ kvr_status_t kvr_gen_stream_next_sized(kvr_gen_stream_t *s, int timeout_ms,
                                        struct kvr_gen_token *tok_p, size_t tok_size);
 #define kvr_gen_stream_next(s, timeout_ms, tok_p)                                                  \
     kvr_gen_stream_next_sized((s), (timeout_ms), (tok_p), sizeof(*(tok_p)))
+/** kvr_gen_stream_next without touching the socket: only frames already
+ *  filed with the stream (by a wait), for a loop that has just waited
+ *  (kvr_client_wait_fd, kvr_client_next_ready).  Use kvr_gen_stream_take().
+ *  @return KVR_OK; KVR_ERR_CLOSED; KVR_ERR_TIMEOUT (nothing filed). */
+kvr_status_t kvr_gen_stream_take_sized(kvr_gen_stream_t *s, struct kvr_gen_token *tok_p,
+                                       size_t tok_size);
+#define kvr_gen_stream_take(s, tok_p) kvr_gen_stream_take_sized((s), (tok_p), sizeof(*(tok_p)))
 /** The final status and usage, once next returned KVR_ERR_CLOSED (the
  *  library's struct: res->size tells which fields it has). */
 const struct kvr_gen_result *kvr_gen_stream_result(const kvr_gen_stream_t *s);
