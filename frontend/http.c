@@ -2,15 +2,14 @@
  * http.c - kvrail-frontend's HTTP server and its event loop (libmicrohttpd
  * in external epoll mode, keep-alive as HTTP/1.1 has it).
  *
- * One thread (fe_http_serve) waits on the loop's router client (one DEALER
- * socket carrying every request's streams) and one epoll set holding
- * libmicrohttpd's epoll descriptor and the sockets of suspended
- * connections.  A generation request, once parsed, starts its streams and
- * suspends its connection; the router's frames are handed to their runs
- * (generate.c), which resume the connection as soon as there is something
- * to answer (the first event of every choice, tokens to stream, the end),
- * and libmicrohttpd runs in the same turn of the loop, so a token crosses
- * no thread of ours.  A streamed answer's reader suspends the connection
+ * One thread (fe_http_serve) waits on one epoll set holding libmicrohttpd's
+ * epoll descriptor, the loop's router client's descriptors (one DEALER
+ * socket carrying every request's streams, and its connection monitor:
+ * ZeroMQ's ZMQ_FD, kvr_client_fds) and the sockets of running requests.  A generation request, once
+ * parsed, starts its streams and suspends its connection; the router's frames are handed to their
+ * runs (generate.c), which resume the connection as soon as there is something to answer (the first
+ * event of every choice, tokens to stream, the end), and libmicrohttpd runs in the same turn of the
+ * loop, so a token crosses no thread of ours.  A streamed answer's reader suspends the connection
  * when it has nothing to send.  While a connection is suspended
  * libmicrohttpd does not watch it, so while a request runs its socket is in
  * the loop's epoll set for EPOLLRDHUP (one-shot, added once per request):
@@ -68,6 +67,7 @@ static int epfd_ = -1;        /* libmicrohttpd's epoll fd + suspended connection
 static bool stopping;
 static atomic_int ready_threads;
 static uint64_t last_ping_ns;
+static char zmq_tag[2]; /* epoll data of the router client's socket and monitor */
 
 enum { CONN_OK = 1, CONN_OVER = 2 };
 
@@ -736,6 +736,20 @@ kvr_status_t fe_http_start(void)
                       strerror(errno));
         return KVR_ERR_IO;
     }
+    int zfds[2];
+    size_t nz = kvr_client_fds(router_, zfds, 2);
+    for (size_t i = 0; i < nz; i++) {
+        struct epoll_event zev = {.events = EPOLLIN, .data.ptr = &zmq_tag[i]};
+        if (epoll_ctl(epfd_, EPOLL_CTL_ADD, zfds[i], &zev) != 0) {
+            KVR_LOG_ERROR(FE_COMP, "cannot watch the router client's descriptor: %s",
+                          strerror(errno));
+            return KVR_ERR_IO;
+        }
+    }
+    if (nz == 0) {
+        KVR_LOG_ERROR(FE_COMP, "the router client has no descriptor to wait on");
+        return KVR_ERR_IO;
+    }
     KVR_LOG_INFO(FE_COMP,
                  "listening on http://%s:%d (router %s, model '%s', context %u, at most "
                  "%u connections)",
@@ -757,6 +771,7 @@ static void tick(uint64_t now)
 void fe_http_serve(volatile sig_atomic_t *stop)
 {
     uint64_t next_tick = 0;
+    unsigned again = KVR_CLIENT_POLL_SOCKET | KVR_CLIENT_POLL_MONITOR; /* look before sleeping */
     while (!*stop) {
         int timeout = 1000;
         MHD_UNSIGNED_LONG_LONG mt;
@@ -768,29 +783,34 @@ void fe_http_serve(volatile sig_atomic_t *stop)
             if (to_tick < timeout)
                 timeout = to_tick;
         }
-        bool fd_ready = false;
-        kvr_client_wait_fd(router_, epfd_, timeout, &fd_ready);
+        struct epoll_event ev[64];
+        int n = epoll_wait(epfd_, ev, 64, again ? 0 : timeout);
+        unsigned what = again;
+        for (int i = 0; i < n; i++) {
+            struct hreq *h = ev[i].data.ptr;
+            if (ev[i].data.ptr == (void *)&zmq_tag[0])
+                what |= KVR_CLIENT_POLL_SOCKET;
+            else if (ev[i].data.ptr == (void *)&zmq_tag[1])
+                what |= KVR_CLIENT_POLL_MONITOR;
+            if (!h || (char *)h == &zmq_tag[0] || (char *)h == &zmq_tag[1])
+                continue; /* libmicrohttpd's: MHD_run below */
+            /* a running request's peer left (or half-closed) */
+            if (h->gen && h->gen->run)
+                fe_run_cancel(h->gen->run);
+            wake(h);
+        }
+        kvr_client_poll(router_, what);
         for (kvr_gen_stream_t *s; (s = kvr_client_next_ready(router_));)
             fe_run_on_stream(s);
-        if (fd_ready) {
-            struct epoll_event ev[64];
-            int n = epoll_wait(epfd_, ev, 64, 0);
-            for (int i = 0; i < n; i++) {
-                struct hreq *h = ev[i].data.ptr;
-                if (!h)
-                    continue; /* libmicrohttpd's: MHD_run below */
-                /* a running request's peer left (or half-closed) */
-                if (h->gen && h->gen->run)
-                    fe_run_cancel(h->gen->run);
-                wake(h);
-            }
-        }
         MHD_run(daemon_);
         now = kvr_now_ns();
         if (now >= next_tick) {
             tick(now);
             next_tick = now + (uint64_t)TICK_MS * 1000000u;
         }
+        /* ZeroMQ's rule for waiting on its descriptors: receive last (a send
+         * above - a request, a cancel - may have taken a frame's wake-up) */
+        again = kvr_client_poll(router_, 0) == KVR_OK ? KVR_CLIENT_POLL_SOCKET : 0;
     }
 }
 

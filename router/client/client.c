@@ -53,6 +53,7 @@ struct kvr_client {
      * returned them, oldest first */
     kvr_gen_stream_t *ready_head, *ready_tail;
     uint64_t last_rx_ns; /* when the last frame from the router arrived */
+    bool sent;           /* a send since the last receive that found nothing */
     /* a pending unary reply */
     uint64_t want_call;
     bool have_reply;
@@ -292,17 +293,19 @@ static bool monitor(kvr_client_t *c)
  * least one frame, or for fd (when >= 0) to be readable (*fd_ready set).
  * Returns KVR_OK if something arrived (or the connection was lost: the
  * streams ended, or fd is readable), KVR_ERR_TIMEOUT. */
-static kvr_status_t pump_fd(kvr_client_t *c, uint64_t deadline, int fd, bool *fd_ready)
+static kvr_status_t pump_fd(kvr_client_t *c, uint64_t deadline, int fd, bool *fd_ready,
+                            bool mon_first)
 {
     bool got = false;
     /* the monitor is read when its socket is readable (or the call will not
      * poll): one ZeroMQ call less per wake-up */
-    bool mon_check = kvr_now_ns() >= deadline;
+    bool mon_check = mon_first && kvr_now_ns() >= deadline;
     for (;;) {
         kvr_proto_frame_t f;
         char err[256];
         kvr_status_t st = kvr_proto_recv(c->sock, false, &f, err, sizeof(err));
         if (st == KVR_ERR_NO_RESOURCE) {
+            c->sent = false;
             if (mon_check && monitor(c))
                 got = true;
             mon_check = false;
@@ -373,7 +376,7 @@ static kvr_status_t pump_fd(kvr_client_t *c, uint64_t deadline, int fd, bool *fd
 
 static kvr_status_t pump(kvr_client_t *c, uint64_t deadline)
 {
-    return pump_fd(c, deadline, -1, NULL);
+    return pump_fd(c, deadline, -1, NULL, true);
 }
 
 static kvr_status_t unary(kvr_client_t *c, unsigned method, const ProtobufCMessage *req,
@@ -382,6 +385,7 @@ static kvr_status_t unary(kvr_client_t *c, unsigned method, const ProtobufCMessa
 {
     uint64_t call = ++c->next_call;
     kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, (uint16_t)method, call};
+    c->sent = true;
     kvr_status_t st = kvr_proto_send(c->sock, NULL, 0, &h, req);
     if (st != KVR_OK) {
         set_err(c, "cannot send %s: %s", kvr_proto_method_name(method), kvr_status_str(st));
@@ -502,6 +506,7 @@ kvr_status_t kvr_client_generate_start(kvr_client_t *c, const struct kvr_gen_par
     s->res.size = sizeof(s->res);
     s->call_id = ++c->next_call;
     kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, KVRAIL__METHOD__GENERATE, s->call_id};
+    c->sent = true;
     kvr_status_t st = kvr_proto_send(c->sock, NULL, 0, &h, &g.base);
     free(lbp);
     if (st != KVR_OK) {
@@ -656,7 +661,33 @@ kvr_status_t kvr_client_wait_fd(kvr_client_t *c, int fd, int timeout_ms, bool *f
     if (!c || !fd_ready_p)
         return KVR_ERR_INVALID;
     *fd_ready_p = false;
-    return pump_fd(c, kvr_deadline_ns(timeout_ms), fd, fd_ready_p);
+    return pump_fd(c, kvr_deadline_ns(timeout_ms), fd, fd_ready_p, true);
+}
+
+size_t kvr_client_fds(const kvr_client_t *c, int *fds, size_t max)
+{
+    size_t n = 0;
+    void *socks[2] = {c ? c->sock : NULL, c ? c->mon : NULL};
+    for (size_t i = 0; i < 2 && n < max; i++) {
+        int fd = -1;
+        size_t len = sizeof(fd);
+        if (socks[i] && zmq_getsockopt(socks[i], ZMQ_FD, &fd, &len) == 0 && fd >= 0)
+            fds[n++] = fd;
+    }
+    return n;
+}
+
+kvr_status_t kvr_client_poll(kvr_client_t *c, unsigned what)
+{
+    if (!c)
+        return KVR_ERR_INVALID;
+    bool got = false;
+    if ((what & KVR_CLIENT_POLL_MONITOR) && monitor(c))
+        got = true;
+    /* the socket: when asked, or when a send may have taken a frame's wake-up */
+    if (((what & KVR_CLIENT_POLL_SOCKET) || c->sent) && pump_fd(c, 0, -1, NULL, false) == KVR_OK)
+        got = true;
+    return got ? KVR_OK : KVR_ERR_TIMEOUT;
 }
 
 kvr_gen_stream_t *kvr_client_next_ready(kvr_client_t *c)
@@ -690,6 +721,7 @@ kvr_status_t kvr_client_ping_send(kvr_client_t *c)
     Kvrail__Ping p = KVRAIL__PING__INIT;
     p.nonce = kvr_now_ns();
     kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, KVRAIL__METHOD__PING, ++c->next_call};
+    c->sent = true;
     kvr_status_t st = kvr_proto_send(c->sock, NULL, 0, &h, &p.base);
     if (st != KVR_OK)
         set_err(c, "cannot send PING: %s", kvr_status_str(st));
@@ -715,6 +747,7 @@ kvr_status_t kvr_gen_stream_cancel(kvr_gen_stream_t *s)
     cr.request_id = s->res.request_id;
     kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, KVRAIL__METHOD__CANCEL, ++s->c->next_call};
     s->cancel_sent = true;
+    s->c->sent = true;
     return kvr_proto_send(s->c->sock, NULL, 0, &h, &cr.base);
 }
 

@@ -192,6 +192,21 @@ kvr_status_t kvr_client_wait(kvr_client_t *c, int timeout_ms);
  *  (KVR_ERR_TIMEOUT) so the caller can look at its flags.
  *  @return KVR_OK (a frame arrived, or fd is readable); KVR_ERR_TIMEOUT. */
 kvr_status_t kvr_client_wait_fd(kvr_client_t *c, int fd, int timeout_ms, bool *fd_ready_p);
+/** The descriptors that become readable when something may have arrived,
+ *  for a caller's own epoll set (level-triggered), waited on instead of
+ *  kvr_client_wait_fd: fds[0] is the socket's (ZeroMQ's ZMQ_FD), fds[1]
+ *  the connection monitor's.  ZeroMQ's rule: before such a wait the last
+ *  call on the client must be kvr_client_poll() (a send - generate_start,
+ *  cancel, ping - may have taken the wake-up of a frame that arrived).
+ *  @return how many were written to fds (at most max). */
+size_t kvr_client_fds(const kvr_client_t *c, int *fds, size_t max);
+#define KVR_CLIENT_POLL_SOCKET  1u /* fds[0] was readable: receive */
+#define KVR_CLIENT_POLL_MONITOR 2u /* fds[1] was readable: a connection event */
+/** Files what has arrived, without waiting: reads the socket when `what`
+ *  says so or something was sent since it last found nothing, and the
+ *  monitor when `what` says so (a lost connection ends the open streams).
+ *  @return KVR_OK (something came); KVR_ERR_TIMEOUT. */
+kvr_status_t kvr_client_poll(kvr_client_t *c, unsigned what);
 /** The next stream that has something to take (frames queued, or it ended)
  *  since it was last returned, oldest first; NULL when none.  With it a
  *  caller serving many streams visits only those (kvr_gen_stream_next(s, 0)
