@@ -61,6 +61,8 @@ def fine_hists(base):
 
 def quantile_bound(b0, b1, q):
     """the upper bound of the bucket holding quantile q of the difference b1 - b0"""
+    if "+Inf" not in b1:
+        return "n/a"  # a frontend without this histogram
     les = sorted((k for k in b1 if k != "+Inf"), key=float) + ["+Inf"]
     n = b1["+Inf"] - b0.get("+Inf", 0)
     for le in les:

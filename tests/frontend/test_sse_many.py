@@ -10,10 +10,10 @@ request is written before any answer is read), 16 tokens each.  Checks:
   - the frontend held many connections at once (its high-water gauge);
   - memory is bounded: after each of two bursts (connections gone) the
     frontend's RSS is under RSS_AFTER_MAX, and its peak (VmHWM) under
-    RSS_PEAK_MAX.  What it keeps is kept on purpose or by glibc: the cache
-    of thread stacks, at most 128 idle router clients, malloc arenas whose
-    fragmentation settles (measured over 7 bursts: 39, 63, 81, 94, 98, 102
-    MiB, the growth shrinking each time);
+    RSS_PEAK_MAX (the event-loop frontend: 18-35 MiB after a burst, peak
+    90-123 MiB; the bounds were set for the thread-per-connection one,
+    75-112 after, peak 187-227, whose thread stacks and malloc arenas
+    glibc kept);
   - it still answers /health and a completion afterwards.
 Every process is reaped on every exit path (cluster_lib's process groups).
 """
