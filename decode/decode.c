@@ -36,12 +36,11 @@
  * Cancel frees a request's blocks at once, except while a prefill node may
  * still be writing into them: then they stay quarantined until that writer
  * is fenced (fence_start): its own KV_READY or KV_ABORT for the request
- * (ordered after its writes), a HELLO of a new incarnation (the writing
- * process is gone), or a lease without a sign of life from it - the prefill
- * node gives up writing after half a lease without having sent one
- * (prefill.c, write_lease_lost), so after a whole lease it has stopped;
- * the writer's transfer token is revoked then.  An expired lease reports
- * the request failed and fences its blocks the same way.
+ * (ordered after its writes), a new incarnation of it registered with the
+ * router (fence_restarted: the writing process is gone), or a lease without a sign of life from it
+ * - the prefill node gives up writing after half a lease without having sent one (prefill.c,
+ * write_lease_lost), so after a whole lease it has stopped; the writer's transfer token is revoked
+ * then.  An expired lease reports the request failed and fences its blocks the same way.
  *
  * The model runs on the engine worker thread (node/worker.h).  Each job is
  * one step: at most one chunk (the cluster's prefill_chunk_tokens) of the
@@ -100,6 +99,8 @@ struct dreq {
     /* quarantine: the writer's incarnation (0: unknown), and the latest its
      * signs of life may keep the blocks */
     uint64_t writer_inc, fence_cap;
+    /* the writer's incarnation as the router registered it (Reserve) */
+    uint64_t vouched_inc;
     /* local prefill: prompt tokens whose K/V is in the blocks */
     uint32_t n_computed;
     uint64_t prefill_ns; /* the worker's time on its chunks */
@@ -114,9 +115,10 @@ struct dreq {
     float top_lps[KVR_SAMPLE_MAX_TOP_LOGPROBS];
 };
 
-struct ppeer { /* what a prefill node said in its HELLO */
+struct ppeer { /* what a prefill node said in its HELLO, per (name, incarnation) */
     char name[KVR_CLUSTER_NAME_MAX];
     uint64_t incarnation;
+    uint64_t seen_ns; /* when its HELLO came: the least recent entry is reused */
     bool ok;
     char why[200];
 };
@@ -494,8 +496,8 @@ static void start_decoding(struct decode *d, struct dreq *r, int32_t tok, float 
  * attempt and writer, found by find_req_notif through their first block),
  * and the request takes fresh blocks for the new writer.  The quarantine
  * ends when the old writer is fenced: its KV_READY or KV_ABORT for that
- * attempt (ordered after every write of it), its restart (a HELLO with
- * another incarnation: the writing process is gone), or a lease without a
+ * attempt (ordered after every write of it), its restart (a Reserve naming
+ * another incarnation of it: the writing process is gone), or a lease without a
  * sign of life from it (KV_PROGRESS renews it, never past
  * RETRY_FENCE_LEASES leases).  Nothing is quarantined when the old writer
  * already said it stopped (KV_ABORT).  *n_p: the blocks quarantined.
@@ -531,7 +533,7 @@ static bool retry_fence(struct decode *d, struct dreq *r, uint64_t lease_ns, uin
     q->n_blocks = q->max_blocks = n;
     q->attempt = r->attempt;
     snprintf(q->prefill_node, sizeof q->prefill_node, "%s", r->prefill_node);
-    q->writer_inc = w ? w->incarnation : 0;
+    q->writer_inc = r->vouched_inc ? r->vouched_inc : w ? w->incarnation : 0;
     q->t_reserve = now;
     q->lease_ns = lease_ns;
     q->deadline = now + lease_ns;
@@ -546,21 +548,20 @@ static bool retry_fence(struct decode *d, struct dreq *r, uint64_t lease_ns, uin
 
 /* Quarantines r whole (DR_QUARANTINE): its writer, prefill node
  * r->prefill_node at attempt r->attempt, may still be writing into its
- * blocks.  The bound is r's lease as it runs (the last sign of life from
- * the writer plus a lease, never shorter than one lease from now on when
- * restart is set), renewed by the writer's KV_PROGRESS up to
- * RETRY_FENCE_LEASES leases; the writer's own KV_READY/KV_ABORT, or its
- * restart, end it before (on_notif, on_hello). */
-static void fence_start(struct decode *d, struct dreq *r, uint64_t lease_ns, bool restart)
+ * blocks.  The bound is a lease from now (the writer has given up writing
+ * half a lease after its last sign of life, which came before now),
+ * renewed by the writer's KV_PROGRESS up to RETRY_FENCE_LEASES leases; the
+ * writer's own KV_READY/KV_ABORT, or its restart, end it before (on_notif,
+ * fence_restarted). */
+static void fence_start(struct decode *d, struct dreq *r, uint64_t lease_ns)
 {
     uint64_t now = kvr_now_ns();
     const struct ppeer *w = peer_find(d, r->prefill_node);
     batch_remove(d, r);
     r->state = DR_QUARANTINE;
-    r->writer_inc = w ? w->incarnation : 0;
+    r->writer_inc = r->vouched_inc ? r->vouched_inc : w ? w->incarnation : 0;
     r->lease_ns = lease_ns;
-    if (restart || r->deadline < now + lease_ns / 2)
-        r->deadline = now + lease_ns;
+    r->deadline = now + lease_ns;
     r->fence_cap = now + RETRY_FENCE_LEASES * lease_ns;
     kvr_node_stats_dirty(&d->node);
 }
@@ -641,9 +642,36 @@ static void token_allow(struct decode *d, const Kvrail__Reserve *m)
         KVR_LOG_DEBUG(COMP, "transfer token of prefill node '%s' allowed", pn);
 }
 
+/* The router says prefill node `name` is now incarnation `inc` (a Reserve
+ * naming it): the process of any other incarnation is gone, and the
+ * quarantines of its writes end.  Taken from the router, which registered
+ * it, and never from a HELLO, which any peer that reaches the transfer
+ * engine could send under any name. */
+static void fence_restarted(struct decode *d, const char *name, uint64_t inc)
+{
+    if (!name || !name[0] || !inc)
+        return;
+    struct dreq *next;
+    for (struct dreq *r = d->reqs; r; r = next) {
+        next = r->next;
+        if (r->state == DR_QUARANTINE && r->writer_inc && r->writer_inc != inc &&
+            strcmp(r->prefill_node, name) == 0) {
+            KVR_LOG_INFO(COMP,
+                         "request %" PRIu64 ": prefill node '%s' restarted (the router registered "
+                         "incarnation %" PRIx64 "): the %u blocks its attempt %u was writing leave "
+                         "quarantine",
+                         r->id, name, inc, r->n_blocks, r->attempt);
+            d->quarantines_fenced++;
+            req_end(d, r, false);
+        }
+    }
+}
+
 static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
 {
     token_allow(d, m);
+    if (!m->local_prefill)
+        fence_restarted(d, m->prefill_node, m->prefill_incarnation);
     const struct kvr_kv_layout *L = &d->node.layout;
     uint32_t bs = (uint32_t)L->block_size;
     uint32_t lease = m->lease_ms ? m->lease_ms : d->node.cluster->timeouts.lease_ms;
@@ -674,7 +702,7 @@ static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
         if (!retry_fence(d, r, (uint64_t)lease * 1000000ull, &quarantined)) {
             /* no fresh blocks: the whole reservation stays with the old
              * writer until it is fenced, and the router dispatches anew */
-            fence_start(d, r, (uint64_t)lease * 1000000ull, true);
+            fence_start(d, r, (uint64_t)lease * 1000000ull);
             d->retry_quarantines++;
             d->retry_quarantined_blocks += r->n_blocks;
             send_rejected(d, m->request_id, KVR_ERR_NO_RESOURCE,
@@ -689,6 +717,7 @@ static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
         snprintf(r->prefill_node, sizeof r->prefill_node, "%s",
                  m->prefill_node ? m->prefill_node : "");
         r->attempt = m->attempt;
+        r->vouched_inc = m->prefill_incarnation;
         r->aborted = false;
         d->reserve_renewals++;
         KVR_LOG_INFO(COMP,
@@ -811,6 +840,7 @@ static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
     r->lease_ns = (uint64_t)lease * 1000000ull;
     r->deadline = r->t_reserve + r->lease_ns;
     snprintf(r->prefill_node, sizeof r->prefill_node, "%s", m->prefill_node ? m->prefill_node : "");
+    r->vouched_inc = m->local_prefill ? 0 : m->prefill_incarnation;
     r->state = m->local_prefill ? DR_LOCAL_PREFILL : DR_RESERVED;
     r->n_computed = r->n_cached_blocks * bs;
     r->next = d->reqs;
@@ -841,7 +871,7 @@ static void on_cancel(struct decode *d, const Kvrail__NodeCancel *c)
         /* the prefill node may be writing into the blocks: they stay
          * quarantined until it is fenced (its KV_READY / KV_ABORT, ordered
          * after its writes; its restart; a lease without a sign of life) */
-        fence_start(d, r, r->lease_ns, false);
+        fence_start(d, r, r->lease_ns);
         d->cancel_quarantines++;
         d->cancel_quarantined_blocks += r->n_blocks;
         KVR_LOG_INFO(COMP,
@@ -877,26 +907,41 @@ static void on_msg(void *arg, unsigned method, ProtobufCMessage *m)
 
 /* ---- notifications from prefill nodes (called inside kvr_xfer_progress) ---- */
 
+/* The latest HELLO under this name. */
 static struct ppeer *peer_find(struct decode *d, const char *name)
 {
+    struct ppeer *p = NULL;
     for (int i = 0; i < d->n_peers; i++)
-        if (strcmp(d->peers[i].name, name) == 0)
+        if (strcmp(d->peers[i].name, name) == 0 && (!p || d->peers[i].seen_ns > p->seen_ns))
+            p = &d->peers[i];
+    return p;
+}
+
+/* The HELLO of this incarnation of that node: records are kept per
+ * incarnation, so that a HELLO sent under a node's name by another peer
+ * does not replace the real node's layout descriptor. */
+static struct ppeer *peer_find_inc(struct decode *d, const char *name, uint64_t inc)
+{
+    for (int i = 0; i < d->n_peers; i++)
+        if (d->peers[i].incarnation == inc && strcmp(d->peers[i].name, name) == 0)
             return &d->peers[i];
     return NULL;
 }
 
 static void on_hello(struct decode *d, const struct kvr_notif *n)
 {
-    struct ppeer *p = peer_find(d, n->node);
-    if (!p) {
-        if (d->n_peers == MAX_PREFILL_PEERS)
-            p = &d->peers[0]; /* reuse the oldest entry */
-        else
-            p = &d->peers[d->n_peers++];
-    }
+    struct ppeer *p = peer_find_inc(d, n->node, n->incarnation);
+    if (!p && d->n_peers < MAX_PREFILL_PEERS)
+        p = &d->peers[d->n_peers++];
+    for (int i = 0; !p && i < d->n_peers; i++) /* full: the least recently seen */
+        if (i == 0 || d->peers[i].seen_ns < p->seen_ns)
+            p = &d->peers[i];
+    if (!p)
+        return;
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s", n->node);
     p->incarnation = n->incarnation;
+    p->seen_ns = kvr_now_ns();
     const struct kvr_kv_layout *L = &d->node.layout;
     if (n->proto_version != KVR_PROTO_VERSION)
         snprintf(p->why, sizeof p->why, "protocol version %u, ours %u", n->proto_version,
@@ -912,21 +957,9 @@ static void on_hello(struct decode *d, const struct kvr_notif *n)
                  n->n_layers, n->n_kv_heads, n->head_dim, n->block_size, n->dtype, L->n_layers,
                  L->n_kv_heads, L->head_dim, L->block_size, L->dtype);
     p->ok = p->why[0] == 0;
-    /* a writer that restarted is fenced: the process whose writes were
-     * quarantined is gone */
-    struct dreq *next;
-    for (struct dreq *r = d->reqs; r; r = next) {
-        next = r->next;
-        if (r->state == DR_QUARANTINE && r->writer_inc && r->writer_inc != n->incarnation &&
-            strcmp(r->prefill_node, n->node) == 0) {
-            KVR_LOG_INFO(COMP,
-                         "request %" PRIu64 ": prefill node '%s' restarted: the %u blocks its "
-                         "attempt %u was writing leave quarantine",
-                         r->id, n->node, r->n_blocks, r->attempt);
-            d->quarantines_fenced++;
-            req_end(d, r, false);
-        }
-    }
+    /* no quarantine ends on a HELLO: any peer that reaches the transfer
+     * engine could send one under this name (fence_restarted takes a
+     * restart from the router instead) */
     if (p->ok)
         KVR_LOG_INFO(COMP, "prefill node '%s' connected: layout and model fingerprint match",
                      p->name);
@@ -998,7 +1031,17 @@ static void on_notif(void *arg, const void *msg, size_t len)
     }
     if (n.kind != KVR_NOTIF_KV_READY)
         return;
-    struct ppeer *p = peer_find(d, n.node);
+    if (r->vouched_inc && n.incarnation != r->vouched_inc) {
+        /* not the process the router dispatched to (a restarted writer's
+         * leftover, or a peer using its name): not this request's KV */
+        d->bad_notifs++;
+        KVR_LOG_WARN(COMP,
+                     "request %" PRIu64 ": KV_READY from '%s' incarnation %" PRIx64
+                     ", the router dispatched to incarnation %" PRIx64 ": ignored",
+                     r->id, n.node, n.incarnation, r->vouched_inc);
+        return;
+    }
+    struct ppeer *p = peer_find_inc(d, n.node, n.incarnation);
     if (!p || !p->ok || p->incarnation != n.incarnation) {
         char msg2[300];
         snprintf(msg2, sizeof msg2, "prefill node '%s' %s", n.node,
@@ -1364,7 +1407,7 @@ static void check_leases(struct decode *d)
                          kvr_status_str(KVR_ERR_TIMEOUT));
             send_token(d, r, 0, 0, KVRAIL__FINISH_REASON__FINISH_ERROR, KVR_ERR_TIMEOUT, msg, true);
             d->n_failed++;
-            fence_start(d, r, r->lease_ns, true);
+            fence_start(d, r, r->lease_ns);
             d->lease_quarantines++;
             d->lease_quarantined_blocks += r->n_blocks;
         }

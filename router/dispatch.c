@@ -104,6 +104,7 @@ static enum rt_dispatch_result send_pick(rt_t *r, struct rt_req *q, const struct
     rs.ignore_eos = q->ignore_eos;
     rs.local_prefill = pk->local;
     rs.prefill_node = (char *)(pk->local ? "" : r->nodes[pk->p].name);
+    rs.prefill_incarnation = pk->local ? 0 : r->nodes[pk->p].incarnation;
     const uint8_t *tok = pk->local ? NULL : pair_token(&r->nodes[pk->p], d);
     if (tok) {
         rs.transport_token.data = (uint8_t *)tok;
@@ -385,6 +386,7 @@ bool rt_dispatch_retry_prefill(rt_t *r, struct rt_req *q, uint64_t now)
     rs.attempt = q->attempt;
     rs.lease_ms = r->cl->timeouts.lease_ms;
     rs.prefill_node = p->name;
+    rs.prefill_incarnation = p->incarnation;
     const uint8_t *tok = pair_token(p, d);
     if (tok) {
         rs.transport_token.data = (uint8_t *)tok;

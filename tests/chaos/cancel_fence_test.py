@@ -15,7 +15,9 @@ prompts are driven through the cluster for more than the 2 s the decode
 node used to hold such blocks.  Asserted: the 102 blocks are still held
 (one cancel quarantine, counted, and reported in the heartbeat to the
 router's status); the short prompts equal `kvrail run`; continued, the
-prefill node's KV_ABORT fences the quarantine (quarantines_fenced, nothing
+prefill node's KV_ABORT fences the quarantine - and before that, a HELLO
+sent under its name by a peer the router never introduced, claiming it
+restarted, does not (quarantines_fenced, nothing
 expired) and the pool is back at its baseline.
 
 Phase B, a writer nobody cancels: the prefill node is SIGSTOPped mid-prefill
@@ -40,9 +42,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
 from cluster_lib import (Bins, Cluster, add_bin_args, check, killgroup, make_model,  # noqa
-                         reference, run_main, stop_group, wait_for, workdir)
+                         reference, run, run_main, stop_group, wait_for, workdir)
 
-LEASE_MS = 10000
+LEASE_MS = 12000
 POOL = 140
 
 
@@ -85,6 +87,7 @@ def node_status(c, name):
 def main():
     ap = argparse.ArgumentParser()
     add_bin_args(ap)
+    ap.add_argument("--rogue", required=True)
     ap.add_argument("--tokens", type=int, default=1600)
     args = ap.parse_args()
     bins = Bins(args)
@@ -137,6 +140,23 @@ def main():
         check(d.get("quarantined") == 1 and d.get("quarantined_blocks") == n_victim and
               d.get("quarantines_expired") == 0,
               "the stopped writer's blocks were released while it may still write: %s" % d)
+        # a HELLO under the stopped writer's name claiming a restart (any peer
+        # that reaches the transfer engine can send one; here with auth:
+        # none, no token) must not end its quarantine: only the router's
+        # word (a Reserve naming a new incarnation) does
+        addr = c.stats(dname).get("transfer_address", "")
+        r = run([args.rogue, "--xfer-connect", addr, "--xfer-hello", "%s:999" % pname],
+                timeout=30)
+        check(r.returncode == 0 and "XFER KVR_OK KVR_OK" in r.stdout,
+              "kvr-rogue-peer --xfer-hello: %s %s" % (r.stdout, r.stderr[-300:]))
+        wait_for("the decode node to read the HELLO",
+                 lambda: "prefill node '%s' refused" % pname in open(c.logs[dname]).read(),
+                 timeout=20)
+        d = c.stats(dname)
+        check(d.get("quarantined") == 1 and d.get("quarantines_fenced") == 0,
+              "a HELLO under %s's name ended its quarantine: %s" % (pname, d))
+        print("a HELLO claiming %s restarted (from a peer the router never introduced): the "
+              "quarantine holds" % pname)
         # the decode node reports its quarantine in its heartbeat; `kvrail
         # status --json` shows it once libkvrail-client copies the field
         if "quarantined_blocks" in node_status(c, dname):

@@ -22,7 +22,10 @@
  * up), sends two notifications, progresses 300 ms and prints
  *   XFER <connect status> <notify status>
  * (a target with require_token refuses them and counts them: its
- * transfer_refused stat, auth_test.py).
+ * transfer_refused stat, auth_test.py).  --xfer-hello NAME:INC sends, in
+ * place of the two, a well-formed HELLO claiming to be prefill node NAME
+ * restarted as incarnation INC (hex) (cancel_fence_test.py: it must not
+ * end that node's quarantines).
  *
  *   kvr-rogue-peer --endpoint EP --name NAME [--role prefill|decode]
  *       [--router-pub FILE --key FILE | --random-key] [--layers N
@@ -40,6 +43,7 @@
 #include "kvr_clock.h"
 #include "kvr_proto.h"
 #include "kvr_xfer.h"
+#include "notif.h"
 
 static int unhex(const char *h, uint8_t *out, size_t cap, size_t *n_p)
 {
@@ -57,7 +61,7 @@ static int unhex(const char *h, uint8_t *out, size_t cap, size_t *n_p)
 }
 
 /* --xfer-connect: a transfer-engine peer that no router introduced */
-static int xfer_rogue(const char *addr_hex, const char *token_hex)
+static int xfer_rogue(const char *addr_hex, const char *token_hex, const char *hello)
 {
     static uint8_t blob[65536];
     uint8_t tok[KVR_XFER_TOKEN_LEN];
@@ -81,7 +85,18 @@ static int xfer_rogue(const char *addr_hex, const char *token_hex)
     s = token_hex ? kvr_xfer_connect_token(e, blob, n, tok, &peer)
                   : kvr_xfer_connect(e, blob, n, &peer);
     kvr_status_t ns = KVR_ERR_NOT_FOUND;
-    if (s == KVR_OK) {
+    if (s == KVR_OK && hello) {
+        struct kvr_notif hn = {0};
+        const char *colon = strchr(hello, ':');
+        hn.kind = KVR_NOTIF_HELLO;
+        hn.incarnation = colon ? strtoull(colon + 1, NULL, 16) : 1;
+        snprintf(hn.node, sizeof hn.node, "%.*s", colon ? (int)(colon - hello) : (int)strlen(hello),
+                 hello);
+        hn.proto_version = KVR_PROTO_VERSION;
+        uint8_t wire[KVR_NOTIF_WIRE_MAX];
+        size_t wl = kvr_notif_encode(&hn, wire, sizeof wire);
+        ns = wl ? kvr_xfer_notify(peer, wire, wl) : KVR_ERR_INVALID;
+    } else if (s == KVR_OK) {
         static const char msg[] = "KV_READY from nobody the router introduced";
         ns = kvr_xfer_notify(peer, msg, sizeof msg);
         if (ns == KVR_OK)
@@ -142,12 +157,13 @@ int main(int argc, char **argv)
         {"reserve", no_argument, NULL, 'V'},
         {"xfer-connect", required_argument, NULL, 'X'},
         {"xfer-token", required_argument, NULL, 'T'},
+        {"xfer-hello", required_argument, NULL, 'O'},
         {NULL, 0, NULL, 0},
     };
     const char *ep = NULL, *name = NULL, *role = "prefill", *rpub = NULL, *key = NULL;
     const char *dtype = "f32";
     bool random_key = false, black_hole = false, reserve = false;
-    const char *addr_file = NULL, *xfer_addr = NULL, *xfer_token = NULL;
+    const char *addr_file = NULL, *xfer_addr = NULL, *xfer_token = NULL, *xfer_hello = NULL;
     uint32_t nrkeys = 0;
     const char *fp = "rogue";
     uint32_t blocks = 64;
@@ -212,6 +228,9 @@ int main(int argc, char **argv)
         case 'T':
             xfer_token = optarg;
             break;
+        case 'O':
+            xfer_hello = optarg;
+            break;
         case 'l':
             listen_ms = atoi(optarg);
             break;
@@ -220,7 +239,7 @@ int main(int argc, char **argv)
         }
     }
     if (xfer_addr)
-        return xfer_rogue(xfer_addr, xfer_token);
+        return xfer_rogue(xfer_addr, xfer_token, xfer_hello);
     if (!ep || !name) {
         fprintf(stderr, "usage: kvr-rogue-peer --endpoint EP --name NAME ...\n");
         return 2;
