@@ -126,6 +126,14 @@ def mode_loop():
     rc, out, err = run(common + ["--check", "--inject-corruption"])
     check(rc != 0, "--inject-corruption: the damaged byte was not detected")
     check("wrong" in err or "wrong" in out, "--inject-corruption: no message naming the byte")
+    # --cpu-time: each post also in the thread's CPU time, the row's context
+    # switches and faults, the memcpy column's copies per post
+    rc, out, err = run(common + ["--duration", "0.1", "--cpu-time"])
+    check(rc == 0, "loop --cpu-time exited %d: %s" % (rc, err[-2000:]))
+    for r in check_rows(parse_doc(out, "cpu-time"), sizes, batches, "cpu-time", checked=False):
+        check(0 < r["post_cpu_ns_p50"] <= r["post_cpu_ns_p99"], "cpu-time: CPU percentiles")
+        check(r["nivcsw"] >= 0 and r["nminflt"] >= 0, "cpu-time: counters")
+        check(0 < r["memcpy_post_ns_p50"] <= r["memcpy_post_ns_p99"], "cpu-time: memcpy per post")
     # the readable table
     rc, out, err = run(["--backend", "loop", "--pool-size", "8M", "--sizes", "64K",
                         "--batch", "4", "--iters", "50", "--quiet"])

@@ -59,6 +59,7 @@ struct opts {
     bool coalesce;
     bool check;
     bool one_buffer;
+    bool cpu_time;
     bool json;
     bool quiet;
     bool inject_corruption;
@@ -96,6 +97,11 @@ static void usage(FILE *f)
         "                                 small = hot caches, like ucx_perftest's one buffer)\n"
         "  --one-buffer                   every descriptor on the same block-sized buffer\n"
         "                                 (ucx_perftest's footprint; not with --check)\n"
+        "  --cpu-time                     each post also timed in the thread's CPU time\n"
+        "                                 (cpu_p50/cpu_p99: preemption excluded) and the\n"
+        "                                 row's involuntary context switches (ivcsw) and\n"
+        "                                 page faults (minflt); the memcpy column's copies\n"
+        "                                 timed per post (mc_p50/mc_p99: the machine's tail)\n"
         "  --iters N                      posts per row (default: by --duration)\n"
         "  --duration SEC                 seconds per row (default 0.5)\n"
         "  --warmup N                     untimed posts before each row (default 2*depth)\n"
@@ -238,6 +244,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"inject-corruption", no_argument, NULL, 'X'},
         {"footprint", required_argument, NULL, 'F'},
         {"one-buffer", no_argument, NULL, 'O'},
+        {"cpu-time", no_argument, NULL, 'U'},
         {"mem", required_argument, NULL, 'M'},
         {"target-wait", required_argument, NULL, 'E'},
         {"help", no_argument, NULL, 'h'},
@@ -395,6 +402,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
             break;
         case 'O':
             o->one_buffer = true;
+            break;
+        case 'U':
+            o->cpu_time = true;
             break;
         case 'X':
             o->inject_corruption = true;
@@ -569,11 +579,17 @@ static void print_table_head(const struct report *r)
     if (r->target_reg_ns)
         printf(", target %.3f ms", (double)r->target_reg_ns / 1e6);
     printf("\n");
-    printf("%6s %5s %5s %8s %9s %9s %6s %10s %9s %9s %9s %9s %9s %s\n", "block", "batch", "segs",
+    printf("%6s %5s %5s %8s %9s %9s %6s %10s %9s %9s %9s %9s %9s %-5s", "block", "batch", "segs",
            "posts", "GB/s", "memcpy", "ratio", "posts/s", "post_p50", "desc_p50", "post_p99",
            "lat_p50", "lat_p99", "check");
-    printf("%6s %5s %5s %8s %9s %9s %6s %10s %9s %9s %9s %9s %9s\n", "", "", "", "", "(1e9B/s)",
+    if (r->o->cpu_time)
+        printf(" %9s %9s %7s %7s %9s %9s", "cpu_p50", "cpu_p99", "ivcsw", "minflt", "mc_p50",
+               "mc_p99");
+    printf("\n%6s %5s %5s %8s %9s %9s %6s %10s %9s %9s %9s %9s %9s", "", "", "", "", "(1e9B/s)",
            "(1e9B/s)", "", "", "(us)", "(us)", "(us)", "(us)", "(us)");
+    if (r->o->cpu_time)
+        printf("       %9s %9s %7s %7s %9s %9s", "(us)", "(us)", "", "", "(us)", "(us)");
+    printf("\n");
     fflush(stdout);
 }
 
@@ -585,11 +601,16 @@ static void print_table_row(const struct bench_row *w)
                w->error);
     } else {
         printf("%6s %5u %5zu %8" PRIu64 " %9.3f %9.3f %6.2f %10.0f %9.3f %9.4f %9.3f %9.1f %9.1f "
-               "%s\n",
+               "%-5s",
                fmt_size(w->cfg.bsize, b1, sizeof(b1)), w->cfg.batch, w->nseg, w->posts, w->gbps,
                w->memcpy_gbps, w->memcpy_ratio, w->posts_per_s, w->post_ns_p50 / 1e3,
                w->post_ns_per_desc_p50 / 1e3, w->post_ns_p99 / 1e3, w->lat_us_p50, w->lat_us_p99,
                w->cfg.check ? (w->check_ok ? "ok" : "FAILED") : "-");
+        if (w->cfg.cpu_time)
+            printf(" %9.3f %9.3f %7" PRIu64 " %7" PRIu64 " %9.3f %9.3f", w->post_cpu_ns_p50 / 1e3,
+                   w->post_cpu_ns_p99 / 1e3, w->nivcsw, w->nminflt, w->memcpy_post_ns_p50 / 1e3,
+                   w->memcpy_post_ns_p99 / 1e3);
+        printf("\n");
     }
     fflush(stdout);
 }
@@ -628,13 +649,19 @@ static void print_json(const struct report *r, const struct bench_bye *bye)
                ",\"bytes\":%" PRIu64 ",\"seconds\":%.6f,\"gbps\":%.6f,\"posts_per_s\":%.1f,"
                "\"post_ns_p50\":%.1f,\"post_ns_p99\":%.1f,\"post_ns_per_desc_p50\":%.2f,"
                "\"memcpy_ns_per_desc_p50\":%.2f,\"memcpy_gbps\":%.4f,\"memcpy_ratio\":%.4f,"
-               "\"lat_us_p50\":%.3f,\"lat_us_p99\":%.3f,\"check\":%s,\"verified_bytes\":%" PRIu64
-               "}",
+               "\"lat_us_p50\":%.3f,\"lat_us_p99\":%.3f,\"check\":%s,\"verified_bytes\":%" PRIu64,
                w->ndesc, w->nseg, w->nlists, w->cfg.depth, w->posts, w->bytes, w->seconds, w->gbps,
                w->posts_per_s, w->post_ns_p50, w->post_ns_p99, w->post_ns_per_desc_p50,
                w->memcpy_ns_per_desc_p50, w->memcpy_gbps, w->memcpy_ratio, w->lat_us_p50,
                w->lat_us_p99, w->cfg.check ? (w->check_ok ? "\"ok\"" : "\"failed\"") : "null",
                w->verified_bytes);
+        if (w->cfg.cpu_time)
+            printf(",\"post_cpu_ns_p50\":%.1f,\"post_cpu_ns_p99\":%.1f,\"nivcsw\":%" PRIu64
+                   ",\"nminflt\":%" PRIu64
+                   ",\"memcpy_post_ns_p50\":%.1f,\"memcpy_post_ns_p99\":%.1f",
+                   w->post_cpu_ns_p50, w->post_cpu_ns_p99, w->nivcsw, w->nminflt,
+                   w->memcpy_post_ns_p50, w->memcpy_post_ns_p99);
+        printf("}");
     }
     printf("\n]}\n");
     fflush(stdout);
@@ -668,6 +695,7 @@ static size_t sweep(const struct opts *o, kvr_xfer_engine_t *eng, kvr_xfer_peer_
                 .coalesce = o->coalesce,
                 .check = o->check,
                 .one_buffer = o->one_buffer,
+                .cpu_time = o->cpu_time,
                 .timeout_ms = o->timeout_ms,
             };
             /* the default sweep skips what does not fit; an explicit list reports it */

@@ -142,6 +142,8 @@ struct bench_row_cfg {
     bool check;
     bool one_buffer; /* every descriptor of every list on one block-sized buffer at
                         each end: ucx_perftest's footprint and work per message */
+    bool cpu_time;   /* each post also timed in the thread's CPU time (preemption
+                        excluded) and the row's involuntary context switches counted */
     int timeout_ms;
 };
 
@@ -162,6 +164,14 @@ struct bench_row {
      * pool), half before and half after the row: GB/s and gbps / it */
     double memcpy_gbps, memcpy_ratio;
     double lat_us_p50, lat_us_p99;
+    /* cpu_time: time inside kvr_xfer_post in the thread's CPU time (the
+     * time it ran, not the time it waited for a core), and the involuntary
+     * context switches of the thread during the row */
+    double post_cpu_ns_p50, post_cpu_ns_p99;
+    uint64_t nivcsw, nminflt; /* and its page faults (minor: no I/O) */
+    /* cpu_time: one post's worth of memcpy in the footprint rotation (the
+     * memcpy column's copies), timed per post: the machine's own tail */
+    double memcpy_post_ns_p50, memcpy_post_ns_p99;
     uint64_t verified_bytes; /* check mode */
     bool check_ok;
     char error[256]; /* empty when the row ran */

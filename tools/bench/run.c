@@ -23,6 +23,8 @@
 #include "kvr_clock.h"
 #include "kvr_log.h"
 
+#include <sys/resource.h>
+#include <time.h>
 #include <inttypes.h>
 #include <sched.h>
 #include <stdio.h>
@@ -232,6 +234,10 @@ struct row_ctx {
     uint32_t depth, head, count, next;
     uint32_t mc_next;           /* memcpy_rotation's next slot */
     uint64_t *post_ns, *lat_ns; /* samples */
+    uint64_t *cpu_ns;           /* cpu_time: thread CPU time of each recorded post */
+    size_t ncpu;
+    uint64_t *mc_post_ns; /* cpu_time: memcpy_rotation's time per post */
+    size_t nmc, mc_cap;
     size_t nsamples, ncompleted;
     size_t npost; /* post_ns samples: posts whose post_ns was measured (post_timed) */
     uint64_t verified;
@@ -413,7 +419,15 @@ static kvr_status_t run_posts(struct row_ctx *c, uint64_t n, double duration, bo
             c->next = (c->next + 1) % c->l.nlists;
             if (cfg->check)
                 prepare_source(c, k, seq);
+            struct timespec c0, c1;
+            if (cfg->cpu_time && record)
+                clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
             st = kvr_xfer_post(c->dls[k]);
+            if (cfg->cpu_time && record && c->ncpu < MAX_SAMPLES) {
+                clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+                c->cpu_ns[c->ncpu++] =
+                    (uint64_t)((c1.tv_sec - c0.tv_sec) * 1000000000ll + (c1.tv_nsec - c0.tv_nsec));
+            }
             if (st != KVR_INPROGRESS && st != KVR_OK)
                 return fail(c, st, "kvr_xfer_post");
             c->fifo[(c->head + c->count) % c->depth] = k;
@@ -482,7 +496,8 @@ static void memcpy_rotation(struct row_ctx *c, double seconds, uint64_t *bytes_p
         return;
     uint64_t t0 = kvr_now_ns(), now = t0, end = t0 + (uint64_t)(seconds * 1e9), bytes = 0;
     uint64_t per_post = c->l.bsize * c->l.batch;
-    unsigned mask = per_post >= (256u << 10) ? 0u : 63u;
+    unsigned mask = per_post >= (256u << 10) || c->mc_post_ns ? 0u : 63u;
+    uint64_t prev = t0;
     for (uint32_t r = 0;; r++) {
         uint32_t k = c->mc_next, k2 = (k + n / 2) % n;
         c->mc_next = (k + 1) % n;
@@ -493,8 +508,14 @@ static void memcpy_rotation(struct row_ctx *c, double seconds, uint64_t *bytes_p
             memcpy(c->lpool + roff2, c->lpool + loff, c->l.bsize);
         }
         bytes += per_post;
-        if ((r & mask) == 0 && (now = kvr_now_ns()) >= end)
-            break;
+        if ((r & mask) == 0) {
+            now = kvr_now_ns();
+            if (c->mc_post_ns && c->nmc < c->mc_cap)
+                c->mc_post_ns[c->nmc++] = now - prev;
+            prev = now;
+            if (now >= end)
+                break;
+        }
     }
     *bytes_p += bytes;
     *ns_p += now - t0;
@@ -546,6 +567,12 @@ kvr_status_t bench_row_run(kvr_xfer_engine_t *eng, kvr_xfer_peer_t *peer, kvr_xf
     c.dls = calloc(c.l.nlists, sizeof(*c.dls));
     c.fifo = calloc(c.depth, sizeof(*c.fifo));
     c.post_ns = malloc(cap * sizeof(*c.post_ns));
+    c.mc_cap = cap;
+    if (cfg->cpu_time && (!(c.cpu_ns = malloc(cap * sizeof(*c.cpu_ns))) ||
+                          !(c.mc_post_ns = malloc(cap * sizeof(*c.mc_post_ns))))) {
+        st = fail(&c, KVR_ERR_NO_MEMORY, "allocating the row");
+        goto out_free;
+    }
     c.lat_ns = malloc(cap * sizeof(*c.lat_ns));
     descs = malloc(c.l.batch * sizeof(*descs));
     if (!c.dls || !c.fifo || !c.post_ns || !c.lat_ns || !descs) {
@@ -584,8 +611,11 @@ kvr_status_t bench_row_run(kvr_xfer_engine_t *eng, kvr_xfer_peer_t *peer, kvr_xf
     if (!cfg->one_buffer)
         memcpy_rotation(&c, mc_secs, &mc_bytes, &mc_ns);
 
+    struct rusage ru0, ru1;
+    getrusage(RUSAGE_THREAD, &ru0);
     uint64_t t0 = kvr_now_ns();
     st = run_posts(&c, iters, cfg->duration, true, progress_line);
+    getrusage(RUSAGE_THREAD, &ru1);
     if (st == KVR_OK)
         st = flush_all(&c);
     if (st == KVR_OK && c.nchecked) {
@@ -611,11 +641,23 @@ kvr_status_t bench_row_run(kvr_xfer_engine_t *eng, kvr_xfer_peer_t *peer, kvr_xf
     row_p->post_ns_p50 = percentile(c.post_ns, c.npost, 0.50);
     row_p->post_ns_p99 = percentile(c.post_ns, c.npost, 0.99);
     row_p->post_ns_per_desc_p50 = row_p->post_ns_p50 / (double)c.l.batch;
+    if (cfg->cpu_time) {
+        qsort(c.cpu_ns, c.ncpu, sizeof(uint64_t), cmp_u64);
+        row_p->post_cpu_ns_p50 = percentile(c.cpu_ns, c.ncpu, 0.50);
+        row_p->post_cpu_ns_p99 = percentile(c.cpu_ns, c.ncpu, 0.99);
+        row_p->nivcsw = (uint64_t)(ru1.ru_nivcsw - ru0.ru_nivcsw);
+        row_p->nminflt = (uint64_t)(ru1.ru_minflt - ru0.ru_minflt);
+    }
     qsort(c.lat_ns, c.ncompleted, sizeof(uint64_t), cmp_u64);
     row_p->lat_us_p50 = percentile(c.lat_ns, c.ncompleted, 0.50) / 1e3;
     row_p->lat_us_p99 = percentile(c.lat_ns, c.ncompleted, 0.99) / 1e3;
     if (!cfg->one_buffer)
         memcpy_rotation(&c, mc_secs, &mc_bytes, &mc_ns);
+    if (c.nmc) {
+        qsort(c.mc_post_ns, c.nmc, sizeof(uint64_t), cmp_u64);
+        row_p->memcpy_post_ns_p50 = percentile(c.mc_post_ns, c.nmc, 0.50);
+        row_p->memcpy_post_ns_p99 = percentile(c.mc_post_ns, c.nmc, 0.99);
+    }
     if (mc_ns) {
         row_p->memcpy_gbps = (double)mc_bytes / ((double)mc_ns / 1e9) / 1e9;
         row_p->memcpy_ratio = row_p->gbps / row_p->memcpy_gbps;
@@ -633,6 +675,8 @@ out_free:
     free(descs);
     free(c.lat_ns);
     free(c.post_ns);
+    free(c.cpu_ns);
+    free(c.mc_post_ns);
     free(c.fifo);
     free(c.dls);
     return st;
