@@ -19,7 +19,10 @@ cluster on a generated tiny model, driven by the official OpenAI Node SDK
      canceled and both nodes go back to idle;
   4. past --max-connections a connection gets 503 with Retry-After;
   5. /health, /ready, /metrics (the counters the traffic above must have);
-  6. a frontend whose router does not answer: 503 with the reason.
+  6. the router killed mid-stream: the stream ends with an error event and
+     [DONE]; restarted, the frontend (one router client) serves the same
+     greedy text again;
+  7. a frontend whose router does not answer: 503 with the reason.
 Every process is reaped on every exit path (cluster_lib's process groups).
 Exits 77 only when npm cannot fetch the SDK or node is missing.
 """
@@ -27,6 +30,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -405,6 +409,46 @@ def main():
         else:
             print("note: promtool not installed (tools/install-deps.sh --test installs prometheus); "
                   "/metrics not checked with it")
+        # ---- the router killed mid-stream and restarted: the stream ends with an
+        # error event (not a hang), and the frontend's one router client serves
+        # again once the router is back, with the same answer ----
+        def greedy_text():
+            st, _, body = http(base, "/v1/completions", json.dumps(
+                {"model": spec["model"], "prompt": prompt, "max_tokens": 8, "temperature": 0}).encode(),
+                headers={"Content-Type": "application/json"}, timeout=60)
+            check(st == 200, "greedy completion: %s %r" % (st, body))
+            return json.loads(body)["choices"][0]["text"]
+        before_text = greedy_text()
+        body = json.dumps({"model": spec["model"], "prompt": prompt, "max_tokens": ctx - len(prompt) - 1,
+                           "temperature": 0, "stream": True, "ignore_eos": True}).encode()
+        s = socket.create_connection(("127.0.0.1", port), timeout=20)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        got = b""
+        while got.count(b"data: ") < 2:
+            got += s.recv(4096)
+        c.kill("router", signal.SIGKILL)
+        while b"data: [DONE]" not in got:
+            b = s.recv(65536)  # the socket's 20 s timeout fails the test on a hang
+            check(b, "the stream closed without an end after the router was killed")
+            got += b
+        s.close()
+        check(b'"error"' in got and b"lost" in got, "no error event after the router was killed: %r"
+              % got[-400:])
+        c.procs = [(n, p) for n, p in c.procs if n != "router"]
+        c._start("router", [bins.router, "--config", c.config, "--node", "router"])
+        deadline = time.time() + 30
+        while True:
+            st, _, rb = http(base, "/ready", timeout=5)
+            if st == 200:
+                break
+            check(time.time() < deadline, "not ready 30 s after the router restart: %r" % rb)
+            time.sleep(0.2)
+        after_text = greedy_text()
+        check(after_text == before_text, "after the router restart: %r, before %r" %
+              (after_text, before_text))
+        print("ok router killed mid-stream: error event + [DONE]; restarted: served again, same text")
+
         # ---- a frontend whose router does not answer: 503 with the reason, not a hang ----
         port2 = cl.free_port()
         fe2 = cl.spawn([args.frontend, "--router", "tcp://127.0.0.1:%d" % cl.free_port(),
