@@ -154,14 +154,16 @@ static void read_gen_defaults(const char *model_dir)
     kvr_json_free(doc);
 }
 
-/* Every connection may hold an HTTP socket and a router client (three ZeroMQ
- * sockets with their mailboxes, and a TCP connection), so the bound on
- * connections needs about 8 descriptors each.  The soft limit is raised towards the hard
- * one; a hard limit too low for --max-connections is a start-up error with
- * the fix, not a failure under load. */
+/* Every connection holds its HTTP socket (libmicrohttpd's bound is a quarter
+ * above --max-connections); the rest is fixed: the loop's router client and
+ * epoll sets, /ready's probe clients (at most 16 at once, three ZeroMQ
+ * sockets and a TCP connection each), ZeroMQ's and the model's files.  The
+ * soft limit is raised towards the hard one; a hard limit too low for
+ * --max-connections is a start-up error with the fix, not a failure under
+ * load. */
 static bool fd_budget(void)
 {
-    rlim_t need = (rlim_t)fe_cfg.max_connections * 5 / 4 * 8 + 256;
+    rlim_t need = (rlim_t)fe_cfg.max_connections * 5 / 4 + 8 + 16 * 8 + 256;
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
         return true;
