@@ -712,7 +712,7 @@ kvr_status_t fe_http_start(void)
         return KVR_ERR_IO;
     }
     /* external epoll mode: fe_http_serve's loop runs libmicrohttpd */
-    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_TURBO;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     unsigned hard_limit = fe_cfg.max_connections + fe_cfg.max_connections / 4 + 8;
