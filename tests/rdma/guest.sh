@@ -45,7 +45,7 @@ fail_all() {
 TESTS_LO="verbs_conformance:60 verbs_pair_lo:60 verbs_bad_rkey:30 verbs_kvrail_bench:60
        verbs_cluster_1p1d:120"
 TESTS_VETH="rdma_devices:30 verbs_pair_veth:90 verbs_peer_death:60 verbs_mismatch:30
-       verbs_failover:90 verbs_linkdown:240"
+       verbs_failover:90 verbs_linkdown:240 verbs_cluster_linkdown:180"
 # `vm.py --mode bench` (a file "mode" in the results directory) runs the benchmark only
 if [ "$(cat "$RES/mode" 2>/dev/null)" = bench ]; then
     TESTS_LO="verbs_bench:1200"
@@ -132,6 +132,7 @@ cmd_of() {
     verbs_kvrail_bench) echo "$BUILD/tools/bench/kvrail-bench --backend verbs --devices rxe_lo --pool-size 16M \
         --sizes 64K --batch 1,16 --duration 0.2 --check --quiet" ;;
     verbs_cluster_1p1d) echo "KVR_VERBS_DEVICES=rxe_lo python3 tests/rdma/cluster_verbs.py $BUILD" ;;
+    verbs_cluster_linkdown) echo "python3 tests/rdma/cluster_verbs.py $BUILD --linkdown" ;;
     verbs_bench) echo "python3 tests/rdma/bench-vm.py $BUILD" ;;
     esac
 }

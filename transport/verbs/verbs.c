@@ -1226,6 +1226,12 @@ static void vb_inbound_accept(struct vb_inbound *in)
             break;
         }
         struct vb_dev *d = &ve->dev[w->dev];
+        char why[128];
+        if (!kvr_verbs_port_ready(ve, (int)w->dev, why, sizeof(why))) {
+            s = KVR_ERR_IO; /* (answered at once: RTR would block for seconds) */
+            snprintf(rp->why, sizeof(rp->why), "rail %u: %s", i, why);
+            break;
+        }
         in->rail[i].dev = (int)w->dev;
         in->nrails = (int)i + 1;
         s = kvr_verbs_qp_create(ve, (int)w->dev, 4, VB_RQ_DEPTH, &in->rail[i].armed,
@@ -1596,6 +1602,17 @@ static void vb_probe_start(struct vb_peer *vp, int ri)
 {
     struct vb_engine *ve = ENG(vp->base.engine);
     struct vb_rail *r = &vp->rail[ri];
+    char why[128];
+    if (!kvr_verbs_port_ready(ve, r->ldev, why, sizeof(why))) {
+        /* no probe while the link is down: it would only block in RTR */
+        r->next_ns = kvr_now_ns() + (uint64_t)ve->cooldown_ms * 1000000u;
+        if (!r->port_down)
+            KVR_LOG_WARN(COMP, "%s: rail %d not probed while %s; checked again every %u ms",
+                         ve->base.name, ri, why, ve->cooldown_ms);
+        r->port_down = true;
+        return;
+    }
+    r->port_down = false;
     struct ibv_wc wc[VB_CQ_BATCH];
     while (r->cq && ibv_poll_cq(r->cq, VB_CQ_BATCH, wc) > 0) /* the old QP's flushed WRs */
         ;

@@ -582,6 +582,32 @@ kvr_status_t kvr_verbs_check_pair(const char *en, const struct vb_dev *l,
     return KVR_ERR_MISMATCH;
 }
 
+/* true when device dev's port is ACTIVE and still has the GID it was
+ * opened with (a netdev that went down loses its link-local address): a QP
+ * brought to RTR on it otherwise waits seconds for an address resolution
+ * that cannot succeed, inside ibv_modify_qp.  why (cap bytes) says which. */
+bool kvr_verbs_port_ready(struct vb_engine *ve, int dev, char *why, size_t cap)
+{
+    struct vb_dev *d = &ve->dev[dev];
+    struct ibv_port_attr pa;
+    union ibv_gid g;
+    if (ibv_query_port(d->ctx, d->port, &pa) != 0) {
+        snprintf(why, cap, "%s:%u: ibv_query_port: %s", d->name, d->port, strerror(errno));
+        return false;
+    }
+    if (pa.state != IBV_PORT_ACTIVE) {
+        snprintf(why, cap, "%s:%u is %s", d->name, d->port, ibv_port_state_str(pa.state));
+        return false;
+    }
+    if (ibv_query_gid(d->ctx, d->port, d->gid_index, &g) != 0 ||
+        memcmp(g.raw, d->gid.raw, 16) != 0) {
+        snprintf(why, cap, "%s:%u has lost gid[%d] (its netdev's address)", d->name, d->port,
+                 d->gid_index);
+        return false;
+    }
+    return true;
+}
+
 /* ------------------------------------------------------------------------ */
 /* side channel                                                              */
 

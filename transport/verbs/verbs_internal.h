@@ -201,6 +201,7 @@ struct vb_rail {
     uint64_t flushes;           /* zero-length signaled WRITEs posted to cover a tail */
     bool down;                  /* failed over: carries nothing until a probe brings it back */
     uint8_t probe;              /* VB_PROBE_*: where the way back of a down rail is */
+    bool port_down;             /* its port was down at the last probe time (logged once) */
     int pfd;                    /* the probe's side channel (a one-rail handshake), or -1 */
     uint64_t next_ns;           /* VB_PROBE_COOL: when to probe; HANDSHAKE: its deadline */
     uint64_t probe_seq;         /* VB_PROBE_CHECK: wr_id of the probing zero-length WRITE */
@@ -295,6 +296,7 @@ kvr_status_t kvr_verbs_qp_connect(struct vb_engine *ve, int dev, struct ibv_qp *
                                   const struct vb_wire_rail *r, uint32_t mtu, uint32_t my_psn,
                                   uint32_t rd_atom);
 void kvr_verbs_qp_to_error(struct ibv_qp *qp);
+bool kvr_verbs_port_ready(struct vb_engine *ve, int dev, char *why, size_t cap);
 kvr_status_t kvr_verbs_check_pair(const char *en, const struct vb_dev *l,
                                   const struct vb_wire_dev *r, const char *rhost);
 int kvr_verbs_tcp_connect(const uint8_t ip[4], uint16_t port, int timeout_ms);
