@@ -63,7 +63,13 @@
 #define KVR_PREFILL_BATCH_MAX    16  /* most prompts in one batched prefill */
 #define KVR_PREFILL_BATCH_TOKENS 256 /* default: prompts up to this long are batched */
 
-enum preq_state { PQ_QUEUED, PQ_COMPUTING, PQ_AWAIT_TARGET, PQ_DRAINING };
+/* PQ_RETIRING: failed or canceled, but writes it posted are still in flight:
+ * its lists and local blocks (which the transport may still read) are kept
+ * until they complete, the peer fails, or KVR_PREFILL_RETIRE_MS pass
+ * (check_active), so that the loop never waits for a stalled decode node. */
+enum preq_state { PQ_QUEUED, PQ_COMPUTING, PQ_AWAIT_TARGET, PQ_DRAINING, PQ_RETIRING };
+
+#define KVR_PREFILL_RETIRE_MS 2000 /* a failed request's writes: then the peer is failed */
 
 struct dpeer {
     struct dpeer *next;
@@ -512,8 +518,19 @@ static void notify_abort(struct prefill *p, struct preq *r, kvr_status_t why)
     r->notified = true;
 }
 
-/* Ends a request that failed or was canceled; writes already posted are
- * waited for (bounded) before the staging blocks are reused. */
+/* Whether writes the request posted are still in flight. */
+static bool writes_inflight(const struct prefill *p, const struct preq *r)
+{
+    for (int32_t l = 0; r->dl && l < r->layers_posted; l++)
+        if (r->dl[l] && kvr_xfer_test(r->dl[l]) == KVR_INPROGRESS)
+            return true;
+    return false;
+}
+
+/* Ends a request that failed or was canceled: told to the decode node and the
+ * router at once; while writes it posted are in flight, its lists and staging
+ * blocks are kept (PQ_RETIRING) and check_active frees them later, so the
+ * staging blocks are not reused under a write and the loop never waits. */
 static void req_fail(struct prefill *p, struct preq *r, kvr_status_t code, const char *msg)
 {
     if (code == KVR_ERR_CANCELED)
@@ -521,10 +538,6 @@ static void req_fail(struct prefill *p, struct preq *r, kvr_status_t code, const
     else
         KVR_LOG_WARN(COMP, "request %" PRIu64 ": %s (%s)", r->id, msg, kvr_status_str(code));
     notify_abort(p, r, code);
-    if (r->dl)
-        for (int32_t l = 0; l < r->layers_posted; l++)
-            if (r->dl[l] && kvr_xfer_test(r->dl[l]) == KVR_INPROGRESS)
-                (void)kvr_xfer_wait(r->dl[l], 1000);
     if (r->peer && kvr_xfer_peer_status(r->peer->peer) != KVR_OK)
         r->peer->failed = true;
     if (!r->canceled && !r->done_sent) /* a cancel came from the router: it knows */
@@ -533,10 +546,13 @@ static void req_fail(struct prefill *p, struct preq *r, kvr_status_t code, const
         p->n_canceled++;
     else
         p->n_failed++;
-    if (r->n_lblocks) {
-        /* blocks taken from the local cache are intact; the rest may be partial */
-        kvr_blocktab_release(p->bt, r->lblocks, r->n_lblocks);
-        r->n_lblocks = 0;
+    if (writes_inflight(p, r)) { /* check_active frees it: the loop does not wait */
+        r->state = PQ_RETIRING;
+        r->canceled = true; /* no longer found by its id */
+        r->deadline = kvr_now_ns() + KVR_PREFILL_RETIRE_MS * 1000000ull;
+        r->next = p->active;
+        p->active = r;
+        return;
     }
     req_free(p, r);
 }
@@ -1154,6 +1170,19 @@ static void check_active(struct prefill *p)
             }
             continue;
         }
+        if (r->state == PQ_RETIRING) {
+            if (writes_inflight(p, r) && kvr_xfer_peer_status(r->peer->peer) == KVR_OK) {
+                if (now <= r->deadline)
+                    continue;
+                /* a live peer that completes nothing: its lists end with it */
+                kvr_xfer_peer_abort(r->peer->peer, "writes of a failed request still in flight "
+                                                   "after KVR_PREFILL_RETIRE_MS");
+                r->peer->failed = true;
+            }
+            unlink_req(&p->active, r);
+            req_free(p, r); /* releases the lists, then the local blocks */
+            continue;
+        }
         if (r->state != PQ_DRAINING)
             continue;
         kvr_status_t st = KVR_OK;
@@ -1168,8 +1197,11 @@ static void check_active(struct prefill *p)
         }
         if (st == KVR_INPROGRESS && kvr_xfer_peer_status(r->peer->peer) != KVR_OK)
             st = KVR_ERR_PEER_FAILURE;
-        if (st == KVR_INPROGRESS && now > r->deadline)
-            st = KVR_ERR_TIMEOUT;
+        if (st == KVR_INPROGRESS && now > r->deadline) {
+            st = KVR_ERR_TIMEOUT; /* releasing the lists must not wait on it either */
+            kvr_xfer_peer_abort(r->peer->peer, "KV writes still in flight at the request's "
+                                               "deadline");
+        }
         if (st == KVR_INPROGRESS)
             continue;
         unlink_req(&p->active, r);
@@ -1242,7 +1274,8 @@ static void send_heartbeat(void *arg)
     h.reserved_blocks = c.referenced;
     uint64_t inflight = 0;
     for (struct preq *r = p->active; r; r = r->next)
-        inflight += (uint64_t)r->n_tokens;
+        if (r->state != PQ_RETIRING)
+            inflight += (uint64_t)r->n_tokens;
     h.inflight_prefill_tokens = inflight;
     h.queued_prefill_tokens = p->queued_tokens;
     h.kv_bytes_moved = p->bytes_pushed;

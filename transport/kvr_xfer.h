@@ -211,6 +211,13 @@ void kvr_xfer_disconnect(kvr_xfer_peer_t *peer);
 /** KVR_OK while the peer is healthy; KVR_ERR_PEER_FAILURE once it failed. */
 kvr_status_t kvr_xfer_peer_status(const kvr_xfer_peer_t *peer);
 
+/** Declares a peer that still answers but completes nothing failed
+ *  (KVR_ERR_TIMEOUT, logged with why): posts on it fail, and releasing its
+ *  lists or disconnecting it no longer waits for the writes in flight beyond
+ *  the short bound kept for a dead peer.  For a caller whose own deadline
+ *  for those writes has passed. */
+void kvr_xfer_peer_abort(kvr_xfer_peer_t *peer, const char *why);
+
 /** Human-readable description of the transports the connection uses
  *  (e.g. "rc_mlx5/mlx5_0:1", "tcp/lo", "posix/memory"). */
 const char *kvr_xfer_peer_transports(const kvr_xfer_peer_t *peer);

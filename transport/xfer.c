@@ -651,6 +651,12 @@ kvr_status_t kvr_xfer_peer_status(const kvr_xfer_peer_t *p)
     return p->status;
 }
 
+void kvr_xfer_peer_abort(kvr_xfer_peer_t *p, const char *why)
+{
+    if (p)
+        kvr_xfer_peer_fail(p, KVR_ERR_TIMEOUT, why);
+}
+
 const char *kvr_xfer_peer_transports(const kvr_xfer_peer_t *p)
 {
     return p->transports[0] ? p->transports : "unknown";
