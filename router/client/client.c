@@ -933,6 +933,10 @@ kvr_status_t kvr_client_status(kvr_client_t *c, int timeout_ms, struct kvr_clust
         d->resyncs = n->resyncs;
         d->bad_frames = n->bad_frames;
         d->bad_notifications = n->bad_notifications;
+        d->quarantined_blocks = n->quarantined_blocks;
+        d->quarantines_fenced = n->quarantines_fenced;
+        d->quarantines_expired = n->quarantines_expired;
+        d->self_fenced = n->self_fenced;
     }
     protobuf_c_message_free_unpacked(m, NULL);
     return KVR_OK;

@@ -241,6 +241,12 @@ struct kvr_node_info {
     /* the node's own counts (from its heartbeats): frames from the router
      * and (decode) P->D notifications it dropped as malformed */
     uint64_t bad_frames, bad_notifications;
+    /* the write fence (docs/nodes.md): on a decode node, blocks held until
+     * their writer is fenced and how quarantines ended (the writer's own word,
+     * a lease without a sign of life); on a prefill node, pushes it gave up
+     * after half a lease of silence */
+    uint32_t quarantined_blocks;
+    uint64_t quarantines_fenced, quarantines_expired, self_fenced;
 };
 
 struct kvr_cluster_status {

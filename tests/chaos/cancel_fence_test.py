@@ -157,12 +157,11 @@ def main():
               "a HELLO under %s's name ended its quarantine: %s" % (pname, d))
         print("a HELLO claiming %s restarted (from a peer the router never introduced): the "
               "quarantine holds" % pname)
-        # the decode node reports its quarantine in its heartbeat; `kvrail
-        # status --json` shows it once libkvrail-client copies the field
-        if "quarantined_blocks" in node_status(c, dname):
-            wait_for("the router's status to show the quarantined blocks",
-                     lambda: node_status(c, dname).get("quarantined_blocks") == n_victim,
-                     timeout=10)
+        # the decode node reports its quarantine in its heartbeat, and `kvrail
+        # status --json` shows it
+        wait_for("the router's status to show the quarantined blocks",
+                 lambda: node_status(c, dname).get("quarantined_blocks") == n_victim,
+                 timeout=10)
         killgroup(victim_p, signal.SIGCONT)
         wait_for("the writer's KV_ABORT to fence the quarantine",
                  lambda: c.stats(dname).get("quarantined") == 0, timeout=30)
@@ -218,6 +217,11 @@ def main():
               "the expired reservation's blocks were not fenced: %s" % d)
         check(d.get("quarantines_fenced", 0) + d.get("quarantines_expired", 0) == 2,
               "two quarantines, not both ended: %s" % d)
+        # and the router's status shows both (from the heartbeats)
+        wait_for("kvrail status to show the prefill node's self-fence and the ended quarantines",
+                 lambda: node_status(c, pname).get("self_fenced", 0) >= 1 and
+                 node_status(c, dname).get("quarantines_fenced", 0) +
+                 node_status(c, dname).get("quarantines_expired", 0) == 2, timeout=10)
         d = c.wait_idle()[dname]
         check(d["free_blocks"] + d["evictable_blocks"] == base_usable,
               "decode pool at the end: free %d + evictable %d, baseline %d" % (
