@@ -607,30 +607,6 @@ static kvr_status_t take(kvr_gen_stream_t *s, struct kvr_gen_token *tok_p)
     return ret;
 }
 
-kvr_status_t kvr_gen_stream_next_sized(kvr_gen_stream_t *s, int timeout_ms,
-                                       struct kvr_gen_token *tok_p, size_t tok_size)
-{
-    if (!s || !tok_p || tok_size < sizeof(size_t))
-        return KVR_ERR_INVALID;
-    uint64_t deadline = kvr_deadline_ns(timeout_ms);
-    for (;;) {
-        while (s->head) {
-            struct kvr_gen_token t;
-            kvr_status_t st = take(s, &t);
-            if (st == KVR_OK) {
-                t.size = sizeof(t);
-                copy_out(tok_p, tok_size, &t, sizeof(t));
-            }
-            if (st == KVR_OK || st == KVR_ERR_CLOSED)
-                return st;
-        }
-        if (s->ended)
-            return KVR_ERR_CLOSED;
-        if (pump(s->c, deadline) == KVR_ERR_TIMEOUT && !s->head)
-            return KVR_ERR_TIMEOUT;
-    }
-}
-
 kvr_status_t kvr_gen_stream_take_sized(kvr_gen_stream_t *s, struct kvr_gen_token *tok_p,
                                        size_t tok_size)
 {
@@ -647,6 +623,19 @@ kvr_status_t kvr_gen_stream_take_sized(kvr_gen_stream_t *s, struct kvr_gen_token
             return st;
     }
     return s->ended ? KVR_ERR_CLOSED : KVR_ERR_TIMEOUT;
+}
+
+kvr_status_t kvr_gen_stream_next_sized(kvr_gen_stream_t *s, int timeout_ms,
+                                       struct kvr_gen_token *tok_p, size_t tok_size)
+{
+    uint64_t deadline = kvr_deadline_ns(timeout_ms);
+    for (;;) {
+        kvr_status_t st = kvr_gen_stream_take_sized(s, tok_p, tok_size);
+        if (st != KVR_ERR_TIMEOUT)
+            return st; /* a token, the end, or bad arguments */
+        if (pump(s->c, deadline) == KVR_ERR_TIMEOUT && !s->head)
+            return KVR_ERR_TIMEOUT;
+    }
 }
 
 kvr_status_t kvr_client_wait(kvr_client_t *c, int timeout_ms)
