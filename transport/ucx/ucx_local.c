@@ -391,8 +391,8 @@ static bool map_file(struct ucx_peer *p, struct ucx_rmem *r, const struct ucx_rk
             at = e;
         }
         KVR_LOG_DEBUG(COMP, "%s: pid %d's pool file: %llu of %llu bytes populated here in %.1f ms",
-                      name, (int)p->pid, (unsigned long long)done,
-                      (unsigned long long)h->file_len, (double)(kvr_now_ns() - t0) / 1e6);
+                      name, (int)p->pid, (unsigned long long)done, (unsigned long long)h->file_len,
+                      (double)(kvr_now_ns() - t0) / 1e6);
     }
     close(fd);
     if (!a)
