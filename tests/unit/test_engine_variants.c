@@ -1,0 +1,169 @@
+/*
+ * test_engine_variants.c - the CPU backend's kernel versions compute the
+ * same bits.  The matmul and attention kernels are built for x86-64-v4
+ * (AVX-512) and x86-64-v3 (AVX2+FMA) and one is picked at context creation
+ * by the CPU; KVR_CPU_MATMUL=v3 takes v3 on a v4 CPU.  The nodes of one
+ * cluster may run on either kind of machine, so the two must agree bit for
+ * bit: here a context of each version prefills the same prompt (every
+ * position's logits: the widened-panel matmul of many rows, prefill
+ * attention) and runs decode steps of a batch of 3 sequences (the GEMV of
+ * few rows, decode attention), and the logits and the KV pool are compared
+ * with memcmp, on f32, bf16 and f16 weights, head_dim 64 (attention's
+ * register-resident kernels) and 30 (padded tails), over f32, bf16 and f16
+ * KV pools.  (The baseline version has no FMA and rounds differently: it is
+ * not a cluster node's version, docs/engine.md.  Norms, SwiGLU and the
+ * embedding are target_clones picked by the loader, the same in both runs.)
+ *
+ * Exits 77 on a CPU without both versions or in a build without them
+ * (unoptimized: only the baseline is compiled).
+ *
+ *   test_engine_variants KVRAIL_MKMODEL
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_test_util.h"
+#include "kvr_engine.h"
+#include "kvr_test.h"
+
+#define BS    8
+#define NP    40 /* prompt tokens */
+#define NB    8  /* blocks a sequence: up to 64 positions */
+#define NSEQ  3  /* sequences decoded together */
+#define STEPS 4
+
+struct run {
+    float *prefill; /* [NP][V] every position's logits of sequence 0 */
+    float *decode;  /* [STEPS][NSEQ][V] */
+    struct kvr_kv_pool pool;
+};
+
+static void tokens(int32_t *t, int n, unsigned seed, int32_t V)
+{
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1103515245u + 12345u;
+        t[i] = (int32_t)((seed >> 8) % (unsigned)V);
+    }
+}
+
+/* one run of the version KVR_CPU_MATMUL names (unset: the CPU's best) */
+static void run(kvr_model_t *m, int32_t kv_dtype, struct run *out)
+{
+    char err[512];
+    const int32_t V = kvr_model_vocab(m), L = kvr_model_n_layers(m);
+    kvr_ctx_t *ctx;
+    struct kvr_ctx_opts o = {.n_threads = 2, .max_tokens = 64, .max_batch = NSEQ};
+    KVR_CHECK_STATUS(kvr_ctx_create(m, &o, &ctx, err, sizeof(err)), KVR_OK);
+    test_pool_init_dt(m, BS, L, &out->pool, NSEQ * NB, kv_dtype);
+    out->prefill = malloc((size_t)NP * (size_t)V * 4);
+    out->decode = malloc((size_t)STEPS * NSEQ * (size_t)V * 4);
+    float *last = malloc((size_t)V * 4);
+    KVR_CHECK(out->prefill && out->decode && last);
+    int32_t bt[NSEQ][NB], len[NSEQ];
+    for (int s = 0; s < NSEQ; s++) {
+        for (int b = 0; b < NB; b++)
+            bt[s][b] = s * NB + b;
+        int32_t t[NP];
+        len[s] = NP - 7 * s; /* 40, 33, 26 */
+        tokens(t, len[s], 100u + (unsigned)s, V);
+        struct kvr_prefill_req r = {.tokens = t,
+                                    .n_tokens = len[s],
+                                    .block_table = bt[s],
+                                    .n_blocks = NB,
+                                    .all_logits = s == 0 ? out->prefill : NULL};
+        KVR_CHECK_STATUS(kvr_engine_prefill(ctx, &out->pool, &r, last), KVR_OK);
+    }
+    for (int st = 0; st < STEPS; st++) {
+        struct kvr_decode_seq q[NSEQ];
+        for (int s = 0; s < NSEQ; s++)
+            q[s] = (struct kvr_decode_seq){.token = (st * 31 + s * 7) % V,
+                                           .pos = len[s] + st,
+                                           .block_table = bt[s],
+                                           .n_blocks = NB};
+        KVR_CHECK_STATUS(kvr_engine_decode(ctx, &out->pool, q, NSEQ,
+                                           out->decode + (size_t)st * NSEQ * (size_t)V),
+                         KVR_OK);
+    }
+    free(last);
+    kvr_ctx_destroy(ctx);
+}
+
+static void run_free(struct run *r, int32_t L)
+{
+    free(r->prefill);
+    free(r->decode);
+    test_pool_free(&r->pool, L);
+}
+
+static void compare(const char *dir, const char *what)
+{
+    char err[512];
+    kvr_model_t *m;
+    KVR_CHECK_STATUS(kvr_model_load(dir, &m, err, sizeof(err)), KVR_OK);
+    const int32_t V = kvr_model_vocab(m), L = kvr_model_n_layers(m);
+    static const char *kvn[] = {"f32", "f16", "bf16"};
+    for (int32_t dt = KVR_KV_F32; dt <= KVR_KV_BF16; dt++) {
+        struct run a, b;
+        unsetenv("KVR_CPU_MATMUL");
+        run(m, dt, &a);
+        setenv("KVR_CPU_MATMUL", "v3", 1);
+        run(m, dt, &b);
+        unsetenv("KVR_CPU_MATMUL");
+        KVR_EXPECT(memcmp(a.prefill, b.prefill, (size_t)NP * (size_t)V * 4) == 0,
+                   "%s, KV %s: prefill logits differ between the v4 and v3 kernels", what, kvn[dt]);
+        KVR_EXPECT(memcmp(a.decode, b.decode, (size_t)STEPS * NSEQ * (size_t)V * 4) == 0,
+                   "%s, KV %s: decode logits differ between the v4 and v3 kernels", what, kvn[dt]);
+        int kv_same = 1;
+        for (int32_t l = 0; l < L; l++)
+            kv_same &= memcmp(a.pool.layer_base[l], b.pool.layer_base[l],
+                              kvr_kv_layer_bytes(&a.pool.layout, NSEQ * NB)) == 0;
+        KVR_EXPECT(kv_same, "%s, KV %s: the KV pools differ between the v4 and v3 kernels", what,
+                   kvn[dt]);
+        /* the decode logits are not all alike (the comparison means something) */
+        KVR_EXPECT(memcmp(a.decode, a.decode + V, (size_t)V * 4) != 0,
+                   "%s: two sequences' decode logits are equal", what);
+        run_free(&a, L);
+        run_free(&b, L);
+    }
+    kvr_model_destroy(m);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        KVR_SKIP("usage: test_engine_variants KVRAIL_MKMODEL");
+#if !defined(__OPTIMIZE__) || !defined(__x86_64__) || !defined(__GNUC__) || defined(__clang__)
+    KVR_SKIP("the v4/v3 kernel versions are built only by GCC with optimization on x86-64");
+#else
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("x86-64-v4"))
+        KVR_SKIP("this CPU has no x86-64-v4 (AVX-512): only one kernel version can run");
+    static const struct {
+        const char *args, *what;
+    } models[] = {
+        {"--arch llama --layers 2 --hidden 256 --heads 4 --kv-heads 2 --intermediate 256 "
+         "--vocab 300 --seed 21",
+         "llama f32, head_dim 64"},
+        {"--arch llama --layers 2 --hidden 256 --heads 4 --kv-heads 2 --intermediate 256 "
+         "--vocab 300 --dtype bf16 --seed 22",
+         "llama bf16, head_dim 64"},
+        {"--arch llama --layers 2 --hidden 256 --heads 4 --kv-heads 2 --intermediate 256 "
+         "--vocab 300 --dtype f16 --seed 23",
+         "llama f16, head_dim 64"},
+        {"--arch qwen2 --layers 2 --hidden 120 --heads 4 --kv-heads 2 --intermediate 200 "
+         "--vocab 300 --dtype f16 --seed 24",
+         "qwen2 f16, head_dim 30"},
+    };
+    for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++) {
+        char d[] = "/tmp/kvr-test-engine-var-XXXXXX", cmd[8192];
+        KVR_CHECK(mkdtemp(d) != NULL);
+        snprintf(cmd, sizeof(cmd), "%s --out %s %s >/dev/null", argv[1], d, models[i].args);
+        KVR_CHECK(system(cmd) == 0);
+        compare(d, models[i].what);
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", d);
+        KVR_CHECK(system(cmd) == 0);
+    }
+    return kvr_test_fails ? 1 : 0;
+#endif
+}
