@@ -216,7 +216,7 @@ def boot(args, cache, resdir):
     t0 = time.time()
     with open(os.path.join(cache, "qemu.log"), "wb") as log:
         r = sp_run(cmd, stdout=log, stderr=subprocess.STDOUT,
-                           stdin=subprocess.DEVNULL)
+                           stdin=subprocess.DEVNULL, timeout=args.vm_timeout + 30)
     dt = time.time() - t0
     print("vm: qemu exited %d after %.1f s" % (r.returncode, dt), file=sys.stderr)
     if not os.path.exists(os.path.join(resdir, "guest.rc")):
