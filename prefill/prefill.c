@@ -123,6 +123,7 @@ struct preq {
     int32_t layers_done, layers_posted;
     bool prepared, notified, canceled, done_sent;
     kvr_status_t err;
+    bool d_fault; /* the failure is the decode node's (PrefillDone.decode_fault) */
     char errmsg[320];
     int32_t first_token;
     float logprob;
@@ -478,6 +479,7 @@ static void send_done(struct prefill *p, struct preq *r, kvr_status_t code, cons
     d.request_id = r->id;
     d.attempt = r->attempt;
     d.status = &st;
+    d.decode_fault = code != KVR_OK && r->d_fault;
     d.bytes_moved = r->bytes;
     d.descriptors_posted = r->ndesc_posted;
     d.descriptors_raw = r->ndesc_raw;
@@ -540,7 +542,9 @@ static void req_fail(struct prefill *p, struct preq *r, kvr_status_t code, const
     notify_abort(p, r, code);
     if (r->peer && kvr_xfer_peer_status(r->peer->peer) != KVR_OK)
         r->peer->failed = true;
-    if (!r->canceled && !r->done_sent) /* a cancel came from the router: it knows */
+    /* a cancel came from the router: it knows; a failure after PrefillDone
+     * is told by a second one (the router retries at once) */
+    if (!r->canceled && (!r->done_sent || code != KVR_ERR_CANCELED))
         send_done(p, r, code, msg);
     if (code == KVR_ERR_CANCELED)
         p->n_canceled++;
@@ -633,6 +637,7 @@ static kvr_status_t post_ready_layers(struct prefill *p, struct preq *r)
             if (s != KVR_INPROGRESS && s != KVR_OK) {
                 snprintf(r->errmsg, sizeof r->errmsg, "posting layer %d to '%s': %s",
                          r->layers_posted, r->peer->name, kvr_status_str(s));
+                r->d_fault = true;
                 return s;
             }
         }
@@ -661,11 +666,13 @@ static kvr_status_t send_ready(struct prefill *p, struct preq *r)
     uint8_t wire[KVR_NOTIF_WIRE_MAX];
     size_t wl = kvr_notif_encode(&n, wire, sizeof wire);
     kvr_status_t s = wl ? kvr_xfer_notify(r->peer->peer, wire, wl) : KVR_ERR_INVALID;
-    if (s == KVR_OK)
+    if (s == KVR_OK) {
         r->notified = true;
-    else
+    } else {
         snprintf(r->errmsg, sizeof r->errmsg, "notifying '%s': %s", r->peer->name,
                  kvr_status_str(s));
+        r->d_fault = true;
+    }
     return s;
 }
 
@@ -680,6 +687,7 @@ static kvr_status_t apply_target(struct prefill *p, struct preq *r, const Kvrail
                  "decode node '%s' reserved %zu blocks, the prompt needs %u (a broken or "
                  "foreign decode node)",
                  dn, t->n_block_ids, nb);
+        r->d_fault = true;
         return KVR_ERR_INVALID;
     }
     if (t->cached_tokens % (uint32_t)L->block_size != 0 ||
@@ -688,6 +696,7 @@ static kvr_status_t apply_target(struct prefill *p, struct preq *r, const Kvrail
                  "decode node '%s' reserved with cached_tokens %u, not a whole number of "
                  "blocks below the prompt length %d",
                  dn, t->cached_tokens, r->n_tokens);
+        r->d_fault = true;
         return KVR_ERR_INVALID;
     }
     kvr_status_t s = peer_get(p, t, &r->peer, err, sizeof err);
@@ -695,6 +704,8 @@ static kvr_status_t apply_target(struct prefill *p, struct preq *r, const Kvrail
         snprintf(r->errmsg, sizeof r->errmsg, "%s", err);
         if (s == KVR_ERR_MISMATCH)
             KVR_LOG_ERROR(COMP, "%s", err);
+        /* its address, rkeys or layout were refused: the decode node's */
+        r->d_fault = s != KVR_ERR_NO_MEMORY;
         return s;
     }
     r->dblocks = malloc(nb * sizeof *r->dblocks);
@@ -1214,6 +1225,7 @@ static void check_active(struct prefill *p)
                      "KV transfer to decode node '%s' failed after the prompt was computed: %s",
                      r->peer->name, kvr_status_str(st));
             KVR_LOG_WARN(COMP, "request %" PRIu64 ": %s", r->id, why);
+            r->d_fault = true;
             send_done(p, r, st, why);
             kvr_node_metrics_transfer_failed(st);
             r->peer->failed = true;

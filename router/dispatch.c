@@ -160,6 +160,7 @@ enum rt_dispatch_result rt_dispatch(rt_t *r, struct rt_req *q, uint64_t now)
             .batch_size = n->batch_size,
             .cached_blocks = overlap[i],
             .inflight_tokens = n->inflight_tokens,
+            .cooling = n->cool_until > now,
         };
     }
     struct rt_sched_req sq = {
@@ -167,6 +168,7 @@ enum rt_dispatch_result rt_dispatch(rt_t *r, struct rt_req *q, uint64_t now)
         .block_size = r->cl->block_size,
         .local_prefill_tokens = r->cl->local_prefill_tokens,
         .avoid_p = q->bad_p,
+        .avoid_d = q->bad_d_mask,
         .seed = rt_rand(r),
     };
     struct rt_sched_pick pk;

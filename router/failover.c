@@ -3,7 +3,12 @@
  * failed or timed-out prefill is retried on another prefill node (P that
  * failed it is avoided next; limits.prefill_retries), on the same
  * reservation of D when D holds one (its lease renewed, dispatch.c), else
- * as a new dispatch.  A decode node that
+ * as a new dispatch.  A prefill that failed by the decode node's fault (P
+ * says so: PrefillDone.decode_fault - D's address or rkeys refused, its
+ * reservation unusable, a transfer to it failed) is D's blame, not P's:
+ * D's reservation is released and the request dispatched afresh to another
+ * decode node (D avoided for it; RT_BLAME_STREAK such faults in a row cool
+ * D down for a lease, in which it is everyone's last choice).  A decode node that
  * dies or re-registers has its requests migrated: a new dispatch of prompt +
  * the tokens already streamed, continuing the stream where it stopped.  The
  * deadlines (request, queue, first token) are scanned here when the loop's
@@ -53,6 +58,56 @@ void rt_failover_prefill_failed(rt_t *r, struct rt_req *q, uint64_t now, kvr_sta
                       "prefill on %s failed after %u retries: %s", pname, q->retries, why);
 }
 
+void rt_failover_decode_failed(rt_t *r, struct rt_req *q, uint64_t now, kvr_status_t code,
+                               const char *why)
+{
+    struct rt_node *d = &r->nodes[q->d];
+    d->blamed++;
+    r->st.decode_faults++;
+    if (++d->blame_streak >= RT_BLAME_STREAK) {
+        d->blame_streak = 0;
+        d->cooldowns++;
+        d->cool_until = now + (uint64_t)r->cl->timeouts.lease_ms * 1000000ull;
+        KVR_LOG_WARN("router",
+                     "decode node %s failed %u transfers in a row: other decode nodes are "
+                     "preferred for %u ms (timeouts.lease_ms; cool-down %" PRIu64 ")",
+                     d->name, RT_BLAME_STREAK, r->cl->timeouts.lease_ms, d->cooldowns);
+    }
+    if (!q->first_why[0])
+        snprintf(q->first_why, sizeof q->first_why, "on decode node %s: %s", d->name, why);
+    bool other = false;
+    for (int i = 0; i < r->n_nodes && !other; i++)
+        other = i != q->d && r->nodes[i].role == KVR_NODE_ROLE_DECODE && r->nodes[i].alive;
+    if (other && q->retries < r->cl->prefill_retries && q->n_out == q->index_base) {
+        q->retries++;
+        r->st.retries++;
+        KVR_LOG_WARN("router",
+                     "request %" PRIu64 ": prefill failed by decode node %s (%s): its reservation "
+                     "is released and the request dispatched to another decode node (retry %u "
+                     "of %u)",
+                     q->id, d->name, why, q->retries, r->cl->prefill_retries);
+        if (!q->local)
+            rt_send_node_cancel(r, q->p, q->did, KVR_ERR_CANCELED, "decode node failed");
+        rt_send_node_cancel(r, q->d, q->did, KVR_ERR_PEER_FAILURE,
+                            "the prefill node could not use this reservation");
+        q->bad_d_mask |= 1ull << q->d;
+        rt_req_requeue(r, q, now);
+        r->pump_wanted = true;
+        return;
+    }
+    char last[256];
+    snprintf(last, sizeof last, "on decode node %s: %s", d->name, why);
+    const char *none = other ? "retries spent" : "no other live decode node";
+    if (q->retries && strcmp(last, q->first_why) != 0)
+        rt_req_finish(r, q, code, KVRAIL__FINISH_REASON__FINISH_ERROR, true, now,
+                      "prefill failed after %u retries (%s); first %s; last %s", q->retries, none,
+                      q->first_why, last);
+    else
+        rt_req_finish(r, q, code, KVRAIL__FINISH_REASON__FINISH_ERROR, true, now,
+                      "prefill failed by decode node %s after %u retries (%s): %s", d->name,
+                      q->retries, none, why);
+}
+
 /* The new dispatch continues from prompt + streamed tokens.  False when out
  * of memory (the request is finished then). */
 static bool migrate(rt_t *r, struct rt_req *q, struct rt_node *n, uint64_t now, const char *why)
@@ -95,6 +150,7 @@ void rt_failover_node_lost(rt_t *r, struct rt_node *n, uint64_t now, const char 
         if (q->p == n->idx && !q->prefill_done && !q->local) {
             char m[160];
             snprintf(m, sizeof(m), "prefill node %s %s", n->name, why);
+            n->blamed++;
             rt_failover_prefill_failed(r, q, now, KVR_ERR_PEER_FAILURE, m);
             continue;
         }
@@ -141,6 +197,8 @@ void rt_failover_tick(rt_t *r, uint64_t now)
         bool awaiting_first = (q->state == RQ_RESERVING || q->state == RQ_PREFILLING) &&
                               !q->t_first && q->n_out == q->index_base;
         if (awaiting_first && now > q->prefill_deadline) {
+            if (q->state == RQ_PREFILLING && !q->prefill_done && !q->local && q->p >= 0)
+                r->nodes[q->p].blamed++; /* D reserved; P did not finish */
             rt_failover_prefill_failed(r, q, now, KVR_ERR_TIMEOUT,
                                        "no first token within timeouts.prefill_ms");
             continue;

@@ -25,6 +25,7 @@
 /* a per-node row */
 struct node_m {
     kvr_metric_t *alive, *hb_age, *total, *free, *kv_bytes, *kv_secs, *requests, *cached;
+    kvr_metric_t *blamed, *cooldowns, *cooling;
 };
 
 static struct {
@@ -151,6 +152,13 @@ static void node_row(struct rt_node *n, int i)
         m->kv_secs =
             counter("kvrail_node_kv_transfer_seconds_total", "KV transfer time, by node", l);
         m->requests = counter("kvrail_node_requests_total", "Requests assigned, by node", l);
+        m->blamed = counter("kvrail_node_failures_blamed_total",
+                            "Prefill attempts failed by this node's own fault (a decode node's: "
+                            "its address, rkeys, reservation or a transfer to it)",
+                            l);
+        m->cooldowns = counter("kvrail_node_cooldowns_total",
+                               "Cool-downs of a decode node after failed transfers in a row", l);
+        m->cooling = gauge("kvrail_node_cooling", "1 while a decode node is cooling down", l);
     }
     (void)i;
 }
@@ -201,6 +209,9 @@ void rt_metrics_update(rt_t *r, uint64_t now)
         kvr_metric_set(m->kv_bytes, (double)nb);
         kvr_metric_set(m->kv_secs, (double)nt / 1e9);
         kvr_metric_set(m->requests, (double)n->requests);
+        kvr_metric_set(m->blamed, (double)n->blamed);
+        kvr_metric_set(m->cooldowns, (double)n->cooldowns);
+        kvr_metric_set(m->cooling, n->cool_until > now ? 1 : 0);
         decode_alive |= n->alive && n->role == KVR_NODE_ROLE_DECODE;
     }
     kvr_metrics_http_set_ready(g.http, decode_alive,

@@ -60,6 +60,7 @@
 #define RT_MAX_ADDR_BYTES         (64u << 10) /* a registered transport address or rkey */
 #define RT_MAX_RKEYS              256u        /* rkeys / layer bases in a registration */
 #define RT_HELD_EVENT_BYTES       (16u << 20) /* BlockEvents payloads held per node in a resync */
+#define RT_BLAME_STREAK           2u /* decode faults in a row that start a cool-down of a lease */
 
 struct rt_samples {
     uint64_t v[RT_SAMPLES];
@@ -128,7 +129,18 @@ struct rt_node {
     uint8_t pubkey[32];      /* auth: curve: the node's public key (KEYS/NAME.pub) */
     uint64_t rsv_wait_since; /* oldest unanswered Reserve's send time (0: none) */
     uint64_t unresponsive;   /* times it left a Reserve unanswered past the timeout */
-    uint8_t **ev_buf;        /* BlockEvents payloads held while a resync is pending */
+    /* blame (failover.c): prefill failures that were this node's own (a
+     * prefill node's PrefillDone error, its death or timeout mid-prefill; a
+     * decode node's refused address or rkeys, unusable reservation, failed
+     * transfer); blame_streak such decode failures since its last good
+     * transfer; RT_BLAME_STREAK of them in a row start a cool-down (until
+     * cool_until) in which the scheduler takes it only when no other decode
+     * node can */
+    uint64_t blamed;
+    uint32_t blame_streak;
+    uint64_t cool_until;
+    uint64_t cooldowns;
+    uint8_t **ev_buf; /* BlockEvents payloads held while a resync is pending */
     size_t *ev_buf_len;
     size_t n_ev_buf;
     size_t ev_buf_bytes; /* their sum, at most RT_HELD_EVENT_BYTES */
@@ -166,9 +178,10 @@ struct rt_req {
     size_t n_stops;
     size_t max_stop_len;
     bool no_text, return_prompt;
-    int p, d;       /* node indices, -1 */
-    uint64_t d_inc; /* D's incarnation when dispatched (its pool's blocks) */
-    int bad_p;      /* prefill node that failed this request last, -1 */
+    int p, d;            /* node indices, -1 */
+    uint64_t d_inc;      /* D's incarnation when dispatched (its pool's blocks) */
+    int bad_p;           /* prefill node that failed this request last, -1 */
+    uint64_t bad_d_mask; /* decode nodes that failed its transfer (their fault) */
     bool local;
     uint32_t retries;
     char first_why[256]; /* the first failure's cause: the final error names it too */
@@ -203,7 +216,8 @@ struct rt_stats {
     uint64_t cached_tokens, prompt_tokens;
     uint64_t held_event_drops; /* BlockEvents not held during a resync (bound reached) */
     uint64_t refused_registrations;
-    uint64_t auth_refused; /* connections (ZAP) and messages refused by authentication */
+    uint64_t auth_refused;  /* connections (ZAP) and messages refused by authentication */
+    uint64_t decode_faults; /* prefills failed by the decode node (PrefillDone.decode_fault) */
     struct rt_samples overhead, overhead_cpu, token, tokenize;
 };
 
@@ -348,6 +362,12 @@ void rt_failover_node_lost(rt_t *r, struct rt_node *n, uint64_t now, const char 
 /** A prefill failed: retry elsewhere (limits.prefill_retries) or fail. */
 void rt_failover_prefill_failed(rt_t *r, struct rt_req *q, uint64_t now, kvr_status_t code,
                                 const char *why);
+/** A prefill failed by the decode node's fault (PrefillDone.decode_fault):
+ *  D is blamed (and cooled down after RT_BLAME_STREAK in a row), its
+ *  reservation released, and the request dispatched to another live decode
+ *  node; failed, naming the cause, when none is left or retries are spent. */
+void rt_failover_decode_failed(rt_t *r, struct rt_req *q, uint64_t now, kvr_status_t code,
+                               const char *why);
 /** Request, queue and prefill deadlines; arms the next one. */
 void rt_failover_tick(rt_t *r, uint64_t now);
 

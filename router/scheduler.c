@@ -39,6 +39,10 @@ enum rt_sched_result rt_sched_pick(const struct rt_sched_node *nodes, int n_node
         if (load < 0)
             load = 0;
         double cost = (double)need + 0.5 * load + (double)n->batch_size + jitter(&rng);
+        if (i < 64 && (q->avoid_d >> i & 1))
+            cost += 2e12; /* last of all */
+        else if (n->cooling)
+            cost += 1e12;
         if (best < 0 || cost < best_cost) {
             best = i;
             best_cost = cost;

@@ -21,6 +21,7 @@ struct rt_sched_node {
     int64_t free_est;       /* free blocks, minus reservations on their way */
     uint32_t batch_size;    /* running sequences */
     uint32_t cached_blocks; /* leading blocks of this request it holds (directory) */
+    bool cooling;           /* in a cool-down after failed transfers: last choice */
     /* prefill nodes */
     uint64_t inflight_tokens; /* prefill tokens dispatched to it and not done */
 };
@@ -32,6 +33,7 @@ struct rt_sched_req {
     uint32_t local_prefill_tokens; /* uncached suffix at most this: prefill on D */
     int avoid_p;                   /* prefill node that failed it last, -1 */
     uint64_t seed;                 /* tie-break jitter */
+    uint64_t avoid_d;              /* mask of decode nodes that failed its transfer (0: none) */
 };
 
 enum rt_sched_result {
@@ -55,6 +57,8 @@ struct rt_sched_pick {
  * Picks D then P for a request.  D: among live decode nodes whose free_est
  * holds the uncached blocks (a hard limit), the lowest
  *     uncached blocks + 0.5 * blocks in use + batch size + jitter [0, 0.01);
+ * a decode node that failed this request's transfer (avoid_d), or one cooling
+ * down after failed transfers, only when no other fits;
  * P: the live prefill node with the fewest in-flight tokens (avoid_p last).
  * The prefill is local when the uncached suffix is at most
  * local_prefill_tokens or no prefill node is alive.

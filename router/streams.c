@@ -125,8 +125,13 @@ void rt_on_prefill_done(rt_t *r, struct rt_node *n, const Kvrail__PrefillDone *m
             return; /* D streams already: it has the KV (e.g. P canceled after all) */
         if (q->p == n->idx && q->d >= 0)
             n->sent_d_inc[q->d] = 0; /* the retry carries D's address and rkeys again */
-        rt_failover_prefill_failed(r, q, now, m->status->code,
-                                   m->status->message ? m->status->message : "no message");
+        const char *why = m->status->message ? m->status->message : "no message";
+        if (m->decode_fault && !m->local && q->p == n->idx && q->d >= 0 && !q->local) {
+            rt_failover_decode_failed(r, q, now, m->status->code, why);
+            return;
+        }
+        n->blamed++; /* its own failure */
+        rt_failover_prefill_failed(r, q, now, m->status->code, why);
         return;
     }
     if (!q->prefill_done && q->p >= 0) {
@@ -189,6 +194,8 @@ void rt_on_token(rt_t *r, struct rt_node *n, const Kvrail__Token *m, uint64_t no
         KVR_LOG_WARN("router", "request %" PRIu64 ": token %u from %s, expected %u", q->id,
                      m->index, n->name, q->next_local);
     q->next_local = m->index + 1;
+    if (m->index == 0 && !q->local)
+        n->blame_streak = 0; /* a transfer to it worked */
     if (!q->prefill_done) {
         q->prefill_done = true; /* local prefill, or D overtook PrefillDone */
         if (q->p >= 0 && !q->local && q->attempt > 0)

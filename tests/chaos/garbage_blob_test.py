@@ -1,20 +1,30 @@
 """garbage_blob_test.py - a registered decode node that hands out a
 checksummed but garbage transport address must not bring a prefill node
-down (issue 12: it aborted inside UCX).
+down (issue 12: it aborted inside UCX), and the blame for the failed
+prefill lands on that decode node, not on the prefill node.
 
-A 1P+1D cluster (auth: none; the UCX transport) is started and answers a
-prompt; then decode0 is killed and kvr-rogue-peer registers as decode1 with
-the real layout and fingerprint, a transport address blob that is framed
-and checksummed correctly but whose UCX worker address says version 13
-(UCX 1.13 asserts on it: 'addr version 13'), garbage rkeys, and answers
-every reservation.  A prompt is then routed to it; the prefill node is
-sent the address and connects.  Asserted: the request ends (an error, not a
-hang) and its message names the refused address of decode1 (not the
-symptom of the retries after it), prefill0 is alive and still registered,
-its log names the refused address, and - with a real decode node again - the next prompt gives
-`kvrail run`'s tokens.  The control: the same with KVR_UCX_CHECK=0 on the
-prefill node (the check off) would have the prefill node die; it is not run
-here, the conformance test shows the abort (test_damaged_blobs).
+A 1P+2D cluster (auth: none; the UCX transport; the router's metrics on)
+is started with decode0 real; kvr-rogue-peer registers as decode1 with the
+real layout and fingerprint, a transport address blob that is framed and
+checksummed correctly but whose UCX worker address says version 13 (UCX
+1.13 asserts on it: 'addr version 13'), garbage rkeys, and answers every
+reservation.
+ 1. With decode0 alive: prompts (long enough to be prefilled remotely, two in
+    flight, so that decode1 - idle, a whole free pool - is picked) all
+    succeed on decode0 with `kvrail run`'s tokens and logprobs: prefill0
+    refuses decode1's address and says the fault is the decode node's
+    (PrefillDone.decode_fault), the router releases decode1's reservation
+    and dispatches the request to decode0.  Asserted from the router's
+    metrics: decode1 blamed at least once (and cooled down once it was
+    blamed twice in a row), prefill0 blamed never.
+ 2. decode0 killed: a prompt can only go to decode1; the request ends (an
+    error, not a hang) naming the refused address of decode1; prefill0 is
+    still alive, still not blamed, and its log names the refused address.
+ 3. With a real decode node again, the next prompt gives `kvrail run`'s
+    tokens.
+The control: the same with KVR_UCX_CHECK=0 on the prefill node (the check
+off) would have the prefill node die; it is not run here, the conformance
+test shows the abort (test_damaged_blobs).
 """
 import argparse
 import os
@@ -22,10 +32,13 @@ import signal
 import re
 import struct
 import subprocess
+import random
 import time
+import urllib.request
 
-from cluster_lib import (Bins, ClientCluster, add_bin_args, check, make_model, run, run_main,
-                         spawn, stop_group, tokens_of, workdir)
+from cluster_lib import (Bins, ClientCluster, add_bin_args, check, check_outputs, free_port,
+                         make_model, reference, run, run_main, spawn, stop_group, tokens_of,
+                         wait_for, workdir)
 
 M64 = (1 << 64) - 1
 P1, P2, P3 = 11400714785074694791, 14029467366897019727, 1609587929392839161
@@ -88,6 +101,22 @@ def wait_log(c, name, text, timeout=40):
     check(False, "'%s' not in %s's log within %d s:\n%s" % (text, name, timeout, c.tail(name)))
 
 
+def node_metrics(port):
+    """{(metric, peer): value} of the router's per-node blame counters."""
+    body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read()
+    out = {}
+    for ln in body.decode().splitlines():
+        m = re.match(r'^(kvrail_node_\w+)\{([^}]*)\} (\S+)$', ln)
+        peer = m and re.search(r'peer="([^"]*)"', m.group(2))
+        if peer:
+            out[(m.group(1), peer.group(1))] = float(m.group(3))
+    return out
+
+
+def blamed(port, node):
+    return node_metrics(port).get(("kvrail_node_failures_blamed_total", node))
+
+
 def generate(bins, c, text, n):
     return run([bins.kvrail, "generate", "--router", c.client_ep, "--max-tokens", str(n),
                 "--temperature", "0", "--json", "--timeout", "30000", text], timeout=60)
@@ -106,6 +135,17 @@ def main():
         f.write(garbage_address())
     c = ClientCluster(bins, wd, model, n_prefill=1, n_decode=2, extra_yaml="auth: none\n")
     c.decodes = ["decode0"]  # decode1 is the rogue's slot
+    mport = free_port()
+    with open(c.config) as f:
+        y = f.read()
+    y = y.replace("  - name: router\n    role: router\n",
+                  "  - name: router\n    role: router\n    metrics_port: %d\n" % mport)
+    with open(c.config, "w") as f:
+        f.write(y)
+    rng = random.Random(12)
+    # past the local-prefill threshold (32 tokens): prefilled on prefill0
+    prompts = [([rng.randrange(4, 500) for _ in range(rng.randrange(40, 200))], 6)
+               for _ in range(6)]
     rogue = None
     try:
         c.start()
@@ -114,14 +154,12 @@ def main():
                  "--temperature", "0", "--json"], timeout=120)
         check(r.returncode == 0, "kvrail run: %s" % r.stderr)
         want = tokens_of(r.stdout)
+        refs = reference(bins, model, prompts)
         with open(c.logs["router"]) as f:
             m = re.search(r"node decode0 registered: decode, \S+ transport, layout (\d+)x(\d+)x"
                           r"(\d+) (\S+) bs \d+, \d+ blocks, model (\S+)", f.read())
         check(m, "no registration line of decode0 in the router's log")
         layers, heads, hdim, dtype, fp = m.groups()
-        c.kill("decode0", signal.SIGKILL)
-        wait_log(c, "router", "node decode0 (decode) is dead")
-        c.procs = [(nm, p) for nm, p in c.procs if nm != "decode0"]  # killed on purpose
         rogue_out = open(os.path.join(wd, "rogue.out"), "w+")
         rogue = spawn([args.rogue, "--endpoint", c.node_ep, "--name", "decode1", "--role",
                        "decode", "--layers", layers, "--kv-heads", heads, "--head-dim", hdim,
@@ -129,19 +167,57 @@ def main():
                        "--black-hole", "--reserve", "--address-file", blob, "--rkeys", layers,
                        "--listen-ms", "120000"], stdout=rogue_out, stderr=subprocess.STDOUT)
         wait_log(c, "router", "node decode1 registered")
+
+        # 1. a healthy decode node beside the rogue: every request succeeds there
         t0 = time.time()
-        # long enough to be prefilled remotely (past the local-prefill threshold)
+        rc, outs, log = c.loadgen(prompts, ["--no-ignore-eos", "--concurrency", "2"],
+                                  name="beside", timeout=120)
+        check(rc == 0, "beside the rogue: kvrail-loadgen exit %d:\n%s" % (rc, log[-2000:]))
+        check_outputs(outs, refs, what="beside the rogue")
+        check(all(o.get("decode_node") == "decode0" for o in outs.values()),
+              "a request ended on a decode node other than decode0: %s" %
+              [o.get("decode_node") for o in outs.values()])
+        # the router's figures are copied to its metrics once a second
+        got = wait_for("decode1 blamed in the router's metrics",
+                       lambda: (blamed(mport, "decode1") or 0) >= 1 and
+                       blamed(mport, "prefill0") is not None and node_metrics(mport), timeout=10)
+        b1, b0 = got[("kvrail_node_failures_blamed_total", "decode1")], \
+            got[("kvrail_node_failures_blamed_total", "prefill0")]
+        cd = got.get(("kvrail_node_cooldowns_total", "decode1"), 0)
+        check(b0 == 0, "prefill0 was blamed %d times for decode1's address" % b0)
+        check(got.get(("kvrail_node_failures_blamed_total", "decode0")) == 0,
+              "decode0 was blamed: %s" % got)
+        check(cd == b1 // 2, "decode1 blamed %d times in a row, %d cool-downs (want %d)" %
+              (b1, cd, b1 // 2))
+        with open(c.logs["router"]) as f:
+            check("dispatched to another decode node" in f.read(),
+                  "the router's log does not say the request went to another decode node")
+        print("beside the rogue: %d of %d requests equal kvrail run on decode0 in %.1f s; "
+              "decode1 blamed %d times (%d cool-downs), prefill0 blamed 0" %
+              (len(outs), len(prompts), time.time() - t0, b1, cd))
+
+        # 2. the rogue alone: the request ends, naming the cause
+        c.kill("decode0", signal.SIGKILL)
+        wait_log(c, "router", "node decode0 (decode) is dead")
+        c.procs = [(nm, p) for nm, p in c.procs if nm != "decode0"]  # killed on purpose
+        t0 = time.time()
         r = generate(bins, c, " ".join("word%d" % i for i in range(80)), 8)
         check(r.returncode != 0, "a request through a garbage address succeeded: %s" % r.stdout)
         # the client is told the cause (the refused address of decode1), not
         # only a symptom of the retries that followed it
         check("decode1" in r.stderr and "transport address it registered was refused" in
               r.stderr, "the error does not name the refused address: %s" % r.stderr)
+        check("no other live decode node" in r.stderr,
+              "the error does not say no other decode node could take it: %s" % r.stderr)
         wait_log(c, "prefill0", "is not one this UCX can use")
         c.check_alive()  # prefill0 (and the router) still running
-        print("garbage address: request ended with an error in %.1f s (%s); prefill0 alive, "
-              "its log names the refused address" %
-              (time.time() - t0, r.stderr.strip().splitlines()[-1][:120] if r.stderr else "-"))
+        wait_for("decode1 blamed again", lambda: (blamed(mport, "decode1") or 0) > b1, timeout=10)
+        check(blamed(mport, "prefill0") == 0, "prefill0 blamed for decode1's address")
+        print("garbage address alone: request ended with an error in %.1f s (%s); prefill0 "
+              "alive and not blamed, its log names the refused address" %
+              (time.time() - t0, r.stderr.strip().splitlines()[-1][:160] if r.stderr else "-"))
+
+        # 3. a real decode node again
         stop_group(rogue, grace=0)
         rogue = None
         c._start("decode0", [bins.decode, "--config", c.config, "--node", "decode0"])
