@@ -409,12 +409,12 @@ static inline __attribute__((always_inline)) void mm_panel(const struct mm_job *
 /* Weight rows n0..n1 of y for all M rows.  The activation rows go in blocks
  * that stay in L2 (MM_XBLOCK bytes); per block, each panel of 4 weight rows
  * (tail: 1) is read once and dotted with 4 activation rows at a time while
- * it sits in L1.  A panel met by more than MM_WIDEN_ROWS rows is first
- * copied into the thread's f32 scratch, f16/bf16 widened on the way (exact),
- * so a conversion is paid once per block instead of once per 4 rows; an f32
- * panel is copied too (the dot products then read one hot L1 buffer rather
- * than a panel just come from memory: the 1-thread f32 matmul at M = 32 /
- * 128, N 2048, K 768, 1.10x / 1.20x faster).  Every y element is one
+ * it sits in L1.  A f16/bf16 panel met by more than MM_WIDEN_ROWS rows is
+ * first widened into the thread's f32 scratch (exact), so its conversion is
+ * paid once per block instead of once per 4 rows.  (Copying f32 panels too
+ * was faster alone with weights in cache, 1.1-1.2x at M = 32 / 128, but not
+ * in the model: no gain at prefill-128, 0.86x at f32 decode batch 32.)
+ * Every y element is one
  * micro() dot product in the same order whatever M, the blocking, the
  * widening or the thread: a row's result does not depend on the batch. */
 #define MM_XBLOCK     (512u << 10)
@@ -425,8 +425,8 @@ static inline __attribute__((always_inline)) void mm_panel(const struct mm_job *
  * at about half the bandwidth it can have.  So each panel of 4 weight rows
  * is prefetched MM_PREFETCH panels ahead (into L1) while the current one is
  * computed: 16-bit decode GEMVs 1.3-1.6x faster (1 thread, weights from
- * DRAM; into L1 rather than L2, another 1.05-1.19x); a prefill block's many
- * rows do enough arithmetic per weight for one panel ahead (into L2). */
+ * DRAM; into L1 rather than L2, another 1.05-1.19x); prefill (large M)
+ * does enough arithmetic per weight not to need it. */
 #define MM_PREFETCH      4
 #define MM_PREFETCH_ROWS 16
 
@@ -442,25 +442,16 @@ static inline __attribute__((always_inline)) void mm_rows(const struct mm_job *j
     float *conv = j->c->conv + (size_t)tid * j->c->conv_per_thread;
     for (int32_t m0 = 0; m0 < j->M; m0 += mb) {
         int32_t m1 = j->M - m0 < mb ? j->M : m0 + mb;
-        bool widen = m1 - m0 > MM_WIDEN_ROWS;
-        /* panels ahead to prefetch: a decode step's few rows leave little
-         * time per panel; a prefill block's many rows, enough for one */
-        int32_t ahead = j->M <= MM_PREFETCH_ROWS ? (m0 == 0 ? MM_PREFETCH : 0)
-                        : m1 - m0 <= 64          ? 2
-                                                 : 1;
+        bool widen = dtype != KVR_DT_F32 && m1 - m0 > MM_WIDEN_ROWS;
+        /* a decode step's few rows leave little time per panel: prefetch */
+        int32_t ahead = j->M <= MM_PREFETCH_ROWS && m0 == 0 ? MM_PREFETCH : 0;
         for (int32_t n = n0; n < n1;) {
             int R = n1 - n >= 4 ? 4 : 1;
             const void *wr = W + (size_t)n * K * esz;
             if (ahead && n + 4 * ahead + 4 <= n1) {
                 const char *pp = W + (size_t)(n + 4 * ahead) * K * esz;
-                if (j->M <= MM_PREFETCH_ROWS) /* into L1: 1-thread decode
-                                                  f16 1.19x, bf16 1.08x,
-                                                  f32 1.05x over into L2 */
-                    for (size_t o = 0; o < 4 * K * esz; o += 64)
-                        __builtin_prefetch(pp + o, 0, 3);
-                else
-                    for (size_t o = 0; o < 4 * K * esz; o += 64)
-                        __builtin_prefetch(pp + o, 0, 2);
+                for (size_t o = 0; o < 4 * K * esz; o += 64)
+                    __builtin_prefetch(pp + o, 0, 3);
             }
             if (widen) {
                 size_t i = 0, cnt = (size_t)R * K;
