@@ -16,6 +16,12 @@
  * transport address (a checksummed but garbage blob, garbage_blob_test.py)
  * and N rkeys of garbage; --reserve: answer every RESERVE with a Reserved
  * (block ids 0..), so that a prefill node is sent the address.
+ * --fail-after-done (as a prefill node): answers every PREFILL_TARGET with a
+ * PrefillDone that succeeded and then a second one that says the KV
+ * transfer to the target's decode node failed (decode_fault): what a real
+ * prefill node sends when a transfer fails after the first PrefillDone
+ * (transfer_fail_test.py: the router must retry at once, on another
+ * decode node, blaming the decode node).
  * --xfer-connect HEX [--xfer-token HEX]: instead of all that, a peer of a
  * node's transfer engine: connects to the address blob HEX (a decode node
  * publishes it in its stats file), with no token or the one given (made
@@ -155,6 +161,7 @@ int main(int argc, char **argv)
         {"address-file", required_argument, NULL, 'A'},
         {"rkeys", required_argument, NULL, 'K'},
         {"reserve", no_argument, NULL, 'V'},
+        {"fail-after-done", no_argument, NULL, 'F'},
         {"xfer-connect", required_argument, NULL, 'X'},
         {"xfer-token", required_argument, NULL, 'T'},
         {"xfer-hello", required_argument, NULL, 'O'},
@@ -162,7 +169,7 @@ int main(int argc, char **argv)
     };
     const char *ep = NULL, *name = NULL, *role = "prefill", *rpub = NULL, *key = NULL;
     const char *dtype = "f32";
-    bool random_key = false, black_hole = false, reserve = false;
+    bool random_key = false, black_hole = false, reserve = false, fail_after_done = false;
     const char *addr_file = NULL, *xfer_addr = NULL, *xfer_token = NULL, *xfer_hello = NULL;
     uint32_t nrkeys = 0;
     const char *fp = "rogue";
@@ -221,6 +228,9 @@ int main(int argc, char **argv)
             break;
         case 'V':
             reserve = true;
+            break;
+        case 'F':
+            fail_after_done = true;
             break;
         case 'X':
             xfer_addr = optarg;
@@ -376,6 +386,31 @@ int main(int argc, char **argv)
                     rd.node_name = (char *)name;
                     kvr_proto_hdr_t rh = {KVR_PROTO_VERSION, 0, KVRAIL__METHOD__RESERVED, 3};
                     kvr_proto_send(s, NULL, 0, &rh, &rd.base);
+                }
+                if (fail_after_done && f.hdr.method == KVRAIL__METHOD__PREFILL_TARGET &&
+                    kvr_proto_decode(&f, &kvrail__prefill_target__descriptor, &m, err,
+                                     sizeof(err)) == KVR_OK) {
+                    Kvrail__PrefillTarget *t = (Kvrail__PrefillTarget *)m;
+                    char why[200];
+                    snprintf(why, sizeof why,
+                             "KV transfer to decode node '%s' failed after the prompt was "
+                             "computed: %s",
+                             t->decode_node, kvr_status_str(KVR_ERR_PEER_FAILURE));
+                    Kvrail__Status ok = KVRAIL__STATUS__INIT, bad = KVRAIL__STATUS__INIT;
+                    bad.code = KVR_ERR_PEER_FAILURE;
+                    bad.message = why;
+                    Kvrail__PrefillDone d = KVRAIL__PREFILL_DONE__INIT;
+                    d.request_id = t->request_id;
+                    d.attempt = t->attempt;
+                    d.node_name = (char *)name;
+                    d.status = &ok;
+                    kvr_proto_hdr_t dh = {KVR_PROTO_VERSION, 0, KVRAIL__METHOD__PREFILL_DONE, 4};
+                    kvr_proto_send(s, NULL, 0, &dh, &d.base);
+                    d.status = &bad;
+                    d.decode_fault = true;
+                    kvr_proto_send(s, NULL, 0, &dh, &d.base);
+                    printf("FAILED-AFTER-DONE %s\n", t->decode_node);
+                    fflush(stdout);
                 }
                 if (m)
                     protobuf_c_message_free_unpacked(m, NULL);
