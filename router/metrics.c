@@ -34,8 +34,9 @@ static struct {
     uint64_t last_ns;
     kvr_metric_t *ttft, *e2e, *tpot, *prompt_hist, *gen_hist;
     kvr_metric_t *requests, *completed, *failed, *canceled, *overloaded, *bad_frames, *bad_requests,
-        *local, *disagg, *retries, *disconnects, *resyncs, *dead, *migrations, *success_stop,
-        *success_length, *cached, *prompt, *refused, *running, *waiting, *dir_blocks, *start, *cost;
+        *local, *disagg, *retries, *decode_faults, *disconnects, *resyncs, *dead, *migrations,
+        *success_stop, *success_length, *cached, *prompt, *refused, *running, *waiting, *dir_blocks,
+        *start, *cost;
     struct node_m nodes[RT_MAX_NODES];
 } g;
 
@@ -93,6 +94,10 @@ bool rt_metrics_start(rt_t *r)
     g.local = counter("kvrail_router_prefills_total", pf, "where=\"local\"");
     g.disagg = counter("kvrail_router_prefills_total", pf, "where=\"remote\"");
     g.retries = counter("kvrail_router_retries_total", "Prefills retried on another node", NULL);
+    g.decode_faults = counter("kvrail_router_decode_faults_total",
+                              "Prefills failed by the decode node's fault (its address, rkeys, "
+                              "reservation or a transfer to it): dispatched to another decode node",
+                              NULL);
     g.disconnects = counter("kvrail_router_client_disconnects_total",
                             "Clients gone with a request open (both halves canceled)", NULL);
     g.resyncs = counter("kvrail_router_resyncs_total",
@@ -179,6 +184,7 @@ void rt_metrics_update(rt_t *r, uint64_t now)
     kvr_metric_set(g.local, (double)s->local_prefills);
     kvr_metric_set(g.disagg, (double)s->disagg_prefills);
     kvr_metric_set(g.retries, (double)s->retries);
+    kvr_metric_set(g.decode_faults, (double)s->decode_faults);
     kvr_metric_set(g.disconnects, (double)s->client_disconnects);
     kvr_metric_set(g.resyncs, (double)s->resyncs);
     kvr_metric_set(g.dead, (double)s->dead_nodes);

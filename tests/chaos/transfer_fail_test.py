@@ -117,6 +117,9 @@ def main():
                       lambda: (lambda m: m if sum(m.get(("kvrail_node_failures_blamed_total", d), 0)
                                                   for d in ("decode0", "decode1")) == 3 else None)
                       (node_metrics(mport)), timeout=10)
+        body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % mport, timeout=10).read()
+        check(re.search(rb"^kvrail_router_decode_faults_total(\{[^}]*\})? 3$", body, re.M),
+              "kvrail_router_decode_faults_total is not 3")
         check(ms.get(("kvrail_node_failures_blamed_total", "prefill0")) == 0,
               "prefill0 blamed: %s" % ms)
         check(ms.get(("kvrail_node_cooldowns_total", twice)) == 1,
