@@ -14,21 +14,15 @@ processes, kvrail-loadgen).  Prompts are longer than the local-prefill
 threshold, so every request is disaggregated; the decode node's stats must
 show KV blocks received.  Exits 77 when the cluster binaries are not built.
 """
-import json
 import os
 import random
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
-from cluster_lib import (Cluster, Fail, check, make_model, reference, run_main, sp_run,  # noqa
+from cluster_lib import (Bins, Cluster, Fail, check, make_model, reference, run_main, sp_run,  # noqa
                          workdir, check_outputs)
-
-
-class B:
-    pass
 
 
 class SlowCluster(Cluster):
@@ -36,18 +30,7 @@ class SlowCluster(Cluster):
     status call that takes longer than a second is not a failure here."""
 
     def status(self, timeout_ms=3000):
-        try:
-            r = sp_run([self.bins.loadgen, "--router", self.client_ep, "--status",
-                                "--timeout-ms", str(max(timeout_ms, 5000))],
-                               capture_output=True, text=True, timeout=60)
-        except subprocess.TimeoutExpired:
-            return None
-        if r.returncode != 0:
-            return None
-        try:
-            return json.loads(r.stdout)
-        except ValueError:
-            return None
+        return Cluster.status(self, max(timeout_ms, 5000))
 
 
 RAILS = {"prefill": "rxe0:1:0,rxe2:1:0", "decode": "rxe1:1:0,rxe3:1:0"}
@@ -125,16 +108,11 @@ def linkdown(b, wd, model):
 
 def main():
     build = sys.argv[1]
-    b = B()
-    paths = {"router": "router/kvrail-router", "prefill": "prefill/kvrail-prefill",
-             "decode": "decode/kvrail-decode", "kvrail": "tools/kvrail/kvrail",
-             "mkmodel": "tools/mkmodel/kvrail-mkmodel", "loadgen": "tools/loadgen/kvrail-loadgen"}
-    for k, rel in paths.items():
-        p = os.path.join(build, rel)
+    b = Bins.from_build(build)
+    for k, p in vars(b).items():
         if not os.access(p, os.X_OK):
             print("SKIP: %s not built (%s)" % (k, p), file=sys.stderr)
             return 77
-        setattr(b, k, p)
     os.environ.setdefault("KVR_VERBS_DEVICES", "rxe_lo")
     wd = workdir("kvr-verbs-cluster-")
     model = make_model(b, wd)
