@@ -16,7 +16,7 @@
  * met --slo-ttft-ms and --slo-tpot-ms) as a table on stdout, --csv FILE (one
  * row per request), --summary-json FILE, --outputs FILE (JSON lines with the
  * generated token ids, for correctness tests) and --plot FILE.png (gnuplot,
- * when installed).  --status prints the router's StatusReply as JSON.
+ * when installed).  (The router's status: `kvrail status --json`.)
  * --openai http://HOST:PORT sends the same load to an OpenAI-compatible
  * endpoint (kvrail-frontend) instead: /v1/completions, streamed, on
  * keep-alive connections (lg_http.c), so the two paths compare on one
@@ -99,7 +99,6 @@ struct opts {
     int disconnect_after;
     int warmup;
     bool ignore_eos;
-    bool status;
     bool quiet;
     int shared_prefix;
     double shared_frac;
@@ -210,7 +209,6 @@ static void usage(FILE *f)
                "  --outputs FILE --csv FILE --summary-json FILE --plot FILE.png --label NAME\n"
                "  --cancel-after K         cancel each request after K tokens\n"
                "  --disconnect-after K     drop the connection once a request has K tokens\n"
-               "  --status                 print the router's status as JSON and exit\n"
                "  --quiet                  no table on stdout\n"
                "  --version                print the version and git revision\n");
 }
@@ -251,8 +249,6 @@ static int wait_readable(void *sock, int timeout_ms)
     return zmq_poll(&it, 1, timeout_ms);
 }
 
-/* ---- status ---- */
-
 static void print_json_str(FILE *f, const char *s)
 {
     char buf[512];
@@ -261,78 +257,6 @@ static void print_json_str(FILE *f, const char *s)
         fputs(buf, f);
     else
         fputs("\"\"", f);
-}
-
-static int do_status(void *sock, int timeout_ms)
-{
-    Kvrail__StatusRequest sr = KVRAIL__STATUS_REQUEST__INIT;
-    sr.verbose = 1;
-    kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, KVRAIL__METHOD__STATUS, 1};
-    uint64_t deadline = kvr_deadline_ns(timeout_ms);
-    if (kvr_proto_send(sock, NULL, 0, &h, &sr.base) != KVR_OK) {
-        fprintf(stderr, "kvrail-loadgen: cannot send STATUS\n");
-        return 1;
-    }
-    while (kvr_now_ns() < deadline) {
-        if (wait_readable(sock, 100) <= 0)
-            continue;
-        kvr_proto_frame_t fr;
-        char err[256];
-        kvr_status_t s = kvr_proto_recv(sock, false, &fr, err, sizeof err);
-        if (s == KVR_ERR_NO_RESOURCE)
-            continue;
-        if (s != KVR_OK || fr.hdr.method != KVRAIL__METHOD__STATUS) {
-            kvr_proto_frame_clear(&fr);
-            continue;
-        }
-        ProtobufCMessage *m = NULL;
-        const ProtobufCMessageDescriptor *d = (fr.hdr.flags & KVR_PROTO_F_ERROR)
-                                                  ? &kvrail__status__descriptor
-                                                  : &kvrail__status_reply__descriptor;
-        s = kvr_proto_decode(&fr, d, &m, err, sizeof err);
-        kvr_proto_frame_clear(&fr);
-        if (s != KVR_OK) {
-            fprintf(stderr, "kvrail-loadgen: bad STATUS reply: %s\n", err);
-            return 1;
-        }
-        if (d == &kvrail__status__descriptor) {
-            Kvrail__Status *st = (Kvrail__Status *)m;
-            fprintf(stderr, "kvrail-loadgen: STATUS failed: %s\n", st->message);
-            protobuf_c_message_free_unpacked(m, NULL);
-            return 1;
-        }
-        Kvrail__StatusReply *r = (Kvrail__StatusReply *)m;
-        Kvrail__RouterStats *rs = r->router;
-        printf("{\"block_size\": %u, \"router\": {", r->block_size);
-        if (rs)
-            printf("\"requests\": %" PRIu64 ", \"active\": %" PRIu64 ", \"queued\": %" PRIu64
-                   ", \"completed\": %" PRIu64 ", \"failed\": %" PRIu64 ", \"canceled\": %" PRIu64
-                   ", \"overloaded\": %" PRIu64 ", \"local_prefills\": %" PRIu64
-                   ", \"disagg_prefills\": %" PRIu64 ", \"directory_blocks\": %" PRIu64
-                   ", \"kv_bytes_moved\": %" PRIu64 ", \"cached_tokens\": %" PRIu64
-                   ", \"overhead_p50_ns\": %" PRIu64 ", \"overhead_p99_ns\": %" PRIu64,
-                   rs->requests, rs->active, rs->queued, rs->completed, rs->failed, rs->canceled,
-                   rs->overloaded, rs->local_prefills, rs->disagg_prefills, rs->directory_blocks,
-                   rs->kv_bytes_moved, rs->cached_tokens, rs->overhead_p50_ns, rs->overhead_p99_ns);
-        printf("}, \"nodes\": [");
-        for (size_t i = 0; i < r->n_nodes; i++) {
-            Kvrail__NodeStatus *n = r->nodes[i];
-            printf("%s{\"name\": ", i ? ", " : "");
-            print_json_str(stdout, n->name);
-            printf(", \"role\": %d, \"alive\": %s, \"total_blocks\": %u, \"free_blocks\": %u, "
-                   "\"cached_blocks\": %u, \"batch_size\": %u, \"requests\": %" PRIu64
-                   ", \"kv_bytes_moved\": %" PRIu64 ", \"block_event_seq\": %" PRIu64
-                   ", \"resyncs\": %" PRIu64 "}",
-                   n->role, n->alive ? "true" : "false", n->total_blocks, n->free_blocks,
-                   n->cached_blocks, n->batch_size, n->requests, n->kv_bytes_moved,
-                   n->block_event_seq, n->resyncs);
-        }
-        printf("]}\n");
-        protobuf_c_message_free_unpacked(m, NULL);
-        return 0;
-    }
-    fprintf(stderr, "kvrail-loadgen: no STATUS reply within %d ms\n", timeout_ms);
-    return 1;
 }
 
 /* ---- requests ---- */
@@ -867,7 +791,6 @@ int main(int argc, char **argv)
         O_DISC,
         O_WARMUP,
         O_NOEOS,
-        O_STATUS,
         O_QUIET,
         O_SHARED,
         O_SHARED_FRAC,
@@ -909,7 +832,6 @@ int main(int argc, char **argv)
         {"disconnect-after", required_argument, 0, O_DISC},
         {"warmup", required_argument, 0, O_WARMUP},
         {"no-ignore-eos", no_argument, 0, O_NOEOS},
-        {"status", no_argument, 0, O_STATUS},
         {"quiet", no_argument, 0, O_QUIET},
         {"shared-prefix", required_argument, 0, O_SHARED},
         {"shared-frac", required_argument, 0, O_SHARED_FRAC},
@@ -1003,9 +925,6 @@ int main(int argc, char **argv)
             break;
         case O_NOEOS:
             o.ignore_eos = false;
-            break;
-        case O_STATUS:
-            o.status = true;
             break;
         case O_QUIET:
             o.quiet = true;
@@ -1111,19 +1030,11 @@ int main(int argc, char **argv)
     int rc = 1;
     void *ctx = NULL, *sock = NULL;
     struct lg_http *http = NULL;
-    if (o.openai && o.status) {
-        fprintf(stderr, "kvrail-loadgen: --status needs --router (the router's status)\n");
-        return 2;
-    }
     if (!o.openai) {
         ctx = zmq_ctx_new();
         sock = ctx ? open_socket(ctx, o.router) : NULL;
         if (!sock)
             goto out_ctx;
-    }
-    if (o.status) {
-        rc = do_status(sock, o.timeout_ms < 5000 ? o.timeout_ms : 5000);
-        goto out_sock;
     }
 
     struct req *reqs = NULL;
