@@ -93,6 +93,9 @@ void rt_status_reply(rt_t *r, const kvr_proto_frame_t *f, uint64_t now)
         ns[i].quarantined_blocks = n->quarantined_hb;
         ns[i].quarantines_fenced = n->fenced_hb;
         ns[i].quarantines_expired = n->fence_expired_hb;
+        ns[i].failures_blamed = n->blamed;
+        ns[i].cooldowns = n->cooldowns;
+        ns[i].cooling = n->cool_until > now;
         ns[i].self_fenced = n->self_fenced_hb;
         if (n->role == KVR_NODE_ROLE_PREFILL) {
             kb += nb;

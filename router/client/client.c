@@ -926,6 +926,9 @@ kvr_status_t kvr_client_status(kvr_client_t *c, int timeout_ms, struct kvr_clust
         d->quarantines_fenced = n->quarantines_fenced;
         d->quarantines_expired = n->quarantines_expired;
         d->self_fenced = n->self_fenced;
+        d->failures_blamed = n->failures_blamed;
+        d->cooldowns = n->cooldowns;
+        d->cooling = n->cooling;
     }
     protobuf_c_message_free_unpacked(m, NULL);
     return KVR_OK;

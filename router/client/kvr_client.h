@@ -247,6 +247,10 @@ struct kvr_node_info {
      * after half a lease of silence */
     uint32_t quarantined_blocks;
     uint64_t quarantines_fenced, quarantines_expired, self_fenced;
+    /* request failures the router blamed on this node; a decode node taken
+     * last for a lease after repeated faults (docs/security.md) */
+    uint64_t failures_blamed, cooldowns;
+    bool cooling;
 };
 
 struct kvr_cluster_status {

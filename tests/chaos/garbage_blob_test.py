@@ -177,9 +177,13 @@ def main():
         check(all(o.get("decode_node") == "decode0" for o in outs.values()),
               "a request ended on a decode node other than decode0: %s" %
               [o.get("decode_node") for o in outs.values()])
-        # the router's figures are copied to its metrics once a second
-        got = wait_for("decode1 blamed in the router's metrics",
-                       lambda: (blamed(mport, "decode1") or 0) >= 1 and
+        # kvrail status reads the router's nodes directly; its metrics are
+        # copies made once a second: wait until they agree
+        st = {n["name"]: n for n in (c.status() or {}).get("nodes", [])}
+        check(st.get("decode1", {}).get("failures_blamed", 0) >= 1,
+              "kvrail status --json shows decode1 not blamed: %s" % st.get("decode1"))
+        got = wait_for("the router's metrics to show decode1 blamed as kvrail status does",
+                       lambda: blamed(mport, "decode1") == st["decode1"]["failures_blamed"] and
                        blamed(mport, "prefill0") is not None and node_metrics(mport), timeout=10)
         b1, b0 = got[("kvrail_node_failures_blamed_total", "decode1")], \
             got[("kvrail_node_failures_blamed_total", "prefill0")]
@@ -189,6 +193,12 @@ def main():
               "decode0 was blamed: %s" % got)
         check(cd == b1 // 2, "decode1 blamed %d times in a row, %d cool-downs (want %d)" %
               (b1, cd, b1 // 2))
+        check(st["decode1"].get("cooldowns") == cd and
+              st.get("prefill0", {}).get("failures_blamed") == 0,
+              "kvrail status --json disagrees with the metrics (decode1 blamed %d, %d "
+              "cool-downs): %s" % (b1, cd, {k: {f: v.get(f) for f in ("failures_blamed",
+                                                                     "cooldowns", "cooling")}
+                                            for k, v in st.items()}))
         with open(c.logs["router"]) as f:
             check("dispatched to another decode node" in f.read(),
                   "the router's log does not say the request went to another decode node")

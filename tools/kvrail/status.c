@@ -81,12 +81,14 @@ static void print_json(const struct kvr_cluster_status *s)
                ", \"kv_gbps\": %.6f, \"block_event_seq\": %" PRIu64 ", \"resyncs\": %" PRIu64
                ", \"bad_frames\": %" PRIu64 ", \"bad_notifications\": %" PRIu64
                ", \"quarantined_blocks\": %u, \"quarantines_fenced\": %" PRIu64
-               ", \"quarantines_expired\": %" PRIu64 ", \"self_fenced\": %" PRIu64 "}",
+               ", \"quarantines_expired\": %" PRIu64 ", \"self_fenced\": %" PRIu64
+               ", \"failures_blamed\": %" PRIu64 ", \"cooldowns\": %" PRIu64 ", \"cooling\": %s}",
                n->last_heartbeat_ms_ago, n->total_blocks, n->free_blocks, n->cached_blocks,
                n->batch_size, n->inflight_prefill_tokens, n->queued_prefill_tokens, n->requests,
                n->kv_bytes_moved, n->kv_transfer_ns, n->kv_gbps, n->block_event_seq, n->resyncs,
                n->bad_frames, n->bad_notifications, n->quarantined_blocks, n->quarantines_fenced,
-               n->quarantines_expired, n->self_fenced);
+               n->quarantines_expired, n->self_fenced, n->failures_blamed, n->cooldowns,
+               n->cooling ? "true" : "false");
     }
     printf("]");
 }
@@ -160,21 +162,26 @@ static void print_text(const char *ep, const struct kvr_cluster_status *s)
            s->kv_bytes_moved, (double)s->kv_bytes_moved / 1048576.0, secs * 1e3, rate / 1e6,
            rate / 1e9);
     /* FENCE: a decode node's blocks held until their writer is fenced, a
-     * prefill node's pushes given up after half a lease of silence */
-    printf("%-12s %-8s %-5s %-10s %7s %13s %8s %6s %10s %12s %9s %9s %9s %6s\n", "NODE", "ROLE",
-           "ALIVE", "TRANSPORT", "HB AGO", "FREE/TOTAL", "CACHED", "BATCH", "PREFILL TK",
-           "KV BYTES", "GB/S", "BAD FRMS", "BAD NOTIF", "FENCE");
+     * prefill node's pushes given up after half a lease of silence; BLAMED:
+     * request failures laid on the node ("+cool" while a decode node is
+     * taken last after repeated faults) */
+    printf("%-12s %-8s %-5s %-10s %7s %13s %8s %6s %10s %12s %9s %9s %9s %6s %11s\n", "NODE",
+           "ROLE", "ALIVE", "TRANSPORT", "HB AGO", "FREE/TOTAL", "CACHED", "BATCH", "PREFILL TK",
+           "KV BYTES", "GB/S", "BAD FRMS", "BAD NOTIF", "FENCE", "BLAMED");
     for (size_t i = 0; i < s->n_nodes; i++) {
         const struct kvr_node_info *n = &s->nodes[i];
         char blocks[32], hb[32];
         snprintf(blocks, sizeof(blocks), "%u/%u", n->free_blocks, n->total_blocks);
         snprintf(hb, sizeof(hb), "%" PRIu64 "ms", n->last_heartbeat_ms_ago);
         uint64_t fence = strcmp(n->role, "decode") == 0 ? n->quarantined_blocks : n->self_fenced;
+        char blamed[32];
+        snprintf(blamed, sizeof(blamed), "%" PRIu64 "%s", n->failures_blamed,
+                 n->cooling ? "+cool" : "");
         printf("%-12s %-8s %-5s %-10s %7s %13s %8u %6u %10" PRIu64 " %12" PRIu64 " %9.3f %9" PRIu64
-               " %9" PRIu64 " %6" PRIu64 "\n",
+               " %9" PRIu64 " %6" PRIu64 " %11s\n",
                n->name, n->role, n->alive ? "yes" : "no", n->transport, hb, blocks,
                n->cached_blocks, n->batch_size, n->inflight_prefill_tokens, n->kv_bytes_moved,
-               n->kv_gbps, n->bad_frames, n->bad_notifications, fence);
+               n->kv_gbps, n->bad_frames, n->bad_notifications, fence, blamed);
     }
 }
 
