@@ -34,11 +34,10 @@ import struct
 import subprocess
 import random
 import time
-import urllib.request
 
 from cluster_lib import (Bins, ClientCluster, add_bin_args, check, check_outputs, free_port,
-                         make_model, reference, run, run_main, spawn, stop_group, tokens_of,
-                         wait_for, workdir)
+                         make_model, node_metrics, reference, run, run_main, spawn, stop_group,
+                         tokens_of, wait_for, workdir)
 
 M64 = (1 << 64) - 1
 P1, P2, P3 = 11400714785074694791, 14029467366897019727, 1609587929392839161
@@ -99,18 +98,6 @@ def wait_log(c, name, text, timeout=40):
                 return
         time.sleep(0.1)
     check(False, "'%s' not in %s's log within %d s:\n%s" % (text, name, timeout, c.tail(name)))
-
-
-def node_metrics(port):
-    """{(metric, peer): value} of the router's per-node blame counters."""
-    body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read()
-    out = {}
-    for ln in body.decode().splitlines():
-        m = re.match(r'^(kvrail_node_\w+)\{([^}]*)\} (\S+)$', ln)
-        peer = m and re.search(r'peer="([^"]*)"', m.group(2))
-        if peer:
-            out[(m.group(1), peer.group(1))] = float(m.group(3))
-    return out
 
 
 def blamed(port, node):

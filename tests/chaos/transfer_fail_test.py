@@ -32,19 +32,8 @@ import subprocess
 import time
 import urllib.request
 
-from cluster_lib import (Bins, Cluster, add_bin_args, check, free_port, make_model, run,
-                         run_main, spawn, stop_group, wait_for, workdir)
-
-
-def node_metrics(port):
-    body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read()
-    out = {}
-    for ln in body.decode().splitlines():
-        m = re.match(r'^(kvrail_node_\w+)\{([^}]*)\} (\S+)$', ln)
-        peer = m and re.search(r'peer="([^"]*)"', m.group(2))
-        if peer:
-            out[(m.group(1), peer.group(1))] = float(m.group(3))
-    return out
+from cluster_lib import (Bins, Cluster, add_bin_args, check, free_port, make_model,
+                         node_metrics, run, run_main, spawn, stop_group, wait_for, workdir)
 
 
 def lines(path):

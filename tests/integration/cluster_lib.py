@@ -23,6 +23,7 @@ import ctypes
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 SKIP = 77
 
@@ -504,6 +506,19 @@ def check_outputs(outs, ref, ids=None, what="cluster"):
                                                     o.get("prefill_node"), o.get("decode_node"))), d))
     check(not bad, "%s: %d of %d outputs differ from kvrail run:\n%s" % (
         what, len(bad), len(ids), "\n".join(bad[:10])))
+
+
+def node_metrics(port):
+    """{(metric, peer): value} of the kvrail_node_* series (per-node blame,
+    cool-downs) on the router's /metrics at 127.0.0.1:port."""
+    body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read()
+    out = {}
+    for ln in body.decode().splitlines():
+        m = re.match(r'^(kvrail_node_\w+)\{([^}]*)\} (\S+)$', ln)
+        peer = m and re.search(r'peer="([^"]*)"', m.group(2))
+        if peer:
+            out[(m.group(1), peer.group(1))] = float(m.group(3))
+    return out
 
 
 def reference(bins, model, prompts, jobs=2, ignore_eos=False, sampling=(), run_args=()):
