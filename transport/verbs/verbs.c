@@ -578,9 +578,14 @@ static void vb_rail_failover(struct vb_peer *vp, int ri, kvr_status_t s, const c
     struct vb_rail *r = &vp->rail[ri];
     struct vb_engine *ve = ENG(vp->base.engine);
     uint32_t depth = ve->sq_depth;
+    /* the other rails that can take its parts: up, and on a port that is
+     * up (links that went down together fail now, not after the retries of
+     * RC on each: those take seconds) */
     int others = 0;
+    char pwhy[128];
     for (int i = 0; i < vp->nrails; i++)
-        others += i != ri && !vp->rail[i].down;
+        others += i != ri && !vp->rail[i].down &&
+                  kvr_verbs_port_ready(ve, vp->rail[i].ldev, pwhy, sizeof(pwhy));
     if (others == 0 || vp->state != VB_READY) {
         vb_peer_failed(vp, s, NULL, why);
         return;
@@ -1748,6 +1753,21 @@ static int vb_probe_poll(struct vb_peer *vp, int ri)
     return n;
 }
 
+/* A live rail with writes in flight whose port went down fails over now:
+ * RC would retry on it for seconds first (retry count x timeout).  Checked
+ * every VB_PORTS_EVERY_NS, one query a busy rail. */
+static void vb_check_ports(struct vb_engine *ve)
+{
+    char why[128];
+    for (struct vb_peer *vp = ve->peers; vp; vp = vp->next)
+        for (int i = 0; i < vp->nrails && vp->state == VB_READY; i++) {
+            struct vb_rail *r = &vp->rail[i];
+            if (!r->down && r->enq != r->done_enq &&
+                !kvr_verbs_port_ready(ve, r->ldev, why, sizeof(why)))
+                vb_rail_failover(vp, i, KVR_ERR_PEER_FAILURE, why);
+        }
+}
+
 static int vb_progress(kvr_xfer_engine_t *e)
 {
     struct vb_engine *ve = ENG(e);
@@ -1781,6 +1801,10 @@ static int vb_progress(kvr_xfer_engine_t *e)
     if (now - ve->last_poll_ns >= VB_POLL_EVERY_NS || vb_handshaking(ve)) {
         ve->last_poll_ns = now;
         n += vb_poll_sockets(ve);
+    }
+    if (now - ve->last_port_ns >= VB_PORTS_EVERY_NS) {
+        ve->last_port_ns = now;
+        vb_check_ports(ve);
     }
     return n;
 }
