@@ -7,8 +7,9 @@ For kv_dtype f32 and then bf16, a fresh cluster:
     --kv-dtype D` prints, for a short prompt (prefilled on the decode node)
     and a long one (prefilled on the prefill node, its KV moved to decode);
   - bf16's output is not f32's (the rounded KV is what attention reads);
-  - the KV bytes the long request moved (generate --stats, and the router's
-    status once the heartbeat carries them): bf16 moves exactly half of f32.
+  - the router counted one local and one disaggregated prefill, and the KV
+    bytes the long request moved (the router's status, once the prefill
+    node's heartbeat carries them): bf16 moves exactly half of f32.
 Then, with the bf16 cluster up, a decode node started from a cluster file
 that says kv_dtype f16 is refused at registration with a message naming
 both dtypes, and is not alive in the router's status.
@@ -18,7 +19,6 @@ usage: kv_dtype_test.py --kvrail BIN --mkmodel BIN --decode BIN
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -52,37 +52,39 @@ def cluster_file(work, dtype, ep, node_port, decode1_host=", host: gpu-node-9"):
 
 
 def generate_matches_run(a, model, ep, dtype, prompt):
-    """generate --json == run --json --kv-dtype; returns (the output, KV bytes
-    the request moved, prompt tokens)."""
-    n, got = check_generate(a, model, ep, prompt, run_args=("--kv-dtype", dtype),
-                            gen_args=("--stats",))
-    m = re.search(r"KV moved (\d+) bytes", got.stderr)
-    if not m:
-        raise Fail("generate --stats printed no KV bytes: %s" % got.stderr)
-    return got.stdout, int(m.group(1)), n
+    """generate --json == run --json --kv-dtype; returns (the output, prompt
+    tokens)."""
+    n, got = check_generate(a, model, ep, prompt, run_args=("--kv-dtype", dtype))
+    return got.stdout, n
 
 
 def one_cluster(a, model, work, dtype, outs):
     ep, node_port = "tcp://127.0.0.1:%d" % free_port(), free_port()
     cfg = cluster_file(work, dtype, ep, node_port)
     up = Up(a.kvrail, cfg, work)
-    short, b_short, n_short = generate_matches_run(a, model, ep, dtype, SHORT)
-    long_, b_long, n_long = generate_matches_run(a, model, ep, dtype, LONG)
-    if b_short != 0 or b_long <= 0:
-        raise Fail("kv_dtype %s: KV bytes moved: short (local) %d, long %d" % (dtype, b_short,
-                                                                           b_long))
-    print("kv_dtype %s: generate --json == run --json --kv-dtype %s "
-          "(%d-token prompt local, %d-token prompt disaggregated: %d KV bytes moved)"
-          % (dtype, dtype, n_short, n_long, b_long))
+    short, n_short = generate_matches_run(a, model, ep, dtype, SHORT)
+    long_, n_long = generate_matches_run(a, model, ep, dtype, LONG)
 
-    def status_bytes():  # the router's count arrives with a heartbeat
+    # The KV bytes the long request moved: the prefill node's count, which
+    # arrives with its heartbeat (the short prompt is prefilled on the decode
+    # node and moves none).  Not the request's usage: the router fills it
+    # from the prefill node's PrefillDone, which on a loaded machine can
+    # arrive after the decode node's last token (a known race, in the note).
+    def status_router():
         st = run([a.kvrail, "status", "--router", ep, "--json"], timeout=30)
         if st.returncode:
             raise Fail("status: " + st.stderr)
         rs = json.loads(st.stdout)["router"]
-        return rs if rs["kv_bytes_moved"] == b_long else None
+        return rs if rs["kv_bytes_moved"] > 0 else None
 
-    wait_for("status kv_bytes_moved == %d" % b_long, status_bytes, timeout=10, step=0.1)
+    rs = wait_for("status kv_bytes_moved > 0", status_router, timeout=10, step=0.1)
+    b_long = rs["kv_bytes_moved"]
+    if rs["local_prefills"] != 1 or rs["disagg_prefills"] != 1:
+        raise Fail("kv_dtype %s: local prefills %d, disaggregated %d (want 1 and 1)" % (
+            dtype, rs["local_prefills"], rs["disagg_prefills"]))
+    print("kv_dtype %s: generate --json == run --json --kv-dtype %s "
+          "(%d-token prompt local, %d-token prompt disaggregated: %d KV bytes moved)"
+          % (dtype, dtype, n_short, n_long, b_long))
     outs[dtype] = (short + long_, b_long)
     return up, ep, node_port
 
