@@ -401,7 +401,7 @@ class Cluster:
         while True:
             ds = {n: self.stats(n) for n in self.decodes}
             ps = {n: self.stats(n) for n in self.prefills}
-            fresh = all(self._stats_mtime_ns(n) >= since_ns for n in self.decodes + self.prefills)
+            fresh = all(self.stats_mtime_ns(n) >= since_ns for n in self.decodes + self.prefills)
             idle = fresh and all(s.get("requests") == 0 and s.get("reserved_blocks") == 0 and
                        s.get("pool_faulted_blocks", s.get("total_blocks")) == s.get("total_blocks")
                        for s in ds.values()) \
@@ -415,7 +415,7 @@ class Cluster:
                     {n: (s.get("active"), s.get("queued")) for n, s in ps.items()}))
             time.sleep(0.2)
 
-    def _stats_mtime_ns(self, name):
+    def stats_mtime_ns(self, name):
         try:
             return os.stat(self.stats_path(name)).st_mtime_ns
         except OSError:

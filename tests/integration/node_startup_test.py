@@ -42,8 +42,18 @@ def mem_available():
 
 
 def stats_when(c, name, what, pred, timeout=30):
-    """The node's stats once pred(stats) holds."""
-    return wait_for(what, lambda: (lambda x: x if pred(x) else None)(c.stats(name)), timeout)
+    """The node's stats once pred(stats) holds, from a stats file written
+    after this call: the node rewrites it periodically, and an older one may
+    predate the work just done (8 requests can take 10 ms)."""
+    since_ns = time.time_ns()
+
+    def fresh():
+        if c.stats_mtime_ns(name) < since_ns:  # (before reading: never an older body)
+            return None
+        x = c.stats(name)
+        return x if pred(x) else None
+
+    return wait_for(what, fresh, timeout)
 
 
 def router_when(c, name, what, pred, timeout=30):
