@@ -6,7 +6,7 @@
 ignored), all sent at once.  Each needs 5 blocks by its end, so a
 whole-request reservation (limits.reservation: whole) admits N = 4 at a
 time.  With paged reservations (the prompt's block + 1 of headroom, grown
-while decoding) the node runs >= 2N = 8 at once (its batch_max), the pool
+while decoding) the node runs more than N at once (its batch_max), the pool
 runs out as they grow, the youngest are preempted and recomputed (prompt
 prefilled again, generated tokens replayed), and every output is still
 token for token that of `kvrail run`; afterwards both pools are back at
@@ -84,9 +84,11 @@ def main():
                                                                            N_WHOLE))
     paged = run(bins, wd, model, prompts, ref, "paged")
     check(paged["reservation"] == "paged", "paged: %s" % paged)
-    check(paged["batch_max"] >= 2 * N_WHOLE,
-          "paged reservations ran only %d at once (want >= %d)" % (paged["batch_max"],
-                                                                    2 * N_WHOLE))
+    # more at once than whole reservations can ever fit; how many more
+    # depends on how the ten arrive and grow (7-10 seen; 7 in a loaded run)
+    check(paged["batch_max"] > N_WHOLE,
+          "paged reservations ran only %d at once (want > %d, what whole ones fit)" % (
+              paged["batch_max"], N_WHOLE))
     check(paged["preemptions"] >= 1, "the pool never ran out: no preemption was exercised")
     check(paged["grown_blocks"] > 0, "no block was grown")
     return 0
