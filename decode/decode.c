@@ -85,8 +85,9 @@ struct dreq {
     uint32_t n_blocks;   /* held now (paged: grows while decoding) */
     uint32_t max_blocks; /* ceil(cap / block_size) */
     uint32_t n_prompt_blocks, n_cached_blocks;
-    uint32_t kv_len;  /* decoding: positions whose K/V is in the blocks */
-    uint64_t *hashes; /* sequence hashes of the prompt's full blocks */
+    uint64_t kv_bytes; /* KV_READY's count, sent on the first Token, then 0 */
+    uint32_t kv_len;   /* decoding: positions whose K/V is in the blocks */
+    uint64_t *hashes;  /* sequence hashes of the prompt's full blocks */
     uint32_t n_hashes;
     kvr_sampler_t *smp;
     uint32_t *stop_ids;
@@ -101,6 +102,11 @@ struct dreq {
     uint64_t writer_inc, fence_cap;
     /* the writer's incarnation as the router registered it (Reserve) */
     uint64_t vouched_inc;
+    /* the transfer token the router gave with the Reserve for this writer
+     * (its pair's, of that incarnation): its notifications must come under
+     * it (on_notif); has_wtoken false when the Reserve carried none */
+    uint8_t wtoken[KVR_XFER_TOKEN_LEN];
+    bool has_wtoken;
     /* local prefill: prompt tokens whose K/V is in the blocks */
     uint32_t n_computed;
     uint64_t prefill_ns; /* the worker's time on its chunks */
@@ -115,10 +121,11 @@ struct dreq {
     float top_lps[KVR_SAMPLE_MAX_TOP_LOGPROBS];
 };
 
-struct ppeer { /* what a prefill node said in its HELLO, per (name, incarnation) */
+struct ppeer { /* what a prefill node said in its HELLO, per (name, incarnation, token) */
     char name[KVR_CLUSTER_NAME_MAX];
     uint64_t incarnation;
-    uint64_t seen_ns; /* when its HELLO came: the least recent entry is reused */
+    uint8_t token[KVR_XFER_TOKEN_LEN]; /* it came under (zeros: none) */
+    uint64_t seen_ns;                  /* when its HELLO came: the least recent entry is reused */
     bool ok;
     char why[200];
 };
@@ -188,6 +195,10 @@ struct decode {
     uint64_t reservations;     /* new reservations made */
     uint64_t reserve_renewals; /* prefill retries on a reservation (Reserve.attempt > 0) */
     uint64_t stale_notifs;     /* notifications of an earlier attempt, ignored */
+    /* notifications about a reservation that did not come under the token
+     * the router gave for its writer (another peer's, or none): dropped */
+    uint64_t forged_notifs, forged_logged;
+    uint64_t forged_log_ns;
     /* the retry fence: blocks an old prefill attempt may still write */
     uint64_t retry_quarantines, retry_quarantined_blocks;
     uint64_t quarantines_fenced;  /* ended by the writer's KV_READY/KV_ABORT or restart */
@@ -380,6 +391,8 @@ static void send_token(struct decode *d, struct dreq *r, int32_t tok, float logp
     t.logprob = logprob;
     t.finish = fin;
     t.cached_tokens = r->n_cached_blocks * (uint32_t)d->node.layout.block_size;
+    t.kv_bytes = r->kv_bytes;
+    r->kv_bytes = 0;
     t.no_token = no_token;
     Kvrail__TopLogprob top[KVR_SAMPLE_MAX_TOP_LOGPROBS], *topp[KVR_SAMPLE_MAX_TOP_LOGPROBS];
     if (!no_token && r->n_top > 0) {
@@ -533,6 +546,8 @@ static bool retry_fence(struct decode *d, struct dreq *r, uint64_t lease_ns, uin
     q->n_blocks = q->max_blocks = n;
     q->attempt = r->attempt;
     snprintf(q->prefill_node, sizeof q->prefill_node, "%s", r->prefill_node);
+    memcpy(q->wtoken, r->wtoken, sizeof q->wtoken); /* the old writer's notifications' */
+    q->has_wtoken = r->has_wtoken;
     q->writer_inc = r->vouched_inc ? r->vouched_inc : w ? w->incarnation : 0;
     q->t_reserve = now;
     q->lease_ns = lease_ns;
@@ -590,6 +605,17 @@ static void fence_expired(struct decode *d, struct dreq *r)
         }
     d->quarantines_expired++;
     req_end(d, r, false);
+}
+
+/* The token the router gave with the Reserve for the reservation's writer:
+ * the one its notifications must come under (on_notif). */
+static void writer_token(struct dreq *r, const Kvrail__Reserve *m)
+{
+    r->has_wtoken = !m->local_prefill && m->transport_token.len == KVR_XFER_TOKEN_LEN;
+    if (r->has_wtoken)
+        memcpy(r->wtoken, m->transport_token.data, KVR_XFER_TOKEN_LEN);
+    else
+        memset(r->wtoken, 0, sizeof r->wtoken);
 }
 
 /* A Reserve names the prefill node that will write and carries the token
@@ -718,6 +744,7 @@ static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
                  m->prefill_node ? m->prefill_node : "");
         r->attempt = m->attempt;
         r->vouched_inc = m->prefill_incarnation;
+        writer_token(r, m);
         r->aborted = false;
         d->reserve_renewals++;
         KVR_LOG_INFO(COMP,
@@ -841,6 +868,7 @@ static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
     r->deadline = r->t_reserve + r->lease_ns;
     snprintf(r->prefill_node, sizeof r->prefill_node, "%s", m->prefill_node ? m->prefill_node : "");
     r->vouched_inc = m->local_prefill ? 0 : m->prefill_incarnation;
+    writer_token(r, m);
     r->state = m->local_prefill ? DR_LOCAL_PREFILL : DR_RESERVED;
     r->n_computed = r->n_cached_blocks * bs;
     r->next = d->reqs;
@@ -917,20 +945,73 @@ static struct ppeer *peer_find(struct decode *d, const char *name)
     return p;
 }
 
-/* The HELLO of this incarnation of that node: records are kept per
- * incarnation, so that a HELLO sent under a node's name by another peer
- * does not replace the real node's layout descriptor. */
-static struct ppeer *peer_find_inc(struct decode *d, const char *name, uint64_t inc)
+/* The HELLO of this incarnation of that node, sent under this transfer
+ * token (zeros: none): records are kept per incarnation and token, so
+ * that a HELLO sent under a node's name by another peer (with a token of
+ * its own, or none) does not replace the real node's layout descriptor. */
+static struct ppeer *peer_find_inc(struct decode *d, const char *name, uint64_t inc,
+                                   const uint8_t *token)
 {
+    static const uint8_t none[KVR_XFER_TOKEN_LEN];
     for (int i = 0; i < d->n_peers; i++)
-        if (d->peers[i].incarnation == inc && strcmp(d->peers[i].name, name) == 0)
+        if (d->peers[i].incarnation == inc && strcmp(d->peers[i].name, name) == 0 &&
+            memcmp(d->peers[i].token, token ? token : none, KVR_XFER_TOKEN_LEN) == 0)
             return &d->peers[i];
     return NULL;
 }
 
-static void on_hello(struct decode *d, const struct kvr_notif *n)
+/* The prefill node whose Reserve carried this transfer token (NULL: none
+ * held does). */
+static const char *token_owner(const struct decode *d, const uint8_t *token)
 {
-    struct ppeer *p = peer_find_inc(d, n->node, n->incarnation);
+    for (int i = 0; token && i < d->n_ptokens; i++)
+        if (memcmp(d->ptokens[i].token, token, KVR_XFER_TOKEN_LEN) == 0)
+            return d->ptokens[i].name;
+    return NULL;
+}
+
+/* A notification that names a reservation (or a prefill node) it did not
+ * come under the token of: a registered peer with a token of its own
+ * speaking for another, or a peer with none.  Dropped; counted (the stats
+ * file's forged_notifications, and bad_notifications in the heartbeat and
+ * kvrail_bad_notifications_total); logged at most once a second. */
+static void forged(struct decode *d, const struct kvr_notif *n, const char *expected,
+                   const uint8_t *token)
+{
+    static const char *const kinds[] = {"HELLO", "KV_READY", "KV_ABORT", "KV_PROGRESS"};
+    d->forged_notifs++;
+    d->bad_notifs++;
+    uint64_t now = kvr_now_ns();
+    if (d->forged_log_ns && now - d->forged_log_ns < 1000000000ull)
+        return;
+    const char *owner = token_owner(d, token);
+    char from[KVR_CLUSTER_NAME_MAX + 64];
+    if (owner)
+        snprintf(from, sizeof from, "under prefill node '%s''s transfer token", owner);
+    else
+        snprintf(from, sizeof from, "%s",
+                 token ? "under a transfer token no Reserve carried" : "under no transfer token");
+    KVR_LOG_WARN(COMP,
+                 "dropped a %s naming prefill node '%s' (request %" PRIu64 ", attempt %u) that "
+                 "came %s; only %s's token may speak for it (%" PRIu64 " such dropped, %" PRIu64
+                 " since the last line)",
+                 n->kind >= 1 && n->kind <= 4 ? kinds[n->kind - 1] : "notification", n->node,
+                 n->request_id, n->attempt, from, expected, d->forged_notifs,
+                 d->forged_notifs - d->forged_logged);
+    d->forged_log_ns = now;
+    d->forged_logged = d->forged_notifs;
+}
+
+static void on_hello(struct decode *d, const struct kvr_notif *n, const uint8_t *token)
+{
+    /* under a token the router gave another prefill node: that node
+     * speaking under this one's name */
+    const char *owner = token_owner(d, token);
+    if (owner && strcmp(owner, n->node) != 0) {
+        forged(d, n, n->node, token);
+        return;
+    }
+    struct ppeer *p = peer_find_inc(d, n->node, n->incarnation, token);
     if (!p && d->n_peers < MAX_PREFILL_PEERS)
         p = &d->peers[d->n_peers++];
     for (int i = 0; !p && i < d->n_peers; i++) /* full: the least recently seen */
@@ -941,6 +1022,8 @@ static void on_hello(struct decode *d, const struct kvr_notif *n)
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s", n->node);
     p->incarnation = n->incarnation;
+    if (token)
+        memcpy(p->token, token, KVR_XFER_TOKEN_LEN);
     p->seen_ns = kvr_now_ns();
     const struct kvr_kv_layout *L = &d->node.layout;
     if (n->proto_version != KVR_PROTO_VERSION)
@@ -968,7 +1051,14 @@ static void on_hello(struct decode *d, const struct kvr_notif *n)
                       p->why);
 }
 
-static void on_notif(void *arg, const void *msg, size_t len)
+/* A notification from a prefill node (the transfer engine's callback);
+ * token: the transfer token it came under (NULL: none).  One about a
+ * reservation is taken only when it came under the token the router gave
+ * with that reservation's Reserve for its writer (the pair's token of
+ * that prefill node's incarnation): a registered prefill node holding a
+ * token of its own cannot end, renew or fill another's reservation or
+ * quarantine.  A Reserve without a token (none made) binds nothing. */
+static void on_notif(void *arg, const void *msg, size_t len, const uint8_t *token)
 {
     struct decode *d = arg;
     struct kvr_notif n;
@@ -979,7 +1069,7 @@ static void on_notif(void *arg, const void *msg, size_t len)
         return;
     }
     if (n.kind == KVR_NOTIF_HELLO) {
-        on_hello(d, &n);
+        on_hello(d, &n, token);
         return;
     }
     bool stale = false;
@@ -994,6 +1084,10 @@ static void on_notif(void *arg, const void *msg, size_t len)
         } else {
             KVR_LOG_DEBUG(COMP, "notification for unknown request %" PRIu64, n.request_id);
         }
+        return;
+    }
+    if (r->has_wtoken && (!token || memcmp(token, r->wtoken, KVR_XFER_TOKEN_LEN) != 0)) {
+        forged(d, &n, r->prefill_node[0] ? r->prefill_node : "its writer", token);
         return;
     }
     if (n.kind == KVR_NOTIF_KV_PROGRESS) {
@@ -1041,7 +1135,7 @@ static void on_notif(void *arg, const void *msg, size_t len)
                      r->id, n.node, n.incarnation, r->vouched_inc);
         return;
     }
-    struct ppeer *p = peer_find_inc(d, n.node, n.incarnation);
+    struct ppeer *p = peer_find_inc(d, n.node, n.incarnation, token);
     if (!p || !p->ok || p->incarnation != n.incarnation) {
         char msg2[300];
         snprintf(msg2, sizeof msg2, "prefill node '%s' %s", n.node,
@@ -1056,6 +1150,7 @@ static void on_notif(void *arg, const void *msg, size_t len)
         return;
     }
     d->n_remote++;
+    r->kv_bytes = n.bytes;
     r->n_top = n.n_top < (int32_t)r->top_n ? n.n_top : (int32_t)r->top_n;
     memcpy(r->top_ids, n.top_ids, (size_t)r->n_top * sizeof r->top_ids[0]);
     memcpy(r->top_lps, n.top_lps, (size_t)r->n_top * sizeof r->top_lps[0]);
@@ -1540,7 +1635,8 @@ static void role_stats(void *arg, struct kvr_sbuf *b)
         ", \"transfer_tokens\": %d, \"cancel_quarantines\": %" PRIu64
         ", \"cancel_quarantined_blocks\": %" PRIu64 ", \"lease_quarantines\": %" PRIu64
         ", \"lease_quarantined_blocks\": %" PRIu64 ", \"quarantined_blocks\": %u"
-        ", \"tokens_revoked\": %" PRIu64 ", \"cached_hashes\": [",
+        ", \"tokens_revoked\": %" PRIu64 ", \"forged_notifications\": %" PRIu64
+        ", \"cached_hashes\": [",
         c.total, c.free, c.evictable, c.cached, c.referenced, nres, nq, nready, nlocal, d->n_batch,
         d->n_done, d->n_failed, d->n_canceled, d->n_expired, d->n_rejected, d->n_local, d->n_remote,
         d->kv_bytes, d->tokens_out, d->steps, d->cached_tokens, d->ev_seq,
@@ -1554,7 +1650,7 @@ static void role_stats(void *arg, struct kvr_sbuf *b)
         d->reserve_renewals, d->stale_notifs, d->retry_quarantines, d->retry_quarantined_blocks,
         d->quarantines_fenced, d->quarantines_expired, xs.refused, d->n_ptokens,
         d->cancel_quarantines, d->cancel_quarantined_blocks, d->lease_quarantines,
-        d->lease_quarantined_blocks, quarantined_blocks(d), d->tokens_revoked);
+        d->lease_quarantined_blocks, quarantined_blocks(d), d->tokens_revoked, d->forged_notifs);
     if (b->p)
         kvr_blocktab_foreach_cached(d->bt, stats_hash, b);
     kvr_sbuf_printf(b, "]");

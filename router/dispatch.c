@@ -86,6 +86,7 @@ static enum rt_dispatch_result send_pick(rt_t *r, struct rt_req *q, const struct
     }
     q->did = ++r->next_id;
     q->attempt = 0;
+    q->kv_counted = false;
     q->d_held = false;
     if (!rt_u64map_put(&r->reqs, q->did, (uint64_t)(uintptr_t)q)) {
         q->did = 0;
@@ -383,6 +384,7 @@ bool rt_dispatch_retry_prefill(rt_t *r, struct rt_req *q, uint64_t now)
     q->p = best;
     q->attempt++;
     q->prefill_done = false;
+    q->kv_counted = false;
     Kvrail__Reserve rs = KVRAIL__RESERVE__INIT;
     rs.request_id = q->did;
     rs.attempt = q->attempt;

@@ -160,6 +160,7 @@ void rt_req_release(rt_t *r, struct rt_req *q)
     q->block_ids = NULL;
     q->n_block_ids = 0;
     q->prefill_done = false;
+    q->kv_counted = false;
 }
 
 void rt_req_requeue(rt_t *r, struct rt_req *q, uint64_t now)

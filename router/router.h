@@ -190,6 +190,8 @@ struct rt_req {
     uint32_t *block_ids;
     size_t n_block_ids;
     bool prefill_done;
+    bool kv_counted;  /* this dispatch's KV bytes are in kv_bytes (from PrefillDone or D's
+                         first Token, whichever came first) */
     uint32_t attempt; /* prefill attempt on the current reservation (0 first) */
     bool d_held;      /* D answered Reserved and still holds it: a retry reuses it */
     uint32_t *out;    /* tokens streamed to the client */

@@ -139,7 +139,9 @@ void rt_on_prefill_done(rt_t *r, struct rt_node *n, const Kvrail__PrefillDone *m
         p->inflight_tokens = p->inflight_tokens > q->n_ctx ? p->inflight_tokens - q->n_ctx : 0;
     }
     q->prefill_done = true;
-    q->kv_bytes += m->bytes_moved;
+    if (!q->kv_counted)
+        q->kv_bytes += m->bytes_moved;
+    q->kv_counted = true;
     if (!m->local && m->bytes_moved) {
         n->pd_bytes += m->bytes_moved;
         n->pd_ns += m->transfer_us * 1000u;
@@ -194,6 +196,10 @@ void rt_on_token(rt_t *r, struct rt_node *n, const Kvrail__Token *m, uint64_t no
         KVR_LOG_WARN("router", "request %" PRIu64 ": token %u from %s, expected %u", q->id,
                      m->index, n->name, q->next_local);
     q->next_local = m->index + 1;
+    if (m->kv_bytes && !q->kv_counted) {
+        q->kv_bytes += m->kv_bytes; /* overtook P's PrefillDone, which has the same count */
+        q->kv_counted = true;
+    }
     if (m->index == 0 && !q->local)
         n->blame_streak = 0; /* a transfer to it worked */
     if (!q->prefill_done) {

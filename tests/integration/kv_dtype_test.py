@@ -7,9 +7,12 @@ For kv_dtype f32 and then bf16, a fresh cluster:
     --kv-dtype D` prints, for a short prompt (prefilled on the decode node)
     and a long one (prefilled on the prefill node, its KV moved to decode);
   - bf16's output is not f32's (the rounded KV is what attention reads);
-  - the router counted one local and one disaggregated prefill, and the KV
-    bytes the long request moved (the router's status, once the prefill
-    node's heartbeat carries them): bf16 moves exactly half of f32.
+  - the router counted one local and one disaggregated prefill; the long
+    request's own usage (`generate --stats`) names the KV bytes it moved,
+    the same count as the router's status (the prefill node's heartbeat):
+    bf16 moves exactly half of f32.  The usage must have them however the
+    decode node's tokens and the prefill node's PrefillDone interleave (the
+    decode node carries KV_READY's count on its first Token).
 Then, with the bf16 cluster up, a decode node started from a cluster file
 that says kv_dtype f16 is refused at registration with a message naming
 both dtypes, and is not alive in the router's status.
@@ -19,6 +22,7 @@ usage: kv_dtype_test.py --kvrail BIN --mkmodel BIN --decode BIN
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -53,23 +57,28 @@ def cluster_file(work, dtype, ep, node_port, decode1_host=", host: gpu-node-9"):
 
 def generate_matches_run(a, model, ep, dtype, prompt):
     """generate --json == run --json --kv-dtype; returns (the output, prompt
-    tokens)."""
-    n, got = check_generate(a, model, ep, prompt, run_args=("--kv-dtype", dtype))
-    return got.stdout, n
+    tokens, the KV bytes the request's usage names)."""
+    n, got = check_generate(a, model, ep, prompt, run_args=("--kv-dtype", dtype),
+                            gen_args=("--stats",))
+    m = re.search(r"KV moved (\d+) bytes", got.stderr)
+    if not m:
+        raise Fail("generate --stats printed no 'KV moved N bytes': " + got.stderr)
+    return got.stdout, n, int(m.group(1))
 
 
 def one_cluster(a, model, work, dtype, outs):
     ep, node_port = "tcp://127.0.0.1:%d" % free_port(), free_port()
     cfg = cluster_file(work, dtype, ep, node_port)
     up = Up(a.kvrail, cfg, work)
-    short, n_short = generate_matches_run(a, model, ep, dtype, SHORT)
-    long_, n_long = generate_matches_run(a, model, ep, dtype, LONG)
+    short, n_short, b_short = generate_matches_run(a, model, ep, dtype, SHORT)
+    long_, n_long, b_long = generate_matches_run(a, model, ep, dtype, LONG)
+    if b_short != 0 or b_long <= 0:
+        raise Fail("kv_dtype %s: usage KV bytes short %d (want 0: prefilled on the decode "
+                   "node), long %d (want > 0)" % (dtype, b_short, b_long))
 
-    # The KV bytes the long request moved: the prefill node's count, which
-    # arrives with its heartbeat (the short prompt is prefilled on the decode
-    # node and moves none).  Not the request's usage: the router fills it
-    # from the prefill node's PrefillDone, which on a loaded machine can
-    # arrive after the decode node's last token (a known race, in the note).
+    # The router's count: the prefill node's, which arrives with its
+    # heartbeat (the short prompt is prefilled on the decode node and moves
+    # none), so it must come to the request's own
     def status_router():
         st = run([a.kvrail, "status", "--router", ep, "--json"], timeout=30)
         if st.returncode:
@@ -78,7 +87,9 @@ def one_cluster(a, model, work, dtype, outs):
         return rs if rs["kv_bytes_moved"] > 0 else None
 
     rs = wait_for("status kv_bytes_moved > 0", status_router, timeout=10, step=0.1)
-    b_long = rs["kv_bytes_moved"]
+    if rs["kv_bytes_moved"] != b_long:
+        raise Fail("kv_dtype %s: the request's usage says %d KV bytes moved, the router's "
+                   "status %d" % (dtype, b_long, rs["kv_bytes_moved"]))
     if rs["local_prefills"] != 1 or rs["disagg_prefills"] != 1:
         raise Fail("kv_dtype %s: local prefills %d, disaggregated %d (want 1 and 1)" % (
             dtype, rs["local_prefills"], rs["disagg_prefills"]))
