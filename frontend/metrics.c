@@ -5,10 +5,12 @@
  * Every metric is a fixed array of relaxed atomics (no lock, no allocation
  * on the request path): requests by endpoint and status class, in-flight
  * requests, connections (open, rejected past the bound), malformed HTTP,
- * prompt and generated tokens, and three histograms with fixed buckets:
- * time to first token and end-to-end latency of generation requests (the
- * names vLLM uses, under the kvrail: prefix) and the duration of every
- * request by endpoint.
+ * prompt and generated tokens, and histograms with fixed buckets: time to
+ * first token and end-to-end latency of generation requests (the names vLLM
+ * uses, under the kvrail: prefix), the duration of every request by
+ * endpoint (coarse buckets, 1 ms ... 60 s), and the frontend's own share of
+ * the latency (fine buckets, 50 us ... 50 ms).  One observe() and one
+ * render_hist() serve every histogram, given its bucket bounds.
  */
 #include <stdatomic.h>
 #include <string.h>
@@ -29,27 +31,31 @@ static const char *const ep_names[FE_EP_COUNT] = {
 static const unsigned codes[] = {200, 400, 404, 405, 413, 415, 429, 499, 500, 501, 503, 504};
 #define N_CODES (sizeof(codes) / sizeof(codes[0]) + 1)
 
-static const double buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                 0.5,   1.0,    2.5,   5.0,  10.0,  30.0, 60.0};
-#define N_BUCKETS (sizeof(buckets) / sizeof(buckets[0]))
+/* A histogram's bucket bounds, in seconds: coarse for request latencies,
+ * fine for the frontend's own share (microseconds). */
+struct bounds {
+    const double *le;
+    size_t n;
+};
+static const double coarse_le[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                   0.5,   1.0,    2.5,   5.0,  10.0,  30.0, 60.0};
+static const double fine_le[] = {0.00005, 0.0001, 0.0002, 0.0005, 0.001,
+                                 0.002,   0.005,  0.01,   0.02,   0.05};
+#define N_LE(a) (sizeof(a) / sizeof((a)[0]))
+static const struct bounds coarse = {coarse_le, N_LE(coarse_le)};
+static const struct bounds fine = {fine_le, N_LE(fine_le)};
+#define MAX_LE N_LE(coarse_le)
+_Static_assert(N_LE(fine_le) <= MAX_LE, "a histogram holds at most MAX_LE buckets");
 
 struct hist {
-    atomic_uint_fast64_t count[N_BUCKETS + 1]; /* per bucket (not cumulative); last = +Inf */
+    atomic_uint_fast64_t count[MAX_LE + 1]; /* per bucket (not cumulative); then +Inf */
     atomic_uint_fast64_t sum_ns;
 };
 
-/* the frontend's own share of TTFT: microseconds, so its own buckets */
-static const double fine[] = {0.00005, 0.0001, 0.0002, 0.0005, 0.001,
-                              0.002,   0.005,  0.01,   0.02,   0.05};
-#define N_FINE (sizeof(fine) / sizeof(fine[0]))
-struct fine_hist {
-    atomic_uint_fast64_t count[N_FINE + 1], sum_ns;
-};
-static struct fine_hist added, to_router, to_client;
-
 static atomic_uint_fast64_t requests[FE_EP_COUNT][N_CODES];
-static struct hist duration[FE_EP_COUNT];
-static struct hist ttft, e2e;
+static struct hist duration[FE_EP_COUNT];       /* coarse */
+static struct hist ttft, e2e;                   /* coarse */
+static struct hist added, to_router, to_client; /* fine */
 static atomic_int_fast64_t inflight, connections, connections_max;
 static atomic_uint_fast64_t rejected, bad_http, prompt_tokens, gen_tokens;
 
@@ -58,28 +64,11 @@ const char *fe_endpoint_name(enum fe_endpoint ep)
     return ep < FE_EP_COUNT ? ep_names[ep] : "other";
 }
 
-static void render_fine(struct fe_buf *b, const char *name, const char *base, struct fine_hist *h)
-{
-    uint64_t cum = 0;
-    for (size_t i = 0; i <= N_FINE; i++) {
-        cum += atomic_load_explicit(&h->count[i], memory_order_relaxed);
-        if (i < N_FINE)
-            fe_buf_printf(b, "%s_bucket{%s,le=\"%g\"} %llu\n", name, base, fine[i],
-                          (unsigned long long)cum);
-        else
-            fe_buf_printf(b, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, base,
-                          (unsigned long long)cum);
-    }
-    fe_buf_printf(b, "%s_sum{%s} %.9f\n", name, base,
-                  (double)atomic_load_explicit(&h->sum_ns, memory_order_relaxed) / 1e9);
-    fe_buf_printf(b, "%s_count{%s} %llu\n", name, base, (unsigned long long)cum);
-}
-
-static void observe(struct hist *h, uint64_t ns)
+static void observe(struct hist *h, const struct bounds *bd, uint64_t ns)
 {
     double s = (double)ns / 1e9;
     size_t i = 0;
-    while (i < N_BUCKETS && s > buckets[i])
+    while (i < bd->n && s > bd->le[i])
         i++;
     atomic_fetch_add_explicit(&h->count[i], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&h->sum_ns, ns, memory_order_relaxed);
@@ -94,39 +83,29 @@ void fe_metrics_request_done(enum fe_endpoint ep, unsigned status, uint64_t late
         if (codes[i] == status)
             c = i;
     atomic_fetch_add_explicit(&requests[ep][c], 1, memory_order_relaxed);
-    observe(&duration[ep], latency_ns);
+    observe(&duration[ep], &coarse, latency_ns);
     if ((ep == FE_EP_COMPLETIONS || ep == FE_EP_CHAT) && status == 200)
-        observe(&e2e, latency_ns);
+        observe(&e2e, &coarse, latency_ns);
 }
 
 void fe_metrics_ttft(uint64_t ns)
 {
-    observe(&ttft, ns);
-}
-
-static void observe_fine(struct fine_hist *h, uint64_t ns)
-{
-    double s = (double)ns / 1e9;
-    size_t i = 0;
-    while (i < N_FINE && s > fine[i])
-        i++;
-    atomic_fetch_add_explicit(&h->count[i], 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&h->sum_ns, ns, memory_order_relaxed);
+    observe(&ttft, &coarse, ns);
 }
 
 void fe_metrics_added_ttft(uint64_t ns)
 {
-    observe_fine(&added, ns);
+    observe(&added, &fine, ns);
 }
 
 void fe_metrics_to_router(uint64_t ns)
 {
-    observe_fine(&to_router, ns);
+    observe(&to_router, &fine, ns);
 }
 
 void fe_metrics_to_client(uint64_t ns)
 {
-    observe_fine(&to_client, ns);
+    observe(&to_client, &fine, ns);
 }
 
 void fe_metrics_tokens(uint64_t prompt, uint64_t completion)
@@ -162,13 +141,18 @@ static uint64_t ld(atomic_uint_fast64_t *a)
     return atomic_load_explicit(a, memory_order_relaxed);
 }
 
-static void render_hist(struct fe_buf *b, const char *name, const char *labels, struct hist *h)
+/* One histogram in the text format: its HELP and TYPE lines when help is
+ * given (once per family), then its cumulative buckets, sum and count. */
+static void render_hist(struct fe_buf *b, const char *name, const char *help, const char *labels,
+                        struct hist *h, const struct bounds *bd)
 {
+    if (help)
+        fe_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     uint64_t cum = 0;
-    for (size_t i = 0; i <= N_BUCKETS; i++) {
+    for (size_t i = 0; i <= bd->n; i++) {
         cum += ld(&h->count[i]);
-        if (i < N_BUCKETS)
-            fe_buf_printf(b, "%s_bucket{%s,le=\"%g\"} %llu\n", name, labels, buckets[i],
+        if (i < bd->n)
+            fe_buf_printf(b, "%s_bucket{%s,le=\"%g\"} %llu\n", name, labels, bd->le[i],
                           (unsigned long long)cum);
         else
             fe_buf_printf(b, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, labels,
@@ -234,35 +218,34 @@ void fe_metrics_render(struct fe_buf *b)
                   "kvrail:generation_tokens_total{%s} %llu\n",
                   base, (unsigned long long)ld(&prompt_tokens), base,
                   (unsigned long long)ld(&gen_tokens));
-    fe_buf_puts(b, "# HELP kvrail:time_to_first_token_seconds Request received -> first token "
-                   "ready to send, at the frontend.\n"
-                   "# TYPE kvrail:time_to_first_token_seconds histogram\n");
-    render_hist(b, "kvrail:time_to_first_token_seconds", base, &ttft);
-    fe_buf_puts(b, "# HELP kvrail:e2e_request_latency_seconds Generation requests answered 200: "
-                   "received -> last byte queued.\n"
-                   "# TYPE kvrail:e2e_request_latency_seconds histogram\n");
-    render_hist(b, "kvrail:e2e_request_latency_seconds", base, &e2e);
-    fe_buf_puts(b, "# HELP kvrail_frontend_added_ttft_seconds The frontend's share of TTFT: its "
-                   "TTFT minus the router's (HTTP and JSON parsing, the hops to and from the "
-                   "router, the first event).\n"
-                   "# TYPE kvrail_frontend_added_ttft_seconds histogram\n");
-    render_fine(b, "kvrail_frontend_added_ttft_seconds", base, &added);
-    fe_buf_puts(b, "# HELP kvrail_frontend_to_router_seconds A generation request's time in the "
-                   "frontend before the router has it: body complete -> parsed, checked and "
-                   "sent (ZeroMQ queue).\n"
-                   "# TYPE kvrail_frontend_to_router_seconds histogram\n");
-    render_fine(b, "kvrail_frontend_to_router_seconds", base, &to_router);
-    fe_buf_puts(b, "# HELP kvrail_frontend_to_client_seconds A token's time in the frontend's "
-                   "loop: its frame taken from the router client -> its SSE event handed to "
-                   "the socket.\n"
-                   "# TYPE kvrail_frontend_to_client_seconds histogram\n");
-    render_fine(b, "kvrail_frontend_to_client_seconds", base, &to_client);
-    fe_buf_puts(b, "# HELP kvrail_frontend_request_duration_seconds Every HTTP request, by "
-                   "endpoint.\n"
-                   "# TYPE kvrail_frontend_request_duration_seconds histogram\n");
+    static const struct {
+        const char *name, *help;
+        struct hist *h;
+        const struct bounds *bd;
+    } hists[] = {
+        {"kvrail:time_to_first_token_seconds",
+         "Request received -> first token ready to send, at the frontend.", &ttft, &coarse},
+        {"kvrail:e2e_request_latency_seconds",
+         "Generation requests answered 200: received -> last byte queued.", &e2e, &coarse},
+        {"kvrail_frontend_added_ttft_seconds",
+         "The frontend's share of TTFT: its TTFT minus the router's (HTTP and JSON parsing, the "
+         "hops to and from the router, the first event).",
+         &added, &fine},
+        {"kvrail_frontend_to_router_seconds",
+         "A generation request's time in the frontend before the router has it: body complete "
+         "-> parsed, checked and sent (ZeroMQ queue).",
+         &to_router, &fine},
+        {"kvrail_frontend_to_client_seconds",
+         "A token's time in the frontend's loop: its frame taken from the router client -> its "
+         "SSE event handed to the socket.",
+         &to_client, &fine},
+    };
+    for (size_t i = 0; i < sizeof(hists) / sizeof(hists[0]); i++)
+        render_hist(b, hists[i].name, hists[i].help, base, hists[i].h, hists[i].bd);
     for (size_t e = 0; e < FE_EP_COUNT; e++) {
         char l[512];
         snprintf(l, sizeof(l), "%s,endpoint=\"%s\"", base, ep_names[e]);
-        render_hist(b, "kvrail_frontend_request_duration_seconds", l, &duration[e]);
+        render_hist(b, "kvrail_frontend_request_duration_seconds",
+                    e == 0 ? "Every HTTP request, by endpoint." : NULL, l, &duration[e], &coarse);
     }
 }

@@ -332,15 +332,25 @@ def main():
         print("ok HTTP abuse: %d malformed requests answered, frontend serving" % len(cases))
 
         # ---- a client that leaves mid-stream cancels both halves ----
+        def long_stream(timeout):
+            """A raw socket streaming a completion as long as the context allows,
+            with its first two events read."""
+            body = json.dumps({"model": spec["model"], "prompt": prompt,
+                               "max_tokens": ctx - len(prompt) - 1, "temperature": 0,
+                               "stream": True, "ignore_eos": True}).encode()
+            s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            got = b""
+            while got.count(b"data: ") < 2:
+                b = s.recv(4096)
+                check(b, "the stream closed before its second event: %r" % got)
+                got += b
+            return s, got
+
         before = c.status()["router"]["canceled"]
-        body = json.dumps({"model": spec["model"], "prompt": prompt, "max_tokens": ctx - len(prompt) - 1,
-                           "temperature": 0, "stream": True, "ignore_eos": True}).encode()
-        s = socket.create_connection(("127.0.0.1", port), timeout=10)
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
-        got = b""
-        while got.count(b"data: ") < 2:
-            got += s.recv(4096)
+        s, _ = long_stream(10)
         s.close()
         deadline = time.time() + 15
         while c.status()["router"]["canceled"] <= before:
@@ -419,14 +429,7 @@ def main():
             check(st == 200, "greedy completion: %s %r" % (st, body))
             return json.loads(body)["choices"][0]["text"]
         before_text = greedy_text()
-        body = json.dumps({"model": spec["model"], "prompt": prompt, "max_tokens": ctx - len(prompt) - 1,
-                           "temperature": 0, "stream": True, "ignore_eos": True}).encode()
-        s = socket.create_connection(("127.0.0.1", port), timeout=20)
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
-        got = b""
-        while got.count(b"data: ") < 2:
-            got += s.recv(4096)
+        s, got = long_stream(20)
         c.kill("router", signal.SIGKILL)
         while b"data: [DONE]" not in got:
             b = s.recv(65536)  # the socket's 20 s timeout fails the test on a hang
