@@ -59,6 +59,10 @@ struct kvr_client {
     bool have_reply;
     kvr_proto_frame_t reply;
     char err[512];
+    /* the last status's nodes (kvr_cluster_status.nodes), the caller's
+     * element size apart */
+    void *nodes;
+    size_t nodes_cap; /* bytes */
 };
 
 static void set_err(kvr_client_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -206,6 +210,7 @@ void kvr_client_close(kvr_client_t *c)
     zmq_close(c->sock);
     if (c->own_ctx)
         zmq_ctx_term(c->zctx);
+    free(c->nodes);
     free(c);
 }
 
@@ -843,10 +848,11 @@ static kvr_status_t generate(kvr_client_t *c, const struct kvr_gen_params *p, kv
     return st;
 }
 
-kvr_status_t kvr_client_status(kvr_client_t *c, int timeout_ms, struct kvr_cluster_status *o)
+/* The router's status into the library's struct *o; its nodes into c->nodes,
+ * node_size bytes apart. */
+static kvr_status_t status(kvr_client_t *c, int timeout_ms, struct kvr_cluster_status *o,
+                           size_t node_size)
 {
-    if (!c || !o)
-        return KVR_ERR_INVALID;
     Kvrail__StatusRequest q = KVRAIL__STATUS_REQUEST__INIT;
     ProtobufCMessage *m = NULL;
     kvr_status_t st = unary(c, KVRAIL__METHOD__STATUS, &q.base, &kvrail__status_reply__descriptor,
@@ -855,6 +861,26 @@ kvr_status_t kvr_client_status(kvr_client_t *c, int timeout_ms, struct kvr_clust
         return st;
     Kvrail__StatusReply *r = (Kvrail__StatusReply *)m;
     memset(o, 0, sizeof(*o));
+    o->size = sizeof(*o);
+    if (r->n_nodes > KVR_CLIENT_MAX_NODES) {
+        set_err(c, "the router reported %zu nodes, more than the %d a status holds", r->n_nodes,
+                KVR_CLIENT_MAX_NODES);
+        protobuf_c_message_free_unpacked(m, NULL);
+        return KVR_ERR_CORRUPT;
+    }
+    size_t need = r->n_nodes * node_size;
+    if (need > c->nodes_cap) {
+        void *nb = realloc(c->nodes, need);
+        if (!nb) {
+            set_err(c, "no memory for the status of %zu nodes", r->n_nodes);
+            protobuf_c_message_free_unpacked(m, NULL);
+            return KVR_ERR_NO_MEMORY;
+        }
+        c->nodes = nb;
+        c->nodes_cap = need;
+    }
+    if (need)
+        memset(c->nodes, 0, need); /* a later caller's fields the library lacks read 0 */
     copy_str(o->model, sizeof(o->model), r->model);
     o->block_size = r->block_size;
     if (r->router) {
@@ -896,9 +922,11 @@ kvr_status_t kvr_client_status(kvr_client_t *c, int timeout_ms, struct kvr_clust
         o->held_event_drops = s->held_event_drops;
         o->unresponsive_nodes = s->unresponsive_nodes;
     }
-    for (size_t i = 0; i < r->n_nodes && i < 64; i++) {
+    for (size_t i = 0; i < r->n_nodes; i++) {
         Kvrail__NodeStatus *n = r->nodes[i];
-        struct kvr_node_info *d = &o->nodes[o->n_nodes++];
+        struct kvr_node_info node, *d = &node;
+        memset(d, 0, sizeof(*d));
+        d->size = sizeof(*d);
         copy_str(d->name, sizeof(d->name), n->name);
         copy_str(d->role, sizeof(d->role),
                  n->role == KVRAIL__ROLE__ROLE_PREFILL  ? "prefill"
@@ -929,7 +957,31 @@ kvr_status_t kvr_client_status(kvr_client_t *c, int timeout_ms, struct kvr_clust
         d->failures_blamed = n->failures_blamed;
         d->cooldowns = n->cooldowns;
         d->cooling = n->cooling;
+        copy_out((char *)c->nodes + i * node_size, node_size, d, sizeof(*d));
     }
+    o->n_nodes = r->n_nodes;
+    o->nodes = r->n_nodes ? c->nodes : NULL;
     protobuf_c_message_free_unpacked(m, NULL);
     return KVR_OK;
+}
+
+kvr_status_t kvr_client_status_sized(kvr_client_t *c, int timeout_ms,
+                                     struct kvr_cluster_status *st_p, size_t st_size,
+                                     size_t node_size)
+{
+    if (!c || !st_p)
+        return KVR_ERR_INVALID;
+    if (st_size < sizeof(size_t) || node_size < sizeof(size_t) ||
+        node_size > KVR_CLIENT_MAX_NODE_INFO) {
+        set_err(c,
+                "kvr_client_status_sized: sizes %zu and %zu: use kvr_client_status(), which "
+                "passes the caller's sizeof of kvr_cluster_status and kvr_node_info",
+                st_size, node_size);
+        return KVR_ERR_INVALID;
+    }
+    struct kvr_cluster_status o;
+    kvr_status_t st = status(c, timeout_ms, &o, node_size);
+    if (st == KVR_OK)
+        copy_out(st_p, st_size, &o, sizeof(o));
+    return st;
 }

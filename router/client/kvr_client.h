@@ -16,14 +16,17 @@
  * Several streams may be open on one client at once (their frames are told
  * apart by call id); a client is used from one thread.
  *
- * ABI: the soname is libkvrail-client.so.1.  The structs the caller
+ * ABI: the soname is libkvrail-client.so.2.  The structs the caller
  * allocates and the library fills or reads (kvr_gen_params, kvr_gen_token,
- * kvr_gen_result) begin with `size`, the caller's sizeof, and only ever grow
- * at the end: the library reads or writes no byte past the caller's size
- * (fields a caller built against an older header lacks take their
- * defaults).  kvr_gen_params_default(), kvr_gen_stream_next() and
- * kvr_client_generate() are macros passing that sizeof, so a program
- * built against this header keeps working with a later .so.1.  Every wait takes a
+ * kvr_gen_result, kvr_cluster_status, kvr_node_info) begin with `size`, the
+ * caller's sizeof, and only ever grow at the end: the library reads or
+ * writes no byte past the caller's size (fields a caller built against an
+ * older header lacks take their defaults).  kvr_gen_params_default(),
+ * kvr_gen_stream_next(), kvr_gen_stream_take(), kvr_client_generate() and
+ * kvr_client_status() are macros passing that sizeof, so a program built
+ * against this header keeps working with a later .so.2.  No struct holds
+ * another one in a fixed array: the status's nodes are an array the client
+ * owns, laid out with the caller's element size.  Every wait takes a
  * timeout in milliseconds; nothing blocks forever.  Error texts from the
  * router (what was wrong with a request) are in kvr_gen_result.message or
  * kvr_client_error().
@@ -227,6 +230,7 @@ kvr_status_t kvr_gen_stream_cancel(kvr_gen_stream_t *s);
 void kvr_gen_stream_destroy(kvr_gen_stream_t *s);
 
 struct kvr_node_info {
+    size_t size; /* the bytes the library filled (the caller's sizeof at most) */
     char name[64];
     char role[16]; /* "prefill" | "decode" */
     bool alive;
@@ -251,9 +255,11 @@ struct kvr_node_info {
      * last for a lease after repeated faults (docs/security.md) */
     uint64_t failures_blamed, cooldowns;
     bool cooling;
+    /* new fields go here, at the end */
 };
 
 struct kvr_cluster_status {
+    size_t size; /* the bytes the library filled (the caller's sizeof at most) */
     char model[512];
     uint32_t block_size;
     uint64_t uptime_ms, requests, active, queued, completed, failed, canceled, overloaded;
@@ -265,16 +271,32 @@ struct kvr_cluster_status {
     double kv_gbps;
     uint64_t directory_blocks, cached_tokens, prompt_tokens;
     uint64_t client_disconnects, resyncs, dead_nodes;
-    size_t n_nodes;
-    struct kvr_node_info nodes[64];
     /* refused by auth: curve; REGISTERs refused; BlockEvents dropped during
      * a resync; decode nodes declared unresponsive (a Reserve unanswered) */
     uint64_t auth_refused, refused_registrations, held_event_drops, unresponsive_nodes;
+    /* every node the router reported, in an array the client owns (valid
+     * until the next kvr_client_status on this client or its close), each
+     * element the caller's sizeof(struct kvr_node_info): nodes[i] indexes
+     * as usual, and nodes[i].size says how many bytes of it were filled */
+    size_t n_nodes;
+    const struct kvr_node_info *nodes;
+    /* new fields go here, at the end */
 };
 
-/** Fetches the router's status.  @return KVR_OK; KVR_ERR_TIMEOUT; an error
- *  status from the router (message in kvr_client_error()). */
-kvr_status_t kvr_client_status(kvr_client_t *c, int timeout_ms, struct kvr_cluster_status *st_p);
+#define KVR_CLIENT_MAX_NODE_INFO 65536 /* the largest sizeof(kvr_node_info) accepted */
+#define KVR_CLIENT_MAX_NODES     4096  /* a status reporting more is refused (KVR_ERR_CORRUPT) */
+
+/** Fetches the router's status into *st_p (st_size bytes, the caller's
+ *  sizeof) and its nodes (node_size bytes each, the caller's sizeof; see
+ *  kvr_cluster_status.nodes).  Use kvr_client_status().
+ *  @return KVR_OK; KVR_ERR_INVALID (a size too small or too large);
+ *          KVR_ERR_NO_MEMORY; KVR_ERR_TIMEOUT; an error status from the
+ *          router (message in kvr_client_error()). */
+kvr_status_t kvr_client_status_sized(kvr_client_t *c, int timeout_ms,
+                                     struct kvr_cluster_status *st_p, size_t st_size,
+                                     size_t node_size);
+#define kvr_client_status(c, timeout_ms, st_p)                                                     \
+    kvr_client_status_sized((c), (timeout_ms), (st_p), sizeof(*(st_p)), sizeof(*(st_p)->nodes))
 
 #ifdef __cplusplus
 }

@@ -15,8 +15,17 @@
  *      params whose size is 0 are refused with a message naming the fix;
  *   3. kvr_gen_stream_next() into an old, shorter kvr_gen_token fills the
  *      fields it has (size says how many bytes), not the canary after it;
- *      a full-size token gets the rest (top logprobs) too.
+ *      a full-size token gets the rest (top logprobs) too;
+ *   4. kvr_client_status() (the test's router, on a thread, answers STATUS
+ *      with 70 nodes, more than .so.1's fixed array of 64 held): a full-size
+ *      caller gets every node and every field; an older caller's shorter
+ *      kvr_cluster_status is filled up to its size (canary after it left
+ *      alone) and its shorter kvr_node_info elements are laid out at its
+ *      own stride, each filled up to its size; a later caller's longer
+ *      elements read 0 past what the library has; sizes that cannot be a
+ *      caller's sizeof are refused with a message naming the fix.
  */
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -71,6 +80,142 @@ static void send_chunk(void *router, const kvr_proto_frame_t *f, uint32_t token_
     ch.n_top_logprobs = 3;
     kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, KVRAIL__METHOD__GENERATE, f->hdr.call_id};
     KVR_CHECK_STATUS(kvr_proto_send(router, f->route, f->route_len, &h, &ch.base), KVR_OK);
+}
+
+#define N_NODES 70
+
+/* The test's router answering STATUS: N_NODES nodes, node i named "n<i>"
+ * with failures_blamed i and cooling on odd i; arg: how many to answer. */
+static void *status_server(void *arg)
+{
+    void **a = arg;
+    void *router = a[0];
+    int n = (int)(intptr_t)a[1];
+    static char names[N_NODES][16];
+    static Kvrail__NodeStatus ns[N_NODES];
+    static Kvrail__NodeStatus *nsp[N_NODES];
+    for (int i = 0; i < N_NODES; i++) {
+        kvrail__node_status__init(&ns[i]);
+        snprintf(names[i], sizeof(names[i]), "n%d", i);
+        ns[i].name = names[i];
+        ns[i].role = i % 2 ? KVRAIL__ROLE__ROLE_DECODE : KVRAIL__ROLE__ROLE_PREFILL;
+        ns[i].alive = true;
+        ns[i].failures_blamed = (uint64_t)i;
+        ns[i].cooling = i % 2;
+        nsp[i] = &ns[i];
+    }
+    Kvrail__RouterStats rs = KVRAIL__ROUTER_STATS__INIT;
+    rs.requests = 1234;
+    rs.unresponsive_nodes = 5;
+    Kvrail__StatusReply r = KVRAIL__STATUS_REPLY__INIT;
+    r.model = (char *)"abi-model";
+    r.block_size = 16;
+    r.router = &rs;
+    r.nodes = nsp;
+    r.n_nodes = N_NODES;
+    for (int k = 0; k < n; k++) {
+        kvr_proto_frame_t f;
+        char err[256];
+        zmq_pollitem_t it = {router, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 5000) != 1 ||
+            kvr_proto_recv(router, true, &f, err, sizeof(err)) != KVR_OK)
+            return NULL; /* the client's call then times out and the test fails */
+        if (f.hdr.method == KVRAIL__METHOD__STATUS) {
+            kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, KVRAIL__METHOD__STATUS, f.hdr.call_id};
+            kvr_proto_send(router, f.route, f.route_len, &h, &r.base);
+        } else {
+            k--; /* a CANCEL of section 3's stream */
+        }
+        kvr_proto_frame_clear(&f);
+    }
+    return NULL;
+}
+
+static void check_status(void *router)
+{
+    kvr_client_t *c = NULL;
+    char ep[256];
+    size_t eplen = sizeof(ep);
+    KVR_CHECK(zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &eplen) == 0);
+    KVR_CHECK_STATUS(kvr_client_connect(ep, &c), KVR_OK);
+    void *arg[2] = {router, (void *)(intptr_t)4};
+    pthread_t th;
+    KVR_CHECK(pthread_create(&th, NULL, status_server, arg) == 0);
+
+    /* a full-size caller */
+    struct kvr_cluster_status st;
+    memset(&st, GARBAGE, sizeof(st));
+    KVR_CHECK_STATUS(kvr_client_status(c, 5000, &st), KVR_OK);
+    KVR_EXPECT(st.size == sizeof(st) && !strcmp(st.model, "abi-model") && st.block_size == 16 &&
+                   st.requests == 1234 && st.unresponsive_nodes == 5 && st.n_nodes == N_NODES,
+               "full status: size %zu, model %.20s, requests %llu, unresponsive %llu, %zu nodes",
+               st.size, st.model, (unsigned long long)st.requests,
+               (unsigned long long)st.unresponsive_nodes, st.n_nodes);
+    for (size_t i = 0; i < st.n_nodes && i < N_NODES; i++) {
+        char want[16];
+        snprintf(want, sizeof(want), "n%zu", i);
+        const struct kvr_node_info *n = &st.nodes[i];
+        KVR_EXPECT(n->size == sizeof(*n) && !strcmp(n->name, want) && n->alive &&
+                       !strcmp(n->role, i % 2 ? "decode" : "prefill") && n->failures_blamed == i &&
+                       n->cooling == (i % 2 == 1),
+                   "node %zu: size %zu, name %.16s, blamed %llu, cooling %d", i, n->size, n->name,
+                   (unsigned long long)n->failures_blamed, n->cooling);
+    }
+
+    /* an older caller: its status ends before unresponsive_nodes, its node
+     * info before cooldowns */
+    const size_t sold = offsetof(struct kvr_cluster_status, unresponsive_nodes);
+    const size_t nold = offsetof(struct kvr_node_info, cooldowns);
+    union {
+        struct kvr_cluster_status s;
+        unsigned char b[sizeof(struct kvr_cluster_status) + 64];
+    } us;
+    memset(&us, CANARY, sizeof(us));
+    KVR_CHECK_STATUS(kvr_client_status_sized(c, 5000, &us.s, sold, nold), KVR_OK);
+    KVR_EXPECT(us.s.size == sold && us.s.requests == 1234 && !strcmp(us.s.model, "abi-model"),
+               "old status: size %zu, want %zu", us.s.size, sold);
+    KVR_EXPECT(all_bytes(us.b + sold, sizeof(us) - sold, CANARY),
+               "kvr_client_status wrote past the caller's %zu bytes", sold);
+    /* its nodes: read at its stride, as a program built with its header
+     * indexes them (the fields are where its header has them) */
+    struct kvr_cluster_status full;
+    KVR_CHECK_STATUS(kvr_client_status_sized(c, 5000, &full, sizeof(full), nold), KVR_OK);
+    const unsigned char *base = (const unsigned char *)full.nodes;
+    KVR_CHECK(full.n_nodes == N_NODES && base);
+    for (size_t i = 0; i < N_NODES; i++) {
+        struct kvr_node_info n;
+        memset(&n, 0, sizeof(n));
+        memcpy(&n, base + i * nold, nold);
+        char want[16];
+        snprintf(want, sizeof(want), "n%zu", i);
+        KVR_EXPECT(n.size == nold && !strcmp(n.name, want) && n.failures_blamed == i,
+                   "old node %zu at stride %zu: size %zu, name %.16s, blamed %llu", i, nold, n.size,
+                   n.name, (unsigned long long)n.failures_blamed);
+    }
+
+    /* a later caller: longer node info; what the library lacks reads 0 */
+    const size_t nnew = sizeof(struct kvr_node_info) + 24;
+    KVR_CHECK_STATUS(kvr_client_status_sized(c, 5000, &full, sizeof(full), nnew), KVR_OK);
+    base = (const unsigned char *)full.nodes;
+    for (size_t i = 0; i < N_NODES; i++) {
+        const struct kvr_node_info *n = (const struct kvr_node_info *)(base + i * nnew);
+        KVR_EXPECT(n->size == sizeof(*n) && n->failures_blamed == i &&
+                       all_bytes(base + i * nnew + sizeof(*n), 24, 0),
+                   "new node %zu: size %zu, blamed %llu, its extra bytes not 0", i, n->size,
+                   (unsigned long long)n->failures_blamed);
+    }
+    pthread_join(th, NULL);
+
+    /* sizes that cannot be a caller's sizeof: refused before anything is sent */
+    KVR_CHECK_STATUS(kvr_client_status_sized(c, 100, &full, sizeof(full), 0), KVR_ERR_INVALID);
+    KVR_EXPECT(strstr(kvr_client_error(c), "kvr_client_status()"),
+               "node size 0 refused without naming the fix: %s", kvr_client_error(c));
+    KVR_CHECK_STATUS(kvr_client_status_sized(c, 100, &full, 0, sizeof(struct kvr_node_info)),
+                     KVR_ERR_INVALID);
+    KVR_CHECK_STATUS(
+        kvr_client_status_sized(c, 100, &full, sizeof(full), KVR_CLIENT_MAX_NODE_INFO + 1),
+        KVR_ERR_INVALID);
+    kvr_client_close(c);
 }
 
 int main(void)
@@ -155,10 +300,14 @@ int main(void)
     kvr_proto_frame_clear(&f);
     kvr_gen_stream_destroy(s);
     kvr_client_close(c);
+
+    /* 4. the status and its nodes, sized by the caller */
+    check_status(router);
     zmq_close(router);
     zmq_ctx_term(zctx);
     if (kvr_test_fails)
         return 1;
-    printf("client ABI: params and tokens sized by the caller; nothing read or written past it\n");
+    printf("client ABI: params, tokens, status and nodes sized by the caller; nothing read or "
+           "written past it\n");
     return 0;
 }
