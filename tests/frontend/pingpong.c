@@ -1,0 +1,247 @@
+/*
+ * pingpong.c - kvr-pingpong: the floor under kvrail-frontend's added
+ * latency on this machine, measured directly.  Not a test: a benchmark
+ * tool, run by hand (docs/frontend.md, "Overhead").
+ *
+ *   kvr-pingpong [--rounds N] [--size BYTES]
+ *
+ * Two processes (fork) bounce a message of BYTES (default 64, about a
+ * token's frame) N times (default 20000) over loopback, and the round
+ * trips are timed on the client's side:
+ *   - tcp:  a plain TCP socket each side (TCP_NODELAY), blocking read and
+ *           write: one wake-up per direction;
+ *   - tcp+epoll: the same, each side waiting in epoll_wait before it reads,
+ *           as an event loop (the frontend's) does;
+ *   - zmq:  a ZeroMQ DEALER (client) and ROUTER (server), blocking
+ *           zmq_send / zmq_recv, as kvrail's router and its clients talk:
+ *           each direction crosses the sender's I/O thread and the
+ *           receiver's I/O thread as well as the socket.
+ * Also the cost of one system call (getpid through syscall(2), so libc
+ * cannot cache it), which sets the price of every call above.  Prints a
+ * markdown table of round-trip p50 / p99 / mean in microseconds.
+ */
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void die(const char *what)
+{
+    fprintf(stderr, "kvr-pingpong: %s: %s\n", what, strerror(errno));
+    exit(1);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void report(const char *name, uint64_t *rtt, int n)
+{
+    qsort(rtt, (size_t)n, sizeof(*rtt), cmp_u64);
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += (double)rtt[i];
+    printf("| %s | %.1f | %.1f | %.1f |\n", name, (double)rtt[n / 2] / 1e3,
+           (double)rtt[(size_t)n * 99 / 100] / 1e3, sum / n / 1e3);
+    fflush(stdout);
+}
+
+static void full_io(int fd, char *buf, size_t len, bool wr)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t r = wr ? write(fd, buf + done, len - done) : read(fd, buf + done, len - done);
+        if (r <= 0) {
+            if (r < 0 && errno == EINTR)
+                continue;
+            die(wr ? "write" : "read (peer gone)");
+        }
+        done += (size_t)r;
+    }
+}
+
+/* Waits in epoll_wait until fd is readable (ep: an epoll set holding fd). */
+static void wait_readable(int ep)
+{
+    struct epoll_event ev;
+    while (epoll_wait(ep, &ev, 1, 10000) != 1)
+        if (errno != EINTR)
+            die("epoll_wait");
+}
+
+static int epoll_of(int fd)
+{
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
+    if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0)
+        die("epoll");
+    return ep;
+}
+
+static void tcp_run(const char *name, bool use_epoll, int rounds, size_t size, uint64_t *rtt)
+{
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof(a);
+    if (ls < 0 || bind(ls, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(ls, 1) != 0 ||
+        getsockname(ls, (struct sockaddr *)&a, &al) != 0)
+        die("listen");
+    int one = 1;
+    char *buf = calloc(1, size);
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork");
+    if (pid == 0) { /* the server: echo */
+        int s = accept(ls, NULL, NULL);
+        if (s < 0)
+            die("accept");
+        setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        int ep = use_epoll ? epoll_of(s) : -1;
+        for (int i = 0; i < rounds; i++) {
+            if (use_epoll)
+                wait_readable(ep);
+            full_io(s, buf, size, false);
+            full_io(s, buf, size, true);
+        }
+        _exit(0);
+    }
+    close(ls);
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof(a)) != 0)
+        die("connect");
+    setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    int ep = use_epoll ? epoll_of(s) : -1;
+    for (int i = 0; i < rounds; i++) {
+        uint64_t t0 = now_ns();
+        full_io(s, buf, size, true);
+        if (use_epoll)
+            wait_readable(ep);
+        full_io(s, buf, size, false);
+        rtt[i] = now_ns() - t0;
+    }
+    close(s);
+    waitpid(pid, NULL, 0);
+    free(buf);
+    report(name, rtt, rounds);
+}
+
+static void zmq_run(int rounds, size_t size, uint64_t *rtt)
+{
+    /* a free port: bind a ROUTER to an ephemeral one in the child and tell
+     * the parent through a pipe */
+    int pfd[2];
+    if (pipe(pfd) != 0)
+        die("pipe");
+    char *buf = calloc(1, size);
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork");
+    if (pid == 0) {
+        void *ctx = zmq_ctx_new();
+        void *r = zmq_socket(ctx, ZMQ_ROUTER);
+        char ep[256];
+        size_t el = sizeof(ep);
+        if (zmq_bind(r, "tcp://127.0.0.1:*") != 0 ||
+            zmq_getsockopt(r, ZMQ_LAST_ENDPOINT, ep, &el) != 0)
+            die("zmq_bind");
+        if (write(pfd[1], ep, strlen(ep) + 1) < 0)
+            die("pipe write");
+        char id[256];
+        for (int i = 0; i < rounds; i++) {
+            int il = zmq_recv(r, id, sizeof(id), 0);
+            if (il < 0 || zmq_recv(r, buf, size, 0) < 0)
+                die("zmq_recv (server)");
+            zmq_send(r, id, (size_t)il, ZMQ_SNDMORE);
+            zmq_send(r, buf, size, 0);
+        }
+        int zero = 0;
+        zmq_setsockopt(r, ZMQ_LINGER, &zero, sizeof(zero));
+        zmq_close(r);
+        zmq_ctx_term(ctx);
+        _exit(0);
+    }
+    char ep[256] = {0};
+    if (read(pfd[0], ep, sizeof(ep) - 1) <= 0)
+        die("pipe read");
+    void *ctx = zmq_ctx_new();
+    void *d = zmq_socket(ctx, ZMQ_DEALER);
+    if (zmq_connect(d, ep) != 0)
+        die("zmq_connect");
+    for (int i = 0; i < rounds; i++) {
+        uint64_t t0 = now_ns();
+        if (zmq_send(d, buf, size, 0) < 0 || zmq_recv(d, buf, size, 0) < 0)
+            die("zmq send/recv (client)");
+        rtt[i] = now_ns() - t0;
+    }
+    int zero = 0;
+    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    waitpid(pid, NULL, 0);
+    free(buf);
+    report("zmq (DEALER-ROUTER)", rtt, rounds);
+}
+
+int main(int argc, char **argv)
+{
+    int rounds = 20000;
+    size_t size = 64;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
+            rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--size") && i + 1 < argc)
+            size = (size_t)atol(argv[++i]);
+        else if (!strcmp(argv[i], "--help")) {
+            printf("usage: kvr-pingpong [--rounds N] [--size BYTES]\n");
+            return 0;
+        } else {
+            fprintf(stderr, "kvr-pingpong: unknown argument '%s' (see --help)\n", argv[i]);
+            return 2;
+        }
+    }
+    if (rounds < 100 || size < 1 || size > (1u << 20)) {
+        fprintf(stderr, "kvr-pingpong: --rounds at least 100, --size 1 .. 1 MiB\n");
+        return 2;
+    }
+    uint64_t *rtt = calloc((size_t)rounds, sizeof(*rtt));
+    if (!rtt)
+        die("calloc");
+    signal(SIGPIPE, SIG_IGN);
+    printf("| %d round trips of %zu bytes | p50 us | p99 us | mean us |\n|---|---:|---:|---:|\n",
+           rounds, size);
+    /* one system call */
+    for (int i = 0; i < rounds; i++) {
+        uint64_t t0 = now_ns();
+        for (int k = 0; k < 10; k++)
+            syscall(SYS_getpid);
+        rtt[i] = (now_ns() - t0) / 10;
+    }
+    report("one system call (getpid)", rtt, rounds);
+    tcp_run("tcp", false, rounds, size, rtt);
+    tcp_run("tcp + epoll_wait", true, rounds, size, rtt);
+    zmq_run(rounds, size, rtt);
+    free(rtt);
+    return 0;
+}
