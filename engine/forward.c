@@ -279,6 +279,27 @@ kvr_status_t kvr_engine_decode(kvr_ctx_t *ctx, const struct kvr_kv_pool *pool,
 
 /* ------------------------------------------------------------ context */
 
+static const char *const numerics_names[] = {
+    [KVR_NUMERICS_F32] = "f32",
+    [KVR_NUMERICS_BF16DOT] = "bf16dot",
+};
+
+const char *kvr_numerics_name(int32_t numerics)
+{
+    return numerics >= 0 && numerics <= KVR_NUMERICS_BF16DOT ? numerics_names[numerics] : "?";
+}
+
+kvr_status_t kvr_numerics_parse(const char *name, int32_t *numerics_p)
+{
+    for (int32_t n = KVR_NUMERICS_F32; name && n <= KVR_NUMERICS_BF16DOT; n++) {
+        if (!strcmp(name, numerics_names[n])) {
+            *numerics_p = n;
+            return KVR_OK;
+        }
+    }
+    return KVR_ERR_INVALID;
+}
+
 void kvr_ctx_destroy(kvr_ctx_t *ctx)
 {
     if (!ctx)
@@ -310,10 +331,19 @@ kvr_status_t kvr_ctx_create(const kvr_model_t *m, const struct kvr_ctx_opts *opt
         ERR("kvr_ctx_create: negative option");
         return KVR_ERR_INVALID;
     }
+    if (!strcmp(kvr_numerics_name(o.numerics), "?")) {
+        ERR("kvr_ctx_create: numerics %d is not a mode (f32, bf16dot)", o.numerics);
+        return KVR_ERR_INVALID;
+    }
     const struct kvr_compute_ops *ops = kvr_compute_backend_find(o.backend);
     if (!ops) {
         ERR("compute backend \"%s\" not available (cpu)", o.backend);
         return KVR_ERR_NOT_FOUND;
+    }
+    if (o.numerics != KVR_NUMERICS_F32 && strcmp(ops->name, "cpu")) {
+        ERR("numerics %s is a CPU backend mode; backend %s computes f32 only (set numerics f32)",
+            kvr_numerics_name(o.numerics), ops->name);
+        return KVR_ERR_UNSUPPORTED;
     }
     if (o.n_threads == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -342,10 +372,19 @@ kvr_status_t kvr_ctx_create(const kvr_model_t *m, const struct kvr_ctx_opts *opt
         .max_seq_len = o.max_seq_len,
         .max_head_dim = c->head_dim,
         .gemv_max_rows = KVR_GEMV_ROWS,
+        .numerics = o.numerics,
     };
     if (qd > bp.max_cols)
         bp.max_cols = qd;
     kvr_status_t st = ops->create(&bp, &ctx->be);
+    if (st == KVR_ERR_UNSUPPORTED && o.numerics == KVR_NUMERICS_BF16DOT) {
+        ERR("numerics bf16dot needs a CPU with AVX512-BF16 (vdpbf16ps: avx512_bf16 in "
+            "/proc/cpuinfo, e.g. Zen 4+, Cooper Lake, Sapphire Rapids+) and this one lacks it%s; "
+            "run every node with numerics f32",
+            getenv("KVR_CPU_MATMUL") ? " (or KVR_CPU_MATMUL chose a lower kernel version)" : "");
+        free(ctx);
+        return st;
+    }
     if (st != KVR_OK) {
         ERR("compute backend %s: %s", ops->name, kvr_status_str(st));
         free(ctx);

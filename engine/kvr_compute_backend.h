@@ -37,6 +37,8 @@ struct kvr_backend_params {
     /* unused since every matmul is batch-invariant at any M; kept so that
      * callers that set it still compile */
     int32_t gemv_max_rows;
+    int32_t numerics; /* enum kvr_numerics; create fails KVR_ERR_UNSUPPORTED
+                         for a mode the backend or CPU cannot compute */
 };
 
 #define KVR_GEMV_ROWS 32 /* the former gemv_max_rows; no longer a limit */

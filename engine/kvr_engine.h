@@ -159,6 +159,22 @@ struct kvr_kv_pool {
 
 /* --------------------------------------------------------------- context */
 
+/* How the matmuls of bf16 weights compute (kvr_ctx_opts.numerics).  The
+ * bits differ between modes, so every node of a cluster runs one (the KV
+ * layout descriptor carries it, docs/engine.md "Numerics"). */
+enum kvr_numerics {
+    KVR_NUMERICS_F32 = 0,     /* default: weights widened to f32, f32 FMA on f32 activations */
+    KVR_NUMERICS_BF16DOT = 1, /* bf16 weights: activations rounded to bf16, AVX512-BF16
+                                 vdpbf16ps (CPUs with avx512_bf16 only); other dtypes as f32 */
+};
+
+/** "f32" or "bf16dot"; "?" for an unknown mode. */
+const char *kvr_numerics_name(int32_t numerics);
+
+/** Parses a numerics mode name ("f32", "bf16dot") into *numerics_p.
+ *  @return KVR_OK; KVR_ERR_INVALID (not one of them; *numerics_p untouched). */
+kvr_status_t kvr_numerics_parse(const char *name, int32_t *numerics_p);
+
 struct kvr_ctx_opts {
     const char *backend; /* "cpu" (default, NULL)                          */
     int32_t n_threads;   /* 0 = number of online cores                     */
@@ -166,12 +182,15 @@ struct kvr_ctx_opts {
     int32_t max_tokens;  /* most tokens one forward chunk computes; longer
                             prefills are split internally; 0 = 512         */
     int32_t max_seq_len; /* longest sequence; 0 = max_position_embeddings  */
+    int32_t numerics;    /* enum kvr_numerics; 0 = KVR_NUMERICS_F32        */
 };
 
 /** Creates a compute context for model (which must outlive it).  opts may be
  *  NULL (all defaults).
- *  @return KVR_OK; KVR_ERR_INVALID (negative values); KVR_ERR_NOT_FOUND
- *          (no such backend); KVR_ERR_NO_MEMORY. */
+ *  @return KVR_OK; KVR_ERR_INVALID (negative values, unknown numerics);
+ *          KVR_ERR_NOT_FOUND (no such backend); KVR_ERR_UNSUPPORTED (numerics
+ *          bf16dot on a backend or CPU without AVX512-BF16: never a silent
+ *          fall-back); KVR_ERR_NO_MEMORY. */
 kvr_status_t kvr_ctx_create(const kvr_model_t *m, const struct kvr_ctx_opts *opts,
                             kvr_ctx_t **ctx_p, char *err, size_t err_len);
 void kvr_ctx_destroy(kvr_ctx_t *ctx);

@@ -56,6 +56,9 @@ struct cpu_backend {
     float *qpad;         /* [n_threads][ATTN_RQ][head_dim rounded up to 16] */
     kvr_tp_fn mm_task;   /* the matmul kernel version for this CPU */
     kvr_tp_fn attn_task; /* the attention version, the same pick */
+    int32_t numerics;    /* enum kvr_numerics */
+    uint16_t *xbf;       /* bf16dot: [max_rows][xbf_ld] x rounded to bf16, zero-padded */
+    size_t xbf_ld;       /* max_cols rounded up to 32 */
 };
 
 static struct cpu_backend *cpu(struct kvr_compute_backend *be)
@@ -531,6 +534,174 @@ static int cpu_version(void)
 }
 #endif
 
+/* ------------------------------------------------------------ bf16dot */
+
+/* numerics bf16dot (KVR_NUMERICS_BF16DOT), bf16 weights only: x rounded to
+ * bf16 (vcvtne2ps2bf16: to nearest even), then each output is one dot
+ * product of vdpbf16ps steps, 32 products a step (pairs of lanes into 16
+ * f32 lanes), over K in order (the K tail: weights loaded under a mask,
+ * x zero-padded in its scratch), then hsum()'s tree, + bias.  As batch
+ * invariant as the f32 kernel (an element's rounding and a dot product's
+ * order depend on nothing but the row), with other bits: a node in this
+ * mode and one in f32 give different logits, and a CPU without AVX512-BF16
+ * cannot compute it (cpu_create refuses the mode there).  Twice the
+ * products per instruction of widening to f32 FMAs, and no widening. */
+#if defined(__OPTIMIZE__) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#define DP_TARGET __attribute__((target("arch=x86-64-v4,avx512bf16")))
+
+struct dp_round_job {
+    uint16_t *out; /* [M][ld] */
+    size_t ld;
+    const float *x; /* [M][K] */
+    int32_t M;
+    size_t K;
+};
+
+DP_TARGET static void dp_round_task(void *arg, int ith, int nth, int tid)
+{
+    const struct dp_round_job *j = arg;
+    for (int32_t m = ith; m < j->M; m += nth) {
+        const float *xr = j->x + (size_t)m * j->K;
+        uint16_t *o = j->out + (size_t)m * j->ld;
+        for (size_t k = 0; k < j->ld; k += 32) {
+            size_t n0 = k < j->K ? j->K - k : 0, n1 = k + 16 < j->K ? j->K - k - 16 : 0;
+            __mmask16 m0 = n0 >= 16 ? 0xffff : (__mmask16)((1u << n0) - 1);
+            __mmask16 m1 = n1 >= 16 ? 0xffff : (__mmask16)((1u << n1) - 1);
+            __m512 lo = _mm512_maskz_loadu_ps(m0, xr + k);
+            __m512 hi = _mm512_maskz_loadu_ps(m1, xr + k + 16);
+            _mm512_storeu_si512(o + k, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+    }
+}
+
+/* micro() for bf16dot: R weight rows (bf16, stride ldw elements) x C rows
+ * of rounded x (stride ldx_), 16-lane vdpbf16ps accumulators over K. */
+DP_TARGET static inline __attribute__((always_inline)) void
+micro_dp(const int R, const int C, const uint16_t *w, size_t ldw, const uint16_t *x, size_t ldx_,
+         size_t K, float *out, size_t ldo)
+{
+    __m512 acc[4][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            acc[r][c] = _mm512_setzero_ps();
+    size_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        __m512bh wv[4], xv[4];
+        for (int r = 0; r < R; r++)
+            wv[r] = (__m512bh)_mm512_loadu_si512(w + (size_t)r * ldw + k);
+        for (int c = 0; c < C; c++)
+            xv[c] = (__m512bh)_mm512_loadu_si512(x + (size_t)c * ldx_ + k);
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++)
+                acc[r][c] = _mm512_dpbf16_ps(acc[r][c], wv[r], xv[c]);
+    }
+    if (k < K) { /* weights under a mask (never past the row), x zero-padded */
+        __mmask32 mk = (__mmask32)((1ull << (K - k)) - 1);
+        __m512bh wv[4], xv[4];
+        for (int r = 0; r < R; r++)
+            wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(mk, w + (size_t)r * ldw + k);
+        for (int c = 0; c < C; c++)
+            xv[c] = (__m512bh)_mm512_loadu_si512(x + (size_t)c * ldx_ + k);
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++)
+                acc[r][c] = _mm512_dpbf16_ps(acc[r][c], wv[r], xv[c]);
+    }
+    if (R == 4 && C == 4 && ldo == 4) {
+        v16f a16[16];
+        for (int r = 0; r < 4; r++)
+            for (int c = 0; c < 4; c++)
+                a16[c * 4 + r] = (v16f)acc[r][c];
+        v16f sums = hsum16(a16);
+        memcpy(out, &sums, 64);
+        return;
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            out[(size_t)c * ldo + (size_t)r] = hsum((v16f)acc[r][c]);
+}
+
+/* mm_panel() for bf16dot */
+DP_TARGET static inline __attribute__((always_inline)) void
+mm_panel_dp(const struct mm_job *j, const uint16_t *wp, int R, int32_t n, int32_t m0, int32_t m1)
+{
+    const size_t K = (size_t)j->w->cols, N = (size_t)j->w->rows, ld = j->c->xbf_ld;
+    float tmp[4 * 4];
+    for (int32_t m = m0; m < m1; m += 4) {
+        int C = m1 - m < 4 ? m1 - m : 4;
+        const uint16_t *xr = j->c->xbf + (size_t)m * ld;
+#define MICRO(r, c) micro_dp(r, c, wp, K, xr, ld, K, tmp, 4)
+        if (R == 4) {
+            switch (C) {
+            case 4:
+                MICRO(4, 4);
+                break;
+            case 3:
+                MICRO(4, 3);
+                break;
+            case 2:
+                MICRO(4, 2);
+                break;
+            default:
+                MICRO(4, 1);
+                break;
+            }
+        } else {
+            switch (C) {
+            case 4:
+                MICRO(1, 4);
+                break;
+            case 3:
+                MICRO(1, 3);
+                break;
+            case 2:
+                MICRO(1, 2);
+                break;
+            default:
+                MICRO(1, 1);
+                break;
+            }
+        }
+#undef MICRO
+        for (int c = 0; c < C; c++) {
+            for (int r = 0; r < R; r++) {
+                float v = tmp[c * 4 + r] + (j->bias ? j->bias[n + r] : 0.0f);
+                float *yp = &j->y[(size_t)(m + c) * N + (size_t)(n + r)];
+                *yp = j->accumulate ? *yp + v : v;
+            }
+        }
+    }
+}
+
+/* mm_rows() for bf16dot: the same x blocks (of bf16 rows), panels and
+ * decode prefetch; the weights are read as they are, never widened. */
+DP_TARGET static void mm_task_dp(void *arg, int ith, int nth, int tid)
+{
+    const struct mm_job *j = arg;
+    const int32_t N = j->w->rows;
+    const int32_t n0 = ith * j->per, n1 = n0 + j->per < N ? n0 + j->per : N;
+    const size_t K = (size_t)j->w->cols;
+    const uint16_t *W = j->w->data;
+    int32_t mb = (int32_t)(MM_XBLOCK / (j->c->xbf_ld * 2)) & ~3;
+    if (mb < 4)
+        mb = 4;
+    for (int32_t m0 = 0; m0 < j->M; m0 += mb) {
+        int32_t m1 = j->M - m0 < mb ? j->M : m0 + mb;
+        int32_t ahead = j->M <= MM_PREFETCH_ROWS && m0 == 0 ? MM_PREFETCH : 0;
+        for (int32_t n = n0; n < n1;) {
+            int R = n1 - n >= 4 ? 4 : 1;
+            if (ahead && n + 4 * ahead + 4 <= n1) {
+                const char *pp = (const char *)(W + (size_t)(n + 4 * ahead) * K);
+                for (size_t o = 0; o < 4 * K * 2; o += 64)
+                    __builtin_prefetch(pp + o, 0, 3);
+            }
+            mm_panel_dp(j, W + (size_t)n * K, R, n, m0, m1);
+            n += R;
+        }
+    }
+}
+#endif
+
 /* Threads split W's rows (multiples of 4), never K: batch-invariant at
  * every M, so there is one kernel for decode and prefill alike. */
 static void cpu_matmul(struct kvr_compute_backend *be, float *y, const float *x, int32_t M,
@@ -541,6 +712,14 @@ static void cpu_matmul(struct kvr_compute_backend *be, float *y, const float *x,
     struct mm_job j = {c, y, x, M, w, bias, (flags & KVR_MM_ACCUMULATE) != 0, 0};
     int n_chunks = chunks_for(c, (double)M * N * w->cols, N / 16);
     j.per = ((N + n_chunks - 1) / n_chunks + 3) & ~3;
+#if defined(__OPTIMIZE__) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    if (c->numerics == KVR_NUMERICS_BF16DOT && w->dtype == KVR_DT_BF16) {
+        struct dp_round_job rj = {c->xbf, c->xbf_ld, x, M, (size_t)w->cols};
+        kvr_tp_run(c->tp, dp_round_task, &rj, chunks_for(c, (double)M * w->cols * 4, M));
+        kvr_tp_run(c->tp, mm_task_dp, &j, (N + j.per - 1) / j.per);
+        return;
+    }
+#endif
     kvr_tp_run(c->tp, c->mm_task, &j, (N + j.per - 1) / j.per);
 }
 
@@ -997,6 +1176,7 @@ static void cpu_destroy(struct kvr_compute_backend *be)
     free(c->scores);
     free(c->grp);
     free(c->qpad);
+    free(c->xbf);
     free(c);
 }
 
@@ -1011,8 +1191,27 @@ static kvr_status_t cpu_create(const struct kvr_backend_params *p,
     c->p = *p;
     c->mm_task = mm_task_base;
     c->attn_task = attn_task_base;
+#if !(defined(__OPTIMIZE__) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__))
+    if (p->numerics != KVR_NUMERICS_F32) { /* no bf16dot kernel in this build */
+        free(c);
+        return KVR_ERR_UNSUPPORTED;
+    }
+#endif
 #if defined(__OPTIMIZE__) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
     int ver = cpu_version();
+    if (p->numerics == KVR_NUMERICS_BF16DOT) {
+        if (ver != 4 || !__builtin_cpu_supports("avx512bf16")) {
+            free(c);
+            return KVR_ERR_UNSUPPORTED; /* kvr_ctx_create says why */
+        }
+        c->numerics = KVR_NUMERICS_BF16DOT;
+        c->xbf_ld = ((size_t)p->max_cols + 31) & ~(size_t)31;
+        c->xbf = aligned_alloc(64, (size_t)p->max_rows * c->xbf_ld * 2);
+        if (!c->xbf) {
+            free(c);
+            return KVR_ERR_NO_MEMORY;
+        }
+    }
     if (ver == 4) {
         c->mm_task = mm_task_v4;
         c->attn_task = attn_task_v4;
