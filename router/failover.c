@@ -197,6 +197,17 @@ void rt_failover_tick(rt_t *r, uint64_t now)
         bool awaiting_first = (q->state == RQ_RESERVING || q->state == RQ_PREFILLING) &&
                               !q->t_first && q->n_out == q->index_base;
         if (awaiting_first && now > q->prefill_deadline) {
+            if (q->d >= 0 && (q->state == RQ_RESERVING || q->local)) {
+                /* D's: a Reserve unanswered (it heartbeats, or its heartbeat
+                 * timeout is longer than prefill_ms), or its own prefill not
+                 * done: another decode node takes the request */
+                rt_failover_decode_failed(r, q, now, KVR_ERR_TIMEOUT,
+                                          q->state == RQ_RESERVING
+                                              ? "Reserve unanswered within timeouts.prefill_ms"
+                                              : "its local prefill gave no first token within "
+                                                "timeouts.prefill_ms");
+                continue;
+            }
             if (q->state == RQ_PREFILLING && !q->prefill_done && !q->local && q->p >= 0)
                 r->nodes[q->p].blamed++; /* D reserved; P did not finish */
             rt_failover_prefill_failed(r, q, now, KVR_ERR_TIMEOUT,

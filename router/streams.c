@@ -173,7 +173,11 @@ void rt_on_token(rt_t *r, struct rt_node *n, const Kvrail__Token *m, uint64_t no
             const char *why = m->status && m->status->message ? m->status->message : "";
             if (q->n_out == q->index_base && !q->prefill_done) {
                 q->d_held = false; /* D ended it: a retry reserves again */
-                rt_failover_prefill_failed(r, q, now, code, why);
+                /* D's own prefill failed: another decode node takes it */
+                if (q->local)
+                    rt_failover_decode_failed(r, q, now, code, why);
+                else
+                    rt_failover_prefill_failed(r, q, now, code, why);
                 return;
             }
             rt_req_finish(r, q, code, KVRAIL__FINISH_REASON__FINISH_ERROR, true, now,

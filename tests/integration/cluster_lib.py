@@ -256,7 +256,7 @@ class Cluster:
     def __init__(self, bins, workdir, model, n_prefill=1, n_decode=1, pool_blocks=2048,
                  transport="ucx", tls="", queue_ms=5000, lease_ms=10000, local_prefill_tokens=32,
                  max_batch=32, hosts=None, netns=None, threads=1, extra_yaml="",
-                 heartbeat_timeout_ms=3000):
+                 heartbeat_timeout_ms=3000, prefill_ms=60000):
         self.bins = bins
         self.dir = workdir
         self.model = model
@@ -276,7 +276,7 @@ class Cluster:
                   "  node_bind: tcp://0.0.0.0:%s" % self.node_ep.rsplit(":", 1)[1]]
         y += ["timeouts:", "  lease_ms: %d" % lease_ms, "  queue_ms: %d" % queue_ms,
               "  heartbeat_ms: 200", "  heartbeat_timeout_ms: %d" % heartbeat_timeout_ms,
-              "  request_ms: 120000",
+              "  request_ms: 120000", "  prefill_ms: %d" % prefill_ms,
               "thresholds:", "  local_prefill_tokens: %d" % local_prefill_tokens,
               "limits:", "  max_queue: 256", "  prefill_retries: 2", "nodes:",
               "  - name: router", "    role: router"]
@@ -422,10 +422,13 @@ class Cluster:
             return 0
 
     def kill(self, name, sig=signal.SIGKILL):
+        """Sends sig to the node's process group; waits for it to end unless
+        sig is SIGSTOP or SIGCONT."""
         for n, p in self.procs:
             if n == name and p.poll() is None:
                 killgroup(p, sig)
-                p.wait(timeout=10)
+                if sig not in (signal.SIGSTOP, signal.SIGCONT):
+                    p.wait(timeout=10)
 
     def loadgen_start(self, prompts, extra=(), name="load", timeout=240):
         """Starts kvrail-loadgen in the background; finish with loadgen_wait."""
