@@ -65,11 +65,12 @@
 
 /* PQ_RETIRING: failed or canceled, but writes it posted are still in flight:
  * its lists and local blocks (which the transport may still read) are kept
- * until they complete, the peer fails, or KVR_PREFILL_RETIRE_MS pass
- * (check_active), so that the loop never waits for a stalled decode node. */
+ * until they complete, the peer fails, or the write lease runs out (half a
+ * lease after its last sign of life went to the decode node, as in
+ * write_lease_lost: past that the decode node may fence this writer out and
+ * reuse the blocks, so the peer is aborted and its writes end), so that the
+ * loop never waits for a stalled decode node (check_active). */
 enum preq_state { PQ_QUEUED, PQ_COMPUTING, PQ_AWAIT_TARGET, PQ_DRAINING, PQ_RETIRING };
-
-#define KVR_PREFILL_RETIRE_MS 2000 /* a failed request's writes: then the peer is failed */
 
 struct dpeer {
     struct dpeer *next;
@@ -553,7 +554,7 @@ static void req_fail(struct prefill *p, struct preq *r, kvr_status_t code, const
     if (writes_inflight(p, r)) { /* check_active frees it: the loop does not wait */
         r->state = PQ_RETIRING;
         r->canceled = true; /* no longer found by its id */
-        r->deadline = kvr_now_ns() + KVR_PREFILL_RETIRE_MS * 1000000ull;
+        r->deadline = r->t_progress + (uint64_t)r->lease_ms * 1000000ull / 2;
         r->next = p->active;
         p->active = r;
         return;
@@ -1187,7 +1188,7 @@ static void check_active(struct prefill *p)
                     continue;
                 /* a live peer that completes nothing: its lists end with it */
                 kvr_xfer_peer_abort(r->peer->peer, "writes of a failed request still in flight "
-                                                   "after KVR_PREFILL_RETIRE_MS");
+                                                   "when its write lease ran out");
                 r->peer->failed = true;
             }
             unlink_req(&p->active, r);
