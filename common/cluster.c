@@ -464,6 +464,14 @@ static kvr_status_t parse_root(struct ctx *c, const yaml_node_t *root, kvr_clust
                           "'%s' is not a KV dtype (want f32: full precision, the default; bf16 "
                           "or f16: half the KV memory and transfer bytes)",
                           cl->kv_dtype);
+        } else if (!strcmp(k, "numerics")) {
+            st = get_str(c, v, k, cl->numerics, sizeof(cl->numerics));
+            if (st == KVR_OK && strcmp(cl->numerics, "f32") && strcmp(cl->numerics, "bf16dot"))
+                st = fail(c, v, k,
+                          "'%s' is not a numerics mode (want f32: the default, any AVX2 CPU; "
+                          "bf16dot: bf16 weights on AVX512-BF16 vdpbf16ps, every node's CPU "
+                          "must have avx512_bf16)",
+                          cl->numerics);
         } else if (!strcmp(k, "router")) {
             router = v;
             st = parse_router(c, v, cl);
@@ -525,10 +533,10 @@ static kvr_status_t parse_root(struct ctx *c, const yaml_node_t *root, kvr_clust
         } else if (!strcmp(k, "nodes")) {
             nodes = v;
         } else {
-            st = fail(
-                c, v, k,
-                "unknown top-level key (known: cluster, model, block_size, kv_dtype, auth, keys, "
-                "router, timeouts, thresholds, limits, nodes)");
+            st = fail(c, v, k,
+                      "unknown top-level key (known: cluster, model, block_size, kv_dtype, "
+                      "numerics, auth, "
+                      "keys, router, timeouts, thresholds, limits, nodes)");
         }
         if (st != KVR_OK)
             return st;
@@ -582,6 +590,7 @@ static void set_defaults(kvr_cluster_t *cl)
     strcpy(cl->name, "kvrail");
     cl->block_size = 16;
     strcpy(cl->kv_dtype, "f32");
+    strcpy(cl->numerics, "f32");
     cl->timeouts.lease_ms = 10000;
     cl->timeouts.queue_ms = 5000;
     cl->timeouts.heartbeat_ms = 1000;

@@ -77,6 +77,7 @@ typedef struct kvr_cluster {
     char model_dir[KVR_CLUSTER_PATH_MAX];      /* resolved against the file's directory */
     uint32_t block_size;                       /* tokens per KV block, default 16 */
     char kv_dtype[8];                          /* KV pool elements: f32 (default), bf16, f16 */
+    char numerics[16];                         /* engine numerics: f32 (default), bf16dot */
     char client_endpoint[KVR_CLUSTER_STR_MAX]; /* router.client, tcp://host:port */
     char node_endpoint[KVR_CLUSTER_STR_MAX];   /* router.node */
     char client_bind[KVR_CLUSTER_STR_MAX];     /* router.client_bind, default = client */

@@ -277,6 +277,7 @@ void kvr_node_fill_register(kvr_node_t *node, Kvrail__RegisterRequest *r, Kvrail
     l->head_dim = (uint32_t)node->layout.head_dim;
     l->block_size = (uint32_t)node->layout.block_size;
     l->dtype = (char *)kvr_kv_dtype_name(node->layout.dtype);
+    l->numerics = node->cluster->numerics;
     l->max_context = (uint32_t)kvr_model_max_pos(node->model);
     l->vocab_size = (uint32_t)kvr_model_vocab(node->model);
     r->node_name = node->name;
@@ -431,7 +432,14 @@ static int poll_once(kvr_node_t *node, int timeout_ms)
 kvr_status_t kvr_node_start_worker(kvr_node_t *node, const struct kvr_ctx_opts *opts, char *err,
                                    size_t err_len)
 {
-    return kvr_worker_create(node->zctx, node->model, opts, &node->worker, err, err_len);
+    /* the cluster file's numerics (checked by its parser); a CPU that
+     * cannot compute them fails here, at start-up, saying so */
+    struct kvr_ctx_opts o = *opts;
+    if (kvr_numerics_parse(node->cluster->numerics, &o.numerics) != KVR_OK) {
+        snprintf(err, err_len, "numerics '%s' is not f32 or bf16dot", node->cluster->numerics);
+        return KVR_ERR_INVALID;
+    }
+    return kvr_worker_create(node->zctx, node->model, &o, &node->worker, err, err_len);
 }
 
 void kvr_node_stats_dirty(kvr_node_t *node)

@@ -140,6 +140,16 @@ static kvr_status_t check_layout(rt_t *r, const struct rt_node *self,
                  l->dtype ? l->dtype : "", r->cl->kv_dtype);
         return KVR_ERR_MISMATCH;
     }
+    /* the engine's numerics: another mode computes other logits ("" from a
+     * node that predates the field: f32) */
+    const char *num = l->numerics && l->numerics[0] ? l->numerics : "f32";
+    if (strcmp(num, r->cl->numerics)) {
+        snprintf(err, err_len,
+                 "register: KV layout field numerics is '%s', the cluster file says numerics %s "
+                 "(every node must compute with the router's cluster file's numerics)",
+                 num, r->cl->numerics);
+        return KVR_ERR_MISMATCH;
+    }
     if (q->transport_address.len > RT_MAX_ADDR_BYTES || q->n_layer_rkeys > RT_MAX_RKEYS ||
         q->n_layer_base > RT_MAX_RKEYS) {
         snprintf(err, err_len,

@@ -8,10 +8,12 @@ values.
 1P+1D (auth: none) and a third node entry, prefill9, that nothing runs:
 kvr-rogue-peer registers as prefill9 with the live nodes' model
 fingerprint and their layout but for one field at a time (layers,
-kv_heads, head_dim), and with another KV dtype.  Asserted: each is refused
-(a non-zero REPLY) with "field F is X, but live node N has Y" (the dtype:
-the cluster file's value and its own); the exact layout registers (the
-control); the real nodes stay alive.
+kv_heads, head_dim), with another KV dtype, and with the engine's numerics
+mode bf16dot (the cluster runs f32).  Asserted: each is refused (a non-zero
+REPLY) with "field F is X, but live node N has Y" (the dtype: the cluster
+file's value and its own; numerics: "field numerics is 'bf16dot', the
+cluster file says numerics f32"); the exact layout registers (the control);
+the real nodes stay alive.
 """
 import argparse
 import os
@@ -23,10 +25,11 @@ from cluster_lib import (Bins, Cluster, add_bin_args, check, make_model, run,  #
                          run_main, workdir)
 
 
-def register(args, c, layers, heads, hdim, dtype, fp):
+def register(args, c, layers, heads, hdim, dtype, fp, numerics=""):
     r = run([args.rogue, "--endpoint", c.node_ep, "--name", "prefill9", "--role", "prefill",
              "--layers", str(layers), "--kv-heads", str(heads), "--head-dim", str(hdim),
-             "--dtype", dtype, "--fingerprint", fp, "--wait-ms", "3000"], timeout=30)
+             "--dtype", dtype, "--numerics", numerics, "--fingerprint", fp, "--wait-ms", "3000"],
+            timeout=30)
     check(r.returncode == 0, "kvr-rogue-peer failed: %s" % r.stderr)
     line = [ln for ln in r.stdout.split("\n") if ln.startswith(("REPLY", "NO-REPLY"))]
     check(line, "kvr-rogue-peer printed no reply: %s" % r.stdout)
@@ -69,6 +72,13 @@ def main():
         print("prefill9 with dtype %s: %s" % (other, got))
         check("'%s'" % other in got and dtype in got and not got.startswith("REPLY 0 "),
               "a node with KV dtype %s was not refused naming both dtypes: %s" % (other, got))
+        # the engine's numerics mode (another mode computes other logits):
+        # refused naming the field and both modes
+        got = register(args, c, layers, heads, hdim, dtype, fp, "bf16dot")
+        print("prefill9 with numerics bf16dot: %s" % got)
+        check(re.search(r"field numerics is 'bf16dot', the cluster file says numerics f32", got) and
+              not got.startswith("REPLY 0 "),
+              "a node with numerics bf16dot was not refused naming the field: %s" % got)
         got = register(args, c, layers, heads, hdim, dtype, fp)
         print("prefill9 with the live nodes' layout (control): %s" % got)
         check(got.startswith("REPLY 0"), "the matching layout was refused: %s" % got)

@@ -14,6 +14,12 @@
  * not a cluster node's version, docs/engine.md.  Norms, SwiGLU and the
  * embedding are target_clones picked by the loader, the same in both runs.)
  *
+ * numerics bf16dot (AVX512-BF16 vdpbf16ps, one version only: other bits
+ * than these, test_engine_invariant checks its paths) is refused at context
+ * creation, with an error naming avx512_bf16, where the kernels in use
+ * lack it: KVR_CPU_MATMUL=v3 here, and on a CPU without the feature also
+ * without it; never a silent fall-back to f32.
+ *
  * Exits 77 on a CPU without both versions or in a build without them
  * (unoptimized: only the baseline is compiled).
  *
@@ -129,6 +135,39 @@ static void compare(const char *dir, const char *what)
     kvr_model_destroy(m);
 }
 
+/* numerics bf16dot where the kernels in use have no AVX512-BF16: refused */
+static void numerics_refusal(const char *dir)
+{
+    char err[512] = "";
+    kvr_model_t *m;
+    kvr_ctx_t *ctx = NULL;
+    KVR_CHECK_STATUS(kvr_model_load(dir, &m, err, sizeof(err)), KVR_OK);
+    struct kvr_ctx_opts o = {.n_threads = 1, .numerics = KVR_NUMERICS_BF16DOT};
+    setenv("KVR_CPU_MATMUL", "v3", 1);
+    kvr_status_t st = kvr_ctx_create(m, &o, &ctx, err, sizeof(err));
+    unsetenv("KVR_CPU_MATMUL");
+    printf("numerics bf16dot with the v3 kernels: %s\n", err);
+    KVR_EXPECT(st == KVR_ERR_UNSUPPORTED && !ctx, "bf16dot on v3 kernels: status %d, not refused",
+               st);
+    KVR_EXPECT(strstr(err, "numerics bf16dot") && strstr(err, "avx512_bf16"),
+               "the refusal does not name the mode and avx512_bf16: %s", err);
+    err[0] = 0;
+    st = kvr_ctx_create(m, &o, &ctx, err, sizeof(err));
+    if (__builtin_cpu_supports("avx512bf16")) {
+        KVR_EXPECT(st == KVR_OK, "bf16dot on this avx512_bf16 CPU refused: %s", err);
+    } else {
+        printf("numerics bf16dot on this CPU (no avx512_bf16): %s\n", err);
+        KVR_EXPECT(st == KVR_ERR_UNSUPPORTED && strstr(err, "avx512_bf16"),
+                   "bf16dot on a CPU without avx512_bf16: status %d, %s", st, err);
+    }
+    kvr_ctx_destroy(ctx);
+    ctx = NULL;
+    o.numerics = 7;
+    KVR_EXPECT(kvr_ctx_create(m, &o, &ctx, err, sizeof(err)) == KVR_ERR_INVALID && !ctx,
+               "numerics 7 accepted");
+    kvr_model_destroy(m);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -161,6 +200,8 @@ int main(int argc, char **argv)
         snprintf(cmd, sizeof(cmd), "%s --out %s %s >/dev/null", argv[1], d, models[i].args);
         KVR_CHECK(system(cmd) == 0);
         compare(d, models[i].what);
+        if (i == 1)
+            numerics_refusal(d);
         snprintf(cmd, sizeof(cmd), "rm -rf %s", d);
         KVR_CHECK(system(cmd) == 0);
     }

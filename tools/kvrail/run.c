@@ -46,6 +46,7 @@ struct run_opts {
     int max_tokens, threads;
     int device;       /* -1 cpu, else cuda:N (--device) */
     int32_t kv_dtype; /* enum kvr_kv_dtype */
+    int32_t numerics; /* enum kvr_numerics */
     bool json, ignore_eos, stats;
     int top_n; /* --logprobs N */
     struct kvr_sample_params sp;
@@ -61,10 +62,13 @@ static void usage(FILE *f)
                "                  [--ignore-eos] [--threads N] [--stats] [--chat-template NAME]\n"
                "                  [--presence-penalty X] [--frequency-penalty X]\n"
                "                  [--logit-bias ID:BIAS,...] [--logprobs N]\n"
-               "                  [--kv-dtype f32|bf16|f16] [--device cpu|cuda:N]\n"
+               "                  [--kv-dtype f32|bf16|f16] [--numerics f32|bf16dot]\n"
+               "                  [--device cpu|cuda:N]\n"
                "Generates in one process (no cluster); temperature 0 (default) is greedy.\n"
                "--kv-dtype: the KV cache's element type (default f32), as a cluster file's\n"
                "kv_dtype: the same output as a cluster with that kv_dtype.\n"
+               "--numerics: the engine's numerics mode (default f32), as a cluster file's\n"
+               "numerics (bf16dot: bf16 weights on AVX512-BF16; refused on a CPU without it).\n"
                "--device cuda:N runs on that GPU (a CUDA build; refused when there is none).\n"
                "--chat / --message render the model's chat template (tokenizer_config.json)\n"
                "with add_generation_prompt; --json then prints it as {\"chat_prompt\": ...}.\n");
@@ -202,6 +206,7 @@ int kvr_cmd_run(int argc, char **argv)
                                        {"message", 1, 0, 'M'},
                                        {"chat-template", 1, 0, 'N'},
                                        {"kv-dtype", 1, 0, 'K'},
+                                       {"numerics", 1, 0, 260},
                                        {"presence-penalty", 1, 0, 256},
                                        {"frequency-penalty", 1, 0, 257},
                                        {"logit-bias", 1, 0, 258},
@@ -250,6 +255,12 @@ int kvr_cmd_run(int argc, char **argv)
         case 'K':
             if (kvr_kv_dtype_parse(optarg, &o.kv_dtype) != KVR_OK) {
                 fprintf(stderr, "kvrail run: --kv-dtype: '%s' is not f32, bf16 or f16\n", optarg);
+                return 2;
+            }
+            break;
+        case 260:
+            if (kvr_numerics_parse(optarg, &o.numerics) != KVR_OK) {
+                fprintf(stderr, "kvrail run: --numerics: '%s' is not f32 or bf16dot\n", optarg);
                 return 2;
             }
             break;
@@ -425,8 +436,10 @@ int kvr_cmd_run(int argc, char **argv)
                 n_prompt, o.max_tokens, kvr_model_max_pos(m));
         goto out;
     }
-    struct kvr_ctx_opts co = {
-        .backend = kvr_run_device_backend(o.device), .n_threads = o.threads, .max_batch = 1};
+    struct kvr_ctx_opts co = {.backend = kvr_run_device_backend(o.device),
+                              .n_threads = o.threads,
+                              .max_batch = 1,
+                              .numerics = o.numerics};
     if ((st = kvr_ctx_create(m, &co, &ctx, err, sizeof(err))) != KVR_OK) {
         fprintf(stderr, "kvrail run: %s\n", err);
         goto out;
