@@ -21,7 +21,8 @@ int main(int argc, char **argv)
 {
     if (argc < 5) {
         fprintf(stderr,
-                "usage: %s MODEL TOKENS N_DECODE OUT [BLOCK_SIZE] [MAX_TOKENS] [KV_DTYPE]\n",
+                "usage: %s MODEL TOKENS N_DECODE OUT [BLOCK_SIZE] [MAX_TOKENS] [KV_DTYPE] "
+                "[NUMERICS]\n",
                 argv[0]);
         return 2;
     }
@@ -31,6 +32,11 @@ int main(int argc, char **argv)
     int32_t kv_dtype = KVR_KV_F32;
     if (argc > 7 && kvr_kv_dtype_parse(argv[7], &kv_dtype) != KVR_OK) {
         fprintf(stderr, "KV_DTYPE '%s' is not f32, bf16 or f16\n", argv[7]);
+        return 2;
+    }
+    int32_t numerics = KVR_NUMERICS_F32;
+    if (argc > 8 && kvr_numerics_parse(argv[8], &numerics) != KVR_OK) {
+        fprintf(stderr, "NUMERICS '%s' is not f32 or bf16dot\n", argv[8]);
         return 2;
     }
     int32_t toks[8192];
@@ -47,7 +53,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "load: %s: %s\n", kvr_status_name(st), err);
         return 1;
     }
-    struct kvr_ctx_opts o = {.max_tokens = max_tokens};
+    struct kvr_ctx_opts o = {.max_tokens = max_tokens, .numerics = numerics};
     kvr_ctx_t *ctx;
     if ((st = kvr_ctx_create(m, &o, &ctx, err, sizeof(err))) != KVR_OK) {
         fprintf(stderr, "ctx: %s\n", err);
