@@ -17,6 +17,7 @@ of TTFT / e2e percentiles and output tokens/s, and HTTP / protobuf ratios
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -35,6 +36,26 @@ def cpu_s(pid):
     with open("/proc/%d/stat" % pid) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def ctx_switches(pid):
+    """voluntary + involuntary context switches of every thread of a process:
+    a voluntary one is a thread that blocked (and so was woken again)"""
+    vol = invol = 0
+    for t in os.listdir("/proc/%d/task" % pid):
+        with open("/proc/%d/task/%s/status" % (pid, t)) as f:
+            for line in f:
+                if line.startswith("voluntary_ctxt_switches"):
+                    vol += int(line.split()[1])
+                elif line.startswith("nonvoluntary_ctxt_switches"):
+                    invol += int(line.split()[1])
+    return vol, invol
+
+
+def child_ctx_switches():
+    """context switches of the reaped children so far (kvrail-loadgen's runs)"""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_nvcsw, r.ru_nivcsw
 
 
 FINE = ("added_ttft", "to_router", "to_client")
@@ -71,10 +92,46 @@ def quantile_bound(b0, b1, q):
     return "+Inf"
 
 
+def strace_counts(path):
+    """{syscall: calls} from an strace -c summary"""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            p = line.split()
+            if len(p) >= 5 and p[0][0].isdigit() and p[-1] != "total":
+                out[p[-1]] = int(p[3])
+    return out
+
+
+def print_syscalls(d, rounds, requests, out_len):
+    """system calls per request of the frontend and of each loadgen path"""
+    tables = {"kvrail-frontend": strace_counts(os.path.join(d, "frontend.txt"))}
+    for k in ("protobuf", "http"):
+        tot = {}
+        for rnd in range(rounds):
+            for n, v in strace_counts(os.path.join(d, "loadgen-%s-%d.txt" % (k, rnd))).items():
+                tot[n] = tot.get(n, 0) + v
+        tables["kvrail-loadgen (%s)" % k] = tot
+    names = sorted({n for t in tables.values() for n in t},
+                   key=lambda n: -max(t.get(n, 0) for t in tables.values()))
+    n = rounds * requests
+    print("system calls per request (%d requests of %d tokens; strace -f -c)" % (n, out_len))
+    print("| call | " + " | ".join(tables) + " |")
+    print("|---|" + "---:|" * len(tables))
+    for name in names:
+        if max(t.get(name, 0) for t in tables.values()) >= n / 10:
+            print("| %s | " % name + " | ".join("%.1f" % (t.get(name, 0) / n)
+                                               for t in tables.values()) + " |")
+    print("| all | " + " | ".join("%.1f" % (sum(t.values()) / n) for t in tables.values()) + " |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     cl.add_bin_args(ap)
     ap.add_argument("--frontend", required=True)
+    ap.add_argument("--frontend-b", metavar="BIN",
+                    help="a second kvrail-frontend binary (another build), run beside the first "
+                         "in every round: an A/B of two frontends under the same load")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--prompt-len", type=int, default=64)
@@ -83,6 +140,10 @@ def main():
     ap.add_argument("--mkmodel-args", default="", help="extra kvrail-mkmodel arguments")
     ap.add_argument("--perf-record", metavar="FILE",
                     help="record the frontend's profile (perf record -g) over the rounds")
+    ap.add_argument("--strace", metavar="DIR",
+                    help="count system calls (strace -f -c) of the frontend and of both "
+                         "kvrail-loadgen runs into DIR, and print them per request (slows "
+                         "every process down: the timings of such a run do not count)")
     a = ap.parse_args()
     bins = cl.Bins(a)
     work = tempfile.mkdtemp(prefix="kvr-fe-bench-")
@@ -96,43 +157,91 @@ def main():
         base = "http://127.0.0.1:%d" % port
         fe = cl.spawn([a.frontend, "--config", c.config, "--listen", "127.0.0.1:%d" % port],
                  stdout=open(os.path.join(work, "frontend.log"), "w"), stderr=subprocess.STDOUT)
-        for _ in range(200):
-            try:
-                if urllib.request.urlopen(base + "/ready", timeout=2).status == 200:
-                    break
-            except OSError:
-                time.sleep(0.1)
+        bases = {"http": base}
+        if a.frontend_b:
+            port_b = cl.free_port()
+            bases["http-b"] = "http://127.0.0.1:%d" % port_b
+            fe_b = cl.spawn([a.frontend_b, "--config", c.config, "--listen",
+                             "127.0.0.1:%d" % port_b],
+                     stdout=open(os.path.join(work, "frontend-b.log"), "w"),
+                     stderr=subprocess.STDOUT)
+        for b in bases.values():
+            for _ in range(200):
+                try:
+                    if urllib.request.urlopen(b + "/ready", timeout=2).status == 200:
+                        break
+                except OSError:
+                    time.sleep(0.1)
         perf = None
         if a.perf_record:
             perf = cl.spawn(["perf", "record", "-g", "-o", a.perf_record, "-p", str(fe.pid)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1)  # perf attaches
-        rows = {"http": [], "protobuf": []}
+        strace = None
+        if a.strace:
+            os.makedirs(a.strace, exist_ok=True)
+            strace = cl.spawn(["strace", "-f", "-c", "-o", os.path.join(a.strace, "frontend.txt"),
+                               "-p", str(fe.pid)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1)  # strace attaches
+
+        def traced(cmd, name):
+            if not a.strace:
+                return cmd
+            return ["strace", "-f", "-c", "-o", os.path.join(a.strace, name + ".txt")] + cmd
+
+        rows = {k: [] for k in ["protobuf"] + list(bases)}
+
+        def run_b(rnd, seed):
+            # prompts of its own: with A's, the second of the two would hit the prefix cache
+            sj = os.path.join(work, "httpb%d.json" % rnd)
+            c0 = cpu_s(fe_b.pid)
+            r = cl.run([bins.loadgen, "--openai", bases["http-b"], "--mode", "closed",
+                        "--concurrency", str(a.concurrency), "--requests", str(a.requests),
+                        "--prompt-len", str(a.prompt_len), "--output-len", str(a.output_len),
+                        "--vocab", str(vocab), "--seed", str(seed + 100001), "--warmup", "8",
+                        "--summary-json", sj, "--quiet"], timeout=600)
+            if r.returncode != 0:
+                raise cl.Fail("loadgen --openai (B): %s %s" % (r.stdout, r.stderr))
+            with open(sj) as f:
+                rows["http-b"].append(json.load(f))
+            rows["http-b"][-1]["frontend_cpu_s"] = cpu_s(fe_b.pid) - c0
         for rnd in range(a.rounds):
             seed = 1000 + rnd * 2
             sj = os.path.join(work, "lg%d.json" % rnd)
-            r = cl.run([bins.loadgen, "--router", c.client_ep, "--mode", "closed", "--concurrency",
-                        str(a.concurrency), "--requests", str(a.requests), "--prompt-len",
-                        str(a.prompt_len), "--output-len", str(a.output_len), "--vocab", str(vocab),
-                        "--seed", str(seed), "--warmup", "8", "--summary-json", sj, "--quiet"],
-                       timeout=600)
+            k0 = child_ctx_switches()
+            r = cl.run(traced([bins.loadgen, "--router", c.client_ep, "--mode", "closed",
+                               "--concurrency", str(a.concurrency), "--requests", str(a.requests),
+                               "--prompt-len", str(a.prompt_len), "--output-len",
+                               str(a.output_len), "--vocab", str(vocab), "--seed", str(seed),
+                               "--warmup", "8", "--summary-json", sj, "--quiet"],
+                              "loadgen-protobuf-%d" % rnd), timeout=600)
             if r.returncode != 0:
                 raise cl.Fail("loadgen: %s %s" % (r.stdout, r.stderr))
             with open(sj) as f:
                 rows["protobuf"].append(json.load(f))
+            k1 = child_ctx_switches()
+            rows["protobuf"][-1]["client_cs"] = [k1[0] - k0[0], k1[1] - k0[1]]
+            if a.frontend_b and rnd % 2 == 1:  # B before A in odd rounds, after in even
+                run_b(rnd, seed)
             c0 = cpu_s(fe.pid)
             a0 = fine_hists(base)
+            f0, k0 = ctx_switches(fe.pid), child_ctx_switches()
             sj = os.path.join(work, "http%d.json" % rnd)
-            r = cl.run([bins.loadgen, "--openai", base, "--mode", "closed", "--concurrency",
-                        str(a.concurrency), "--requests", str(a.requests), "--prompt-len",
-                        str(a.prompt_len), "--output-len", str(a.output_len), "--vocab", str(vocab),
-                        "--seed", str(seed + 1), "--warmup", "8", "--summary-json", sj, "--quiet"],
-                       timeout=600)
+            r = cl.run(traced([bins.loadgen, "--openai", base, "--mode", "closed",
+                               "--concurrency", str(a.concurrency), "--requests", str(a.requests),
+                               "--prompt-len", str(a.prompt_len), "--output-len",
+                               str(a.output_len), "--vocab", str(vocab), "--seed", str(seed + 1),
+                               "--warmup", "8", "--summary-json", sj, "--quiet"],
+                              "loadgen-http-%d" % rnd), timeout=600)
             if r.returncode != 0:
                 raise cl.Fail("loadgen --openai: %s %s" % (r.stdout, r.stderr))
             with open(sj) as f:
                 rows["http"].append(json.load(f))
             rows["http"][-1]["frontend_cpu_s"] = cpu_s(fe.pid) - c0
+            f1, k1 = ctx_switches(fe.pid), child_ctx_switches()
+            rows["http"][-1]["client_cs"] = [k1[0] - k0[0], k1[1] - k0[1]]
+            rows["http"][-1]["frontend_cs"] = [f1[0] - f0[0], f1[1] - f0[1]]
             a1 = fine_hists(base)
             for name in FINE:
                 h0, h1 = a0[name], a1[name]
@@ -140,9 +249,15 @@ def main():
                     "mean": (h1[1] - h0[1]) / max(1, h1[0] - h0[0]) * 1e6,
                     "p50_le": quantile_bound(h0[2], h1[2], 0.5),
                     "p99_le": quantile_bound(h0[2], h1[2], 0.99)}
+            if a.frontend_b and rnd % 2 == 0:
+                run_b(rnd, seed)
         if perf:
             perf.send_signal(2)
             perf.wait(timeout=60)
+        if strace:
+            strace.send_signal(2)
+            strace.wait(timeout=60)
+            print_syscalls(a.strace, a.rounds, a.requests + 8, a.output_len)
         med = {}
         for k, rs in rows.items():
             med[k] = {
@@ -157,21 +272,33 @@ def main():
                                                    a.output_len, a.rounds))
         print("| path | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | e2e p99 ms | output tok/s |")
         print("|---|---:|---:|---:|---:|---:|")
-        for k in ("protobuf", "http"):
+        names = {"protobuf": "kvrail-loadgen (protobuf)", "http": "kvrail-frontend (HTTP+SSE)",
+                 "http-b": "kvrail-frontend B (HTTP+SSE)"}
+        for k in rows:
             m = med[k]
             print("| %s | %.2f | %.2f | %.2f | %.2f | %.0f |" % (
-                "kvrail-loadgen (protobuf)" if k == "protobuf" else "kvrail-frontend (HTTP+SSE)",
-                m["ttft_p50"], m["ttft_p99"], m["e2e_p50"], m["e2e_p99"], m["tok_s"]))
-        h, p = med["http"], med["protobuf"]
-        print("| HTTP / protobuf | %.2f | %.2f | %.2f | %.2f | %.2f |" % (
-            h["ttft_p50"] / p["ttft_p50"], h["ttft_p99"] / p["ttft_p99"],
-            h["e2e_p50"] / p["e2e_p50"], h["e2e_p99"] / p["e2e_p99"], h["tok_s"] / p["tok_s"]))
-        print("| HTTP - protobuf (ms) | %+.2f | %+.2f | %+.2f | %+.2f | |" % (
-            h["ttft_p50"] - p["ttft_p50"], h["ttft_p99"] - p["ttft_p99"],
-            h["e2e_p50"] - p["e2e_p50"], h["e2e_p99"] - p["e2e_p99"]))
-        fcpu = statistics.median(x["frontend_cpu_s"] / (a.requests + 8) for x in rows["http"])
-        print("kvrail-frontend CPU time: %.0f us per request (%d output tokens), warm-up included"
-              % (fcpu * 1e6, a.output_len))
+                names[k], m["ttft_p50"], m["ttft_p99"], m["e2e_p50"], m["e2e_p99"], m["tok_s"]))
+        p = med["protobuf"]
+        for k in bases:
+            h, tag = med[k], "HTTP" if k == "http" else "HTTP B"
+            print("| %s / protobuf | %.2f | %.2f | %.2f | %.2f | %.2f |" % (
+                tag, h["ttft_p50"] / p["ttft_p50"], h["ttft_p99"] / p["ttft_p99"],
+                h["e2e_p50"] / p["e2e_p50"], h["e2e_p99"] / p["e2e_p99"],
+                h["tok_s"] / p["tok_s"]))
+            print("| %s - protobuf (ms) | %+.2f | %+.2f | %+.2f | %+.2f | |" % (
+                tag, h["ttft_p50"] - p["ttft_p50"], h["ttft_p99"] - p["ttft_p99"],
+                h["e2e_p50"] - p["e2e_p50"], h["e2e_p99"] - p["e2e_p99"]))
+        for k in bases:
+            fcpu = statistics.median(x["frontend_cpu_s"] / (a.requests + 8) for x in rows[k])
+            print("kvrail-frontend%s CPU time: %.0f us per request (%d output tokens), warm-up "
+                  "included" % (" B" if k == "http-b" else "", fcpu * 1e6, a.output_len))
+        n = a.requests + 8
+        print("context switches per request, voluntary (a thread blocked and was woken) + "
+              "involuntary, medians: kvrail-loadgen (protobuf) %.1f + %.1f; kvrail-loadgen "
+              "(HTTP) %.1f + %.1f; kvrail-frontend %.1f + %.1f" % tuple(
+                  statistics.median(x[key][i] for x in rows[k]) / n
+                  for k, key in (("protobuf", "client_cs"), ("http", "client_cs"),
+                                 ("http", "frontend_cs")) for i in (0, 1)))
         for name, what in (("added_ttft", "its TTFT minus the router's"),
                            ("to_router", "request body complete -> sent to the router"),
                            ("to_client", "token frame taken -> its SSE event handed to the socket")):
