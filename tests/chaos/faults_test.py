@@ -22,14 +22,13 @@ decode node's), and once decode0 is back every request completes with
 kvrail run's tokens.
 """
 import re
-import argparse
 import os
 import signal
 import subprocess
 import time
 
-from cluster_lib import (Bins, ClientCluster, Fail, add_bin_args, check, make_model, run, run_main,
-                         spawn, stop_group, tokens_of, workdir)
+from cluster_lib import (check, ClientCluster, Fail, ROGUE, run, run_main, spawn, stop_group,
+                         test_start, tokens_of)
 
 LOST = "connection to the router was lost"
 
@@ -109,13 +108,7 @@ def black_hole(args, bins, c, model):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    add_bin_args(ap)
-    ap.add_argument("--rogue", required=True)
-    args = ap.parse_args()
-    bins = Bins(args)
-    wd = workdir("kvr-faults-")
-    model = make_model(bins, wd)
+    args, bins, wd, model = test_start("kvr-faults-", [ROGUE])
     # decode1 is a slot in the file only: the black hole takes it later
     c = ClientCluster(bins, wd, model, n_prefill=1, n_decode=2, queue_ms=60000)
     c.decodes = ["decode0"]

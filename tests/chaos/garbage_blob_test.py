@@ -26,7 +26,6 @@ The control: the same with KVR_UCX_CHECK=0 on the prefill node (the check
 off) would have the prefill node die; it is not run here, the conformance
 test shows the abort (test_damaged_blobs).
 """
-import argparse
 import os
 import signal
 import re
@@ -35,9 +34,8 @@ import subprocess
 import random
 import time
 
-from cluster_lib import (Bins, ClientCluster, add_bin_args, check, check_outputs, free_port,
-                         make_model, node_metrics, reference, run, run_main, spawn, stop_group,
-                         tokens_of, wait_for, workdir)
+from cluster_lib import (check, check_outputs, ClientCluster, free_port, node_metrics, reference,
+                         ROGUE, run, run_main, spawn, stop_group, test_start, tokens_of, wait_for)
 
 M64 = (1 << 64) - 1
 P1, P2, P3 = 11400714785074694791, 14029467366897019727, 1609587929392839161
@@ -110,13 +108,7 @@ def generate(bins, c, text, n):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    add_bin_args(ap)
-    ap.add_argument("--rogue", required=True)
-    args = ap.parse_args()
-    bins = Bins(args)
-    wd = workdir("kvr-garbage-blob-")
-    model = make_model(bins, wd)
+    args, bins, wd, model = test_start("kvr-garbage-blob-", [ROGUE])
     blob = os.path.join(wd, "garbage.addr")
     with open(blob, "wb") as f:
         f.write(garbage_address())

@@ -17,12 +17,10 @@ Asserted:
    back at its baseline (decode0's stale reservations are canceled or run
    out their lease: no block is stranded).
 """
-import argparse
 import random
 import signal
 
-from cluster_lib import (Bins, Cluster, add_bin_args, check, check_outputs, make_model,
-                         reference, run_main, wait_for, workdir)
+from cluster_lib import (check, check_outputs, Cluster, reference, run_main, test_start, wait_for)
 
 
 def node(st, name):
@@ -30,12 +28,7 @@ def node(st, name):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    add_bin_args(ap)
-    args = ap.parse_args()
-    bins = Bins(args)
-    wd = workdir("kvr-reserve-timeout-")
-    model = make_model(bins, wd)
+    args, bins, wd, model = test_start("kvr-reserve-timeout-")
     c = Cluster(bins, wd, model, n_prefill=1, n_decode=2, heartbeat_timeout_ms=30000,
                 prefill_ms=1500, lease_ms=5000, queue_ms=30000)
     rng = random.Random(11)

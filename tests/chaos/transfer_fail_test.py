@@ -25,15 +25,14 @@ so that a router that waited for the lease fails the test:
  - the router's metrics blame the decode nodes 3 times in all, the prefill
    node never, and a decode node blamed twice in a row is cooled down.
 """
-import argparse
 import os
 import re
 import subprocess
 import time
 import urllib.request
 
-from cluster_lib import (Bins, Cluster, add_bin_args, check, free_port, make_model,
-                         node_metrics, run, run_main, spawn, stop_group, wait_for, workdir)
+from cluster_lib import (check, Cluster, free_port, node_metrics, ROGUE, run, run_main, spawn,
+                         stop_group, test_start, wait_for)
 
 
 def lines(path):
@@ -42,13 +41,7 @@ def lines(path):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    add_bin_args(ap)
-    ap.add_argument("--rogue", required=True)
-    args = ap.parse_args()
-    bins = Bins(args)
-    wd = workdir("kvr-transfer-fail-")
-    model = make_model(bins, wd)
+    args, bins, wd, model = test_start("kvr-transfer-fail-", [ROGUE])
     c = Cluster(bins, wd, model, n_prefill=1, n_decode=2, lease_ms=120000,
                 extra_yaml="auth: none\n")
     mport = free_port()

@@ -245,6 +245,25 @@ def add_bin_args(ap):
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
 
 
+def test_start(prefix, options=(), model_args=()):
+    """A cluster test's start: its arguments (the binaries, add_bin_args, and
+    options: (flag, add_argument keywords) pairs, e.g. ROGUE), a fresh work
+    directory named prefix..., and the test model made in it (kvrail-mkmodel
+    with model_args).  Returns (args, bins, workdir, model)."""
+    ap = argparse.ArgumentParser()
+    add_bin_args(ap)
+    for flag, kw in options:
+        ap.add_argument(flag, **kw)
+    args = ap.parse_args()
+    bins = Bins(args)
+    wd = workdir(prefix)
+    return args, bins, wd, make_model(bins, wd, model_args)
+
+
+# the chaos tests' rogue peer binary (tests/chaos/rogue_peer.c)
+ROGUE = ("--rogue", {"required": True})
+
+
 def make_model(bins, workdir, extra=()):
     d = os.path.join(workdir, "model")
     r = run([bins.mkmodel, "--out", d, *extra], timeout=60)
