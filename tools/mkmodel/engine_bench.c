@@ -6,12 +6,17 @@
  *   kvrail-engine-bench prefill MODEL N_TOKENS [REPS] [THREADS]
  *   kvrail-engine-bench decode  MODEL BATCH CONTEXT STEPS [REPS] [THREADS]
  *   kvrail-engine-bench sgemm   M N K [REPS]
+ *   kvrail-engine-bench readbw  MODEL [REPS]
  *
  * KVR_NUMERICS=f32|bf16dot in the environment: the contexts' numerics mode
  * (kvr_ctx_opts.numerics; bf16dot fails on a CPU without AVX512-BF16).
  * Prefill and decode also print cpu_s / tok_cpu_s: the process CPU time of
  * the best repetition (by CPU time), which a process descheduled on a
  * loaded machine does not inflate (one thread: the comparable figure).
+ * Decode also prints weight_gb_s: the model's weight bytes (every matrix
+ * is read once a step) per second of the best repetition.  readbw: one
+ * thread summing a buffer of the model's weight bytes (the bandwidth a
+ * decode step could reach), best of REPS, in GB/s.
  */
 #include <time.h>
 #include <cblas.h>
@@ -115,6 +120,61 @@ static int bench_prefill(const char *dir, int n, int reps, int threads)
     return 0;
 }
 
+/* bytes of the weights a decode step reads: every parameter once */
+static double weight_bytes(const kvr_model_t *m)
+{
+    return (double)kvr_model_n_params(m) * (strcmp(kvr_model_dtype(m), "f32") ? 2 : 4);
+}
+
+typedef float v16 __attribute__((vector_size(64)));
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=x86-64-v4", "default")))
+#endif
+static float
+sum_bytes(const v16 *buf, size_t n)
+{
+    v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+    for (size_t i = 0; i + 4 <= n; i += 4) {
+        s0 += buf[i];
+        s1 += buf[i + 1];
+        s2 += buf[i + 2];
+        s3 += buf[i + 3];
+    }
+    v16 s = s0 + s1 + s2 + s3;
+    return s[0];
+}
+
+/* One thread summing weight_bytes(model) bytes in 64-byte vectors, 4
+ * independent sums: the read bandwidth a decode step could have. */
+static int bench_readbw(const char *dir, int reps)
+{
+    kvr_model_t *m = load(dir);
+    size_t n = (size_t)weight_bytes(m) / 64;
+    v16 *buf = aligned_alloc(64, n * 64);
+    if (!buf)
+        return 1;
+    memset(buf, 0, n * 64);
+    double best = 1e30, best_cpu = 1e30;
+    float keep = 0;
+    for (int r = 0; r < reps; r++) {
+        uint64_t t0 = kvr_now_ns();
+        double c0 = cpu_now();
+        keep += sum_bytes(buf, n);
+        double s = (double)(kvr_now_ns() - t0) / 1e9, cs = cpu_now() - c0;
+        if (s < best)
+            best = s;
+        if (cs < best_cpu)
+            best_cpu = cs;
+    }
+    printf("{\"mode\": \"readbw\", \"bytes\": %zu, \"seconds\": %.6f, \"gb_s\": %.2f, "
+           "\"cpu_s\": %.6f, \"gb_cpu_s\": %.2f, \"check\": %g}\n",
+           n * 64, best, (double)(n * 64) / best / 1e9, best_cpu, (double)(n * 64) / best_cpu / 1e9,
+           (double)keep);
+    free(buf);
+    return 0;
+}
+
 static int bench_decode(const char *dir, int B, int ctxlen, int steps, int reps, int threads)
 {
     kvr_model_t *m = load(dir);
@@ -155,10 +215,13 @@ static int bench_decode(const char *dir, int B, int ctxlen, int steps, int reps,
         if (cs < best_cpu)
             best_cpu = cs;
     }
+    double wbytes = weight_bytes(m);
     printf("{\"mode\": \"decode\", \"batch\": %d, \"context\": %d, \"steps\": %d, \"seconds\": "
-           "%.6f, \"tok_s\": %.1f, \"step_ms\": %.3f, \"cpu_s\": %.6f, \"tok_cpu_s\": %.1f}\n",
+           "%.6f, \"tok_s\": %.1f, \"step_ms\": %.3f, \"cpu_s\": %.6f, \"tok_cpu_s\": %.1f, "
+           "\"weight_gb_s\": %.2f, \"weight_gb_cpu_s\": %.2f}\n",
            B, ctxlen, steps, best, (double)B * steps / best, best / steps * 1e3, best_cpu,
-           (double)B * steps / best_cpu);
+           (double)B * steps / best_cpu, wbytes * steps / best / 1e9,
+           wbytes * steps / best_cpu / 1e9);
     return 0;
 }
 
@@ -236,12 +299,15 @@ int main(int argc, char **argv)
     if (argc >= 6 && strcmp(argv[1], "decode") == 0)
         return bench_decode(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]),
                             argc > 6 ? atoi(argv[6]) : 3, argc > 7 ? atoi(argv[7]) : 0);
+    if (argc >= 3 && strcmp(argv[1], "readbw") == 0)
+        return bench_readbw(argv[2], argc > 3 ? atoi(argv[3]) : 5);
     if (argc >= 5 && strcmp(argv[1], "sgemm") == 0)
         return bench_sgemm(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]),
                            argc > 5 ? atoi(argv[5]) : 5);
     fprintf(stderr, "usage: kvrail-engine-bench prefill MODEL N [REPS] [THREADS]\n"
                     "       kvrail-engine-bench decode MODEL BATCH CONTEXT STEPS [REPS] "
                     "[THREADS]\n"
-                    "       kvrail-engine-bench sgemm M N K [REPS]\n");
+                    "       kvrail-engine-bench sgemm M N K [REPS]\n"
+                    "       kvrail-engine-bench readbw MODEL [REPS]\n");
     return 2;
 }
