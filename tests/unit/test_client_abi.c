@@ -1,7 +1,8 @@
 /*
- * test_client_abi.c - libkvrail-client's .so.1 ABI: the structs a caller
- * allocates (kvr_gen_params, kvr_gen_token) carry the caller's size, and
- * the library reads and writes no byte past it.
+ * test_client_abi.c - libkvrail-client's ABI (.so.2): the structs a caller
+ * allocates (kvr_gen_params, kvr_gen_token, kvr_cluster_status,
+ * kvr_node_info) carry the caller's size, and the library reads and writes
+ * no byte past it.
  *
  * A caller built against an older, shorter header is played by a buffer
  * whose size field says where its struct ends, with a canary pattern
