@@ -15,7 +15,11 @@
  *   - zmq:  a ZeroMQ DEALER (client) and ROUTER (server), blocking
  *           zmq_send / zmq_recv, as kvrail's router and its clients talk:
  *           each direction crosses the sender's I/O thread and the
- *           receiver's I/O thread as well as the socket.
+ *           receiver's I/O thread as well as the socket;
+ *   - tcp -> relay -> zmq: the same ROUTER, reached through a relay
+ *           process shaped like kvrail-frontend (one epoll loop over a TCP
+ *           socket and a DEALER's ZMQ_FD) that the client talks TCP to:
+ *           the least one more process in the path can cost.
  * Also the cost of one system call (getpid through syscall(2), so libc
  * cannot cache it), which sets the price of every call above.  Prints a
  * markdown table of round-trip p50 / p99 / mean in microseconds.
@@ -147,22 +151,21 @@ static void tcp_run(const char *name, bool use_epoll, int rounds, size_t size, u
     report(name, rtt, rounds);
 }
 
-static void zmq_run(int rounds, size_t size, uint64_t *rtt)
+/* Forks the echo server: a ZeroMQ ROUTER on an ephemeral port, answering
+ * rounds messages; its endpoint into ep. */
+static pid_t zmq_server(int rounds, size_t size, char *ep, size_t ep_len)
 {
-    /* a free port: bind a ROUTER to an ephemeral one in the child and tell
-     * the parent through a pipe */
     int pfd[2];
     if (pipe(pfd) != 0)
         die("pipe");
-    char *buf = calloc(1, size);
     pid_t pid = fork();
     if (pid < 0)
         die("fork");
     if (pid == 0) {
+        char *buf = calloc(1, size);
         void *ctx = zmq_ctx_new();
         void *r = zmq_socket(ctx, ZMQ_ROUTER);
-        char ep[256];
-        size_t el = sizeof(ep);
+        size_t el = ep_len;
         if (zmq_bind(r, "tcp://127.0.0.1:*") != 0 ||
             zmq_getsockopt(r, ZMQ_LAST_ENDPOINT, ep, &el) != 0)
             die("zmq_bind");
@@ -182,26 +185,111 @@ static void zmq_run(int rounds, size_t size, uint64_t *rtt)
         zmq_ctx_term(ctx);
         _exit(0);
     }
-    char ep[256] = {0};
-    if (read(pfd[0], ep, sizeof(ep) - 1) <= 0)
+    memset(ep, 0, ep_len);
+    if (read(pfd[0], ep, ep_len - 1) <= 0)
         die("pipe read");
-    void *ctx = zmq_ctx_new();
-    void *d = zmq_socket(ctx, ZMQ_DEALER);
-    if (zmq_connect(d, ep) != 0)
-        die("zmq_connect");
+    close(pfd[0]);
+    close(pfd[1]);
+    return pid;
+}
+
+/* The client's side of a ZeroMQ round trip (a DEALER), or, with relay, the
+ * frontend's shape: the client speaks TCP to a relay process whose one
+ * loop waits in epoll_wait on the TCP socket and on its DEALER's ZMQ_FD
+ * (draining ZeroMQ until EAGAIN, as kvrail-frontend does) and forwards
+ * each message both ways.  The two rows' difference is what one more
+ * process in the path costs here before it does any work of its own. */
+static void zmq_run(bool relay, int rounds, size_t size, uint64_t *rtt)
+{
+    char ep[256];
+    pid_t srv = zmq_server(rounds, size, ep, sizeof(ep));
+    char *buf = calloc(1, size);
+    int one = 1, zero = 0;
+    if (!relay) {
+        void *ctx = zmq_ctx_new();
+        void *d = zmq_socket(ctx, ZMQ_DEALER);
+        if (zmq_connect(d, ep) != 0)
+            die("zmq_connect");
+        for (int i = 0; i < rounds; i++) {
+            uint64_t t0 = now_ns();
+            if (zmq_send(d, buf, size, 0) < 0 || zmq_recv(d, buf, size, 0) < 0)
+                die("zmq send/recv (client)");
+            rtt[i] = now_ns() - t0;
+        }
+        zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof(zero));
+        zmq_close(d);
+        zmq_ctx_term(ctx);
+        waitpid(srv, NULL, 0);
+        free(buf);
+        report("zmq (DEALER-ROUTER)", rtt, rounds);
+        return;
+    }
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof(a);
+    if (ls < 0 || bind(ls, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(ls, 1) != 0 ||
+        getsockname(ls, (struct sockaddr *)&a, &al) != 0)
+        die("listen");
+    pid_t rel = fork();
+    if (rel < 0)
+        die("fork");
+    if (rel == 0) {
+        int s = accept(ls, NULL, NULL);
+        if (s < 0)
+            die("accept");
+        setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        void *ctx = zmq_ctx_new();
+        void *d = zmq_socket(ctx, ZMQ_DEALER);
+        int zfd = -1;
+        size_t zl = sizeof(zfd);
+        if (zmq_connect(d, ep) != 0 || zmq_getsockopt(d, ZMQ_FD, &zfd, &zl) != 0)
+            die("zmq_connect (relay)");
+        int epfd = epoll_create1(0);
+        struct epoll_event ev = {.events = EPOLLIN, .data.fd = s};
+        struct epoll_event zev = {.events = EPOLLIN, .data.fd = zfd};
+        if (epfd < 0 || epoll_ctl(epfd, EPOLL_CTL_ADD, s, &ev) != 0 ||
+            epoll_ctl(epfd, EPOLL_CTL_ADD, zfd, &zev) != 0)
+            die("epoll (relay)");
+        int answered = 0;
+        while (answered < rounds) {
+            struct epoll_event got[2];
+            int n = epoll_wait(epfd, got, 2, 10000);
+            if (n < 0 && errno != EINTR)
+                die("epoll_wait (relay)");
+            for (int k = 0; k < n; k++)
+                if (got[k].data.fd == s) {
+                    full_io(s, buf, size, false);
+                    if (zmq_send(d, buf, size, 0) < 0)
+                        die("zmq_send (relay)");
+                }
+            /* ZeroMQ's rule for its descriptor: receive until EAGAIN,
+             * also after a send (which may have taken the wake-up) */
+            while (zmq_recv(d, buf, size, ZMQ_DONTWAIT) >= 0) {
+                full_io(s, buf, size, true);
+                answered++;
+            }
+        }
+        zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof(zero));
+        zmq_close(d);
+        zmq_ctx_term(ctx);
+        _exit(0);
+    }
+    close(ls);
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof(a)) != 0)
+        die("connect");
+    setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     for (int i = 0; i < rounds; i++) {
         uint64_t t0 = now_ns();
-        if (zmq_send(d, buf, size, 0) < 0 || zmq_recv(d, buf, size, 0) < 0)
-            die("zmq send/recv (client)");
+        full_io(s, buf, size, true);
+        full_io(s, buf, size, false);
         rtt[i] = now_ns() - t0;
     }
-    int zero = 0;
-    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof(zero));
-    zmq_close(d);
-    zmq_ctx_term(ctx);
-    waitpid(pid, NULL, 0);
+    close(s);
+    waitpid(rel, NULL, 0);
+    waitpid(srv, NULL, 0);
     free(buf);
-    report("zmq (DEALER-ROUTER)", rtt, rounds);
+    report("tcp -> relay (epoll loop + DEALER) -> zmq", rtt, rounds);
 }
 
 int main(int argc, char **argv)
@@ -241,7 +329,8 @@ int main(int argc, char **argv)
     report("one system call (getpid)", rtt, rounds);
     tcp_run("tcp", false, rounds, size, rtt);
     tcp_run("tcp + epoll_wait", true, rounds, size, rtt);
-    zmq_run(rounds, size, rtt);
+    zmq_run(false, rounds, size, rtt);
+    zmq_run(true, rounds, size, rtt);
     free(rtt);
     return 0;
 }
