@@ -17,6 +17,13 @@ Then, with the bf16 cluster up, a decode node started from a cluster file
 that says kv_dtype f16 is refused at registration with a message naming
 both dtypes, and is not alive in the router's status.
 
+The cluster file's numerics (on a CPU with avx512_bf16, else that part is
+skipped): a cluster with `numerics: bf16dot` on a bf16 model prints what
+`kvrail run --numerics bf16dot` prints, byte for byte, short and long
+prompt, and not what f32 numerics print; a decode node of that cluster whose
+kernels lack AVX512-BF16 (KVR_CPU_MATMUL=v3) exits at start-up naming
+avx512_bf16 (never a silent fall-back).
+
 usage: kv_dtype_test.py --kvrail BIN --mkmodel BIN --decode BIN
 """
 import argparse
@@ -40,10 +47,13 @@ from kvrail_up import LONG, SHORT, Up, check_generate  # noqa: E402
 DECODE1 = "  - {name: decode1, role: decode, pool_blocks: 64, transport: ucx%s}\n"
 
 
-def cluster_file(work, dtype, ep, node_port, decode1_host=", host: gpu-node-9"):
-    cfg = os.path.join(work, "cluster-%s.yaml" % dtype)
+def cluster_file(work, dtype, ep, node_port, decode1_host=", host: gpu-node-9", model="model",
+                 numerics="f32"):
+    cfg = os.path.join(work, "cluster-%s-%s%s.yaml" % (dtype, numerics,
+                                                     "" if decode1_host else "-decode1"))
     with open(cfg, "w") as f:
-        f.write("model: model\nblock_size: 16\nkv_dtype: %s\n"
+        f.write("model: " + model + "\nnumerics: " + numerics + "\n")
+        f.write("block_size: 16\nkv_dtype: %s\n"
                 "router: {client: '%s', node: 'tcp://127.0.0.1:%d'}\n"
                 "timeouts: {heartbeat_ms: 200, heartbeat_timeout_ms: 1500}\n"
                 "thresholds: {local_prefill_tokens: 32}\n"
@@ -126,6 +136,54 @@ def mismatch(a, work, ep, node_port):
     print("kv_dtype f16 node in a bf16 cluster: refused (%s)" % line.strip())
 
 
+def numerics_cluster(a, work):
+    """numerics bf16dot: generate == run --numerics bf16dot; a node whose
+    kernels lack AVX512-BF16 fails at start-up."""
+    with open("/proc/cpuinfo") as f:
+        if " avx512_bf16" not in f.read():
+            print("skip (part): numerics bf16dot: this CPU has no avx512_bf16")
+            return
+    model = os.path.join(work, "model-bf16")
+    r = run([a.mkmodel, "--out", model, "--dtype", "bf16"], timeout=60)
+    if r.returncode:
+        raise Fail("mkmodel: " + r.stderr)
+    ep, node_port = "tcp://127.0.0.1:%d" % free_port(), free_port()
+    cfg = cluster_file(work, "f32", ep, node_port, model="model-bf16", numerics="bf16dot")
+    up = Up(a.kvrail, cfg, work)
+    outs = []
+    for prompt in (SHORT, LONG):
+        n, got = check_generate(a, model, ep, prompt, run_args=("--numerics", "bf16dot"))
+        outs.append(got.stdout)
+        f32 = run([a.kvrail, "run", "--model", model, "--prompt", prompt, "--max-tokens", "12",
+                   "--json"], timeout=60)
+        if f32.returncode or f32.stdout == got.stdout:
+            raise Fail("numerics bf16dot printed what f32 numerics print (rc %d): the mode is "
+                       "not used" % f32.returncode)
+        print("numerics bf16dot: generate --json == run --json --numerics bf16dot, != f32 "
+              "numerics (%d-token prompt)" % n)
+    # a node of this cluster whose kernels lack AVX512-BF16: refused at start-up
+    cfg1 = cluster_file(work, "f32", ep, node_port, decode1_host="", model="model-bf16",
+                        numerics="bf16dot")
+    log_path = os.path.join(work, "decode1-numerics.log")
+    with open(log_path, "w") as log:
+        p = spawn([a.decode, "--config", cfg1, "--node", "decode1"], stdout=log,
+                  stderr=subprocess.STDOUT, env=dict(os.environ, KVR_CPU_MATMUL="v3"))
+    try:
+        rc = p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        raise Fail("a decode node without AVX512-BF16 kernels in a bf16dot cluster did not exit")
+    finally:
+        stop_group(p, grace=5)
+    with open(log_path, errors="replace") as f:
+        text = f.read()
+    if rc == 0 or "numerics bf16dot needs a CPU with AVX512-BF16" not in text or \
+            "avx512_bf16" not in text:
+        raise Fail("decode1 with v3 kernels in a bf16dot cluster: rc %d, log:\n%s" % (rc, text))
+    print("numerics bf16dot on kernels without AVX512-BF16: exit %d at start-up (%s)"
+          % (rc, [x for x in text.splitlines() if "avx512_bf16" in x][0].strip()))
+    stop(up)
+
+
 def stop(up):
     up.p.send_signal(signal.SIGTERM)
     try:
@@ -163,6 +221,7 @@ def main():
                                                                       outs["f32"][1]))
         mismatch(a, work, ep, node_port)
         stop(up)
+        numerics_cluster(a, work)
         ok = True
         print("kv_dtype: ok")
     except Fail as e:
