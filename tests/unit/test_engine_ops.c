@@ -70,13 +70,27 @@ static float maxdiff(const float *a, const float *b, size_t n)
     return m;
 }
 
-static void test_matmul(struct kvr_compute_backend *be)
+/* f rounded to bf16, to nearest even (finite test data) */
+static float round_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* dp: a backend in numerics bf16dot, bf16 weights only, against the scalar
+ * reference on the activations rounded to bf16 */
+static void test_matmul(struct kvr_compute_backend *be, int dp)
 {
     /* decode batches (1..36: prefetched panels, dotted in registers up to
      * 8 rows, widened once above) and prefill row counts */
     const int Ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 31, 32, 33, 36, 70};
     const int NK[][2] = {{37, 19}, {64, 64}, {130, 48}, {9, 200}, {200, 96}};
     for (int dt = 0; dt < 3; dt++) {
+        if (dp && dt != KVR_DT_BF16)
+            continue;
         for (size_t s = 0; s < sizeof(NK) / sizeof(NK[0]); s++) {
             int N = NK[s][0], K = NK[s][1];
             float *wf = malloc((size_t)N * (size_t)K * 4);
@@ -113,15 +127,16 @@ static void test_matmul(struct kvr_compute_backend *be)
                         for (int n = 0; n < N; n++) {
                             double d = 0;
                             for (int k = 0; k < K; k++)
-                                d += (double)x[m * K + k] * wf[n * K + k];
+                                d += (double)(dp ? round_bf16(x[m * K + k]) : x[m * K + k]) *
+                                     wf[n * K + k];
                             d += bias[n];
                             ref[m * N + n] = (float)(acc ? ref[m * N + n] + d : d);
                         }
                     be->ops->matmul(be, y, x, M, &w, bias, acc ? KVR_MM_ACCUMULATE : 0);
                     float e = maxdiff(y, ref, (size_t)M * (size_t)N);
                     if (!(e < 1e-4f))
-                        fprintf(stderr, "matmul dtype %d M %d N %d K %d acc %d: max diff %g\n", dt,
-                                M, N, K, acc, e);
+                        fprintf(stderr, "matmul dtype %d%s M %d N %d K %d acc %d: max diff %g\n",
+                                dt, dp ? " bf16dot" : "", M, N, K, acc, e);
                     KVR_CHECK(e < 1e-4f);
                 }
                 /* invariance: each row alone gives the same bits as the batch */
@@ -484,12 +499,23 @@ int main(void)
                                        .gemv_max_rows = KVR_GEMV_ROWS};
         struct kvr_compute_backend *be;
         KVR_CHECK_STATUS(kvr_cpu_ops.create(&p, &be), KVR_OK);
-        test_matmul(be);
+        test_matmul(be, 0);
         test_small_ops(be);
         test_f16_widen(be);
         test_attention(be);
         test_kv_store(be);
         be->ops->destroy(be);
+        /* numerics bf16dot (AVX512-BF16 only: elsewhere refused) */
+        p.numerics = KVR_NUMERICS_BF16DOT;
+        kvr_status_t st = kvr_cpu_ops.create(&p, &be);
+        if (st == KVR_ERR_UNSUPPORTED) {
+            printf("skip (part): numerics bf16dot: no AVX512-BF16 kernels here\n");
+        } else {
+            KVR_CHECK_STATUS(st, KVR_OK);
+            test_matmul(be, 1);
+            be->ops->destroy(be);
+            printf("cpu backend matmul in numerics bf16dot, %d thread(s): ok\n", threads[t]);
+        }
         printf("cpu backend ops, %d thread(s): ok\n", threads[t]);
     }
     return 0;
