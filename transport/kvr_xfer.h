@@ -63,8 +63,15 @@ enum kvr_xfer_op {
 };
 
 /** Called from kvr_xfer_progress() (on the receiving engine) for every
- *  notification that arrives; msg is valid only during the call. */
-typedef void (*kvr_xfer_notif_cb_t)(void *arg, const void *msg, size_t len);
+ *  notification that arrives; msg is valid only during the call.  token is
+ *  the per-pair token (KVR_XFER_TOKEN_LEN bytes) the notification came
+ *  under - the one its connection presented (kvr_xfer_connect_token),
+ *  checked against kvr_xfer_token_allow's when the engine has
+ *  require_token - or NULL when it came with none.  A receiver that knows
+ *  which token it gave to whom binds a notification to its sender with
+ *  it (a registered peer holding a token of its own cannot speak for
+ *  another). */
+typedef void (*kvr_xfer_notif_cb_t)(void *arg, const void *msg, size_t len, const uint8_t *token);
 
 struct kvr_xfer_config {
     const char *backend;          /* "ucx", "verbs", "loop"; NULL: the default ("ucx" if built) */
@@ -350,6 +357,8 @@ struct kvr_xfer_engine_stats {
     uint64_t errors;
     uint64_t failovers; /* verbs: rails that failed with their transfers moved to others */
     uint64_t refused;   /* require_token: side channels / notifications without a token */
+    uint64_t refused_connections; /* require_token, ucx: inbound endpoints closed at connect
+                                     (a HELLO without an allowed token, or none in time) */
 };
 void kvr_xfer_engine_stats(const kvr_xfer_engine_t *engine, struct kvr_xfer_engine_stats *stats_p);
 

@@ -979,11 +979,18 @@ kvr_status_t kvr_xfer_notify(kvr_xfer_peer_t *p, const void *msg, size_t len)
     return s;
 }
 
-void kvr_xfer_deliver_notif(kvr_xfer_engine_t *e, const void *msg, size_t len)
+void kvr_xfer_deliver_notif(kvr_xfer_engine_t *e, const void *msg, size_t len, const uint8_t *token)
 {
     e->stats.notifs_received++;
+    if (token) {
+        uint8_t acc = 0;
+        for (int i = 0; i < KVR_XFER_TOKEN_LEN; i++)
+            acc |= token[i];
+        if (!acc)
+            token = NULL;
+    }
     if (e->cfg.notif_cb)
-        e->cfg.notif_cb(e->cfg.notif_arg, msg, len);
+        e->cfg.notif_cb(e->cfg.notif_arg, msg, len, token);
 }
 
 kvr_status_t kvr_xfer_flush(kvr_xfer_peer_t *p, int timeout_ms)

@@ -156,10 +156,19 @@ void kvr_xfer_peer_fail(kvr_xfer_peer_t *p, kvr_status_t s, const char *why);
  *  none) is one the engine was given; counts a refusal in stats.refused.
  *  Always true without require_token. */
 bool kvr_xfer_token_ok(kvr_xfer_engine_t *e, const uint8_t *token);
+/** Whether token (KVR_XFER_TOKEN_LEN bytes) is one the engine was given;
+ *  counts nothing. */
+bool kvr_xfer_token_allowed(const kvr_xfer_engine_t *e, const uint8_t *token);
+/** Counts a refused peer or message in stats.refused and logs why (the
+ *  first, then every 1000th). */
+void kvr_xfer_refused(kvr_xfer_engine_t *e, const char *why);
 /** Frees the engine's tokens (engine destroy). */
 void kvr_xfer_tokens_free(kvr_xfer_engine_t *e);
-/** Delivers a received notification to the engine's callback. */
-void kvr_xfer_deliver_notif(kvr_xfer_engine_t *e, const void *msg, size_t len);
+/** Delivers a received notification to the engine's callback, with the
+ *  token it came under (KVR_XFER_TOKEN_LEN bytes: the one its connection
+ *  presented; NULL or all zeros: none; the callback gets NULL then). */
+void kvr_xfer_deliver_notif(kvr_xfer_engine_t *e, const void *msg, size_t len,
+                            const uint8_t *token);
 
 /** Backends registered in this build (xfer.c, one #if KVR_HAVE_<NAME> per backend;
  *  kvr_config.h says which meson built). */

@@ -6,10 +6,12 @@
  * for the pair, gives it to the target (kvr_xfer_token_allow) and to the
  * initiator with the address (kvr_xfer_connect_token).  The initiator
  * presents it where the target can check it: verbs in the side-channel
- * handshake (the target refuses the connection), UCX in the header of every
- * notification (UCX 1.13 has no hook on an incoming connection; a
- * notification without an allowed token is dropped, so data written without
- * one is never announced), loop at connect.  A target created with
+ * handshake (the target refuses the connection), UCX in the HELLO that is
+ * a new endpoint's first message (the target closes an endpoint without
+ * one, ucx/ucx_hello.c) and in the header of every notification, loop and
+ * cuda_ipc with every notification.  Every notification is delivered with
+ * the token it came under (kvr_xfer_notif_cb_t), so the receiver can bind
+ * it to the peer it gave that token to.  A target created with
  * require_token refuses what comes without an allowed token and counts it
  * (stats.refused, logged); without require_token tokens are carried and
  * not checked.  The table is a small array, bounded (KVR_XFER_TOKENS_MAX):
@@ -77,6 +79,18 @@ void kvr_xfer_token_revoke(kvr_xfer_engine_t *e, const uint8_t token[KVR_XFER_TO
     if (i < 0)
         return;
     memcpy(e->tokens[i], e->tokens[--e->ntokens], KVR_XFER_TOKEN_LEN);
+}
+
+bool kvr_xfer_token_allowed(const kvr_xfer_engine_t *e, const uint8_t *token)
+{
+    return token && !zero(token) && find(e, token) >= 0;
+}
+
+void kvr_xfer_refused(kvr_xfer_engine_t *e, const char *why)
+{
+    if (e->stats.refused++ % 1000 == 0)
+        KVR_LOG_WARN(COMP, "%s: refused a peer: %s (%llu refused so far)", e->name, why,
+                     (unsigned long long)e->stats.refused);
 }
 
 bool kvr_xfer_token_ok(kvr_xfer_engine_t *e, const uint8_t *token)

@@ -32,6 +32,17 @@
  * place of the two, a well-formed HELLO claiming to be prefill node NAME
  * restarted as incarnation INC (hex) (cancel_fence_test.py: it must not
  * end that node's quarantines).
+ * --forge NODE (as a registered prefill node, with its own key): heartbeats
+ * like --black-hole; takes the decode node's address and the transfer
+ * token the router gives it with a PrefillTarget (its own, for the pair)
+ * and connects with it, printing "TOKEN <decode node> <request>"; answers
+ * nothing (it holds the request).  Then, for every line "FORGE ID_FROM
+ * ID_TO BLOCKS" on its stdin, it sends a KV_ABORT and a KV_PROGRESS naming
+ * prefill node NODE for every request id in [ID_FROM, ID_TO] (its own
+ * left out) and first block in [0, BLOCKS), attempt 0, on that connection
+ * - another prefill node's requests, under its own token - and prints
+ * "FORGED <notifications> <status>" (forged_notif_test.py: the real
+ * writer's reservation and quarantine must not be touched).
  *
  *   kvr-rogue-peer --endpoint EP --name NAME [--role prefill|decode]
  *       [--router-pub FILE --key FILE | --random-key] [--layers N
@@ -39,6 +50,8 @@
  *       [--black-hole] [--wait-ms N] [--listen-ms N]
  */
 #include <getopt.h>
+#include <inttypes.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,6 +134,92 @@ static int xfer_rogue(const char *addr_hex, const char *token_hex, const char *h
     return 0;
 }
 
+/* --forge: a registered prefill node speaking for another */
+static struct {
+    const char *node; /* the prefill node it names */
+    kvr_xfer_engine_t *e;
+    kvr_xfer_peer_t *peer;
+    uint64_t own[64]; /* its own requests' ids */
+    int n_own;
+    bool eof; /* stdin closed */
+} fg;
+
+static void forge_target(const Kvrail__PrefillTarget *t)
+{
+    if (fg.n_own < 64)
+        fg.own[fg.n_own++] = t->request_id;
+    if (fg.peer || t->decode_address.len == 0 || t->transport_token.len != KVR_XFER_TOKEN_LEN)
+        return;
+    struct kvr_xfer_config xc;
+    kvr_xfer_config_init(&xc);
+    xc.name = "forger";
+    kvr_status_t s = kvr_xfer_engine_create(&xc, &fg.e);
+    if (s == KVR_OK)
+        s = kvr_xfer_connect_token(fg.e, t->decode_address.data, t->decode_address.len,
+                                   t->transport_token.data, &fg.peer);
+    printf("TOKEN %s %" PRIu64 " %s\n", t->decode_node, t->request_id, kvr_status_name(s));
+    fflush(stdout);
+}
+
+static void forge(uint64_t from, uint64_t to, uint32_t blocks)
+{
+    kvr_status_t s = fg.peer ? KVR_OK : KVR_ERR_NOT_FOUND;
+    uint64_t n = 0;
+    for (uint64_t id = from; s == KVR_OK && id <= to && id - from < 1024; id++) {
+        bool own = false;
+        for (int i = 0; i < fg.n_own; i++)
+            own |= fg.own[i] == id;
+        for (uint32_t b = 0; !own && s == KVR_OK && b < blocks && b < 65536; b++) {
+            static const uint16_t kinds[] = {KVR_NOTIF_KV_ABORT, KVR_NOTIF_KV_PROGRESS};
+            for (int k = 0; k < 2 && s == KVR_OK; k++) {
+                struct kvr_notif fn = {0};
+                fn.kind = kinds[k];
+                fn.request_id = id;
+                fn.first_block = b;
+                fn.attempt = 0;
+                fn.status = KVR_ERR_CANCELED;
+                snprintf(fn.node, sizeof fn.node, "%s", fg.node);
+                uint8_t wire[KVR_NOTIF_WIRE_MAX];
+                size_t wl = kvr_notif_encode(&fn, wire, sizeof wire);
+                s = wl ? kvr_xfer_notify(fg.peer, wire, wl) : KVR_ERR_INVALID;
+                n += s == KVR_OK;
+                if ((n & 255) == 0)
+                    kvr_xfer_progress(fg.e);
+            }
+        }
+    }
+    if (s == KVR_OK)
+        s = kvr_xfer_flush(fg.peer, 10000);
+    printf("FORGED %" PRIu64 " %s\n", n, kvr_status_name(s));
+    fflush(stdout);
+}
+
+/* a line on stdin: "FORGE ID_FROM ID_TO BLOCKS" */
+static void forge_stdin(void)
+{
+    static char line[256];
+    static size_t used;
+    ssize_t k = read(0, line + used, sizeof line - 1 - used);
+    if (k <= 0) {
+        fg.eof = true;
+        return;
+    }
+    used += (size_t)k;
+    line[used] = 0;
+    char *nl;
+    while ((nl = strchr(line, '\n'))) {
+        *nl = 0;
+        unsigned long long a, b;
+        unsigned nb;
+        if (sscanf(line, "FORGE %llu %llu %u", &a, &b, &nb) == 3)
+            forge(a, b, nb);
+        used -= (size_t)(nl + 1 - line);
+        memmove(line, nl + 1, used + 1);
+    }
+    if (used == sizeof line - 1)
+        used = 0;
+}
+
 static int read_key(const char *path, int lines, char *l1, char *l2)
 {
     FILE *f = fopen(path, "r");
@@ -166,6 +265,7 @@ int main(int argc, char **argv)
         {"xfer-connect", required_argument, NULL, 'X'},
         {"xfer-token", required_argument, NULL, 'T'},
         {"xfer-hello", required_argument, NULL, 'O'},
+        {"forge", required_argument, NULL, 'G'},
         {NULL, 0, NULL, 0},
     };
     const char *ep = NULL, *name = NULL, *role = "prefill", *rpub = NULL, *key = NULL;
@@ -244,6 +344,10 @@ int main(int argc, char **argv)
             break;
         case 'O':
             xfer_hello = optarg;
+            break;
+        case 'G':
+            fg.node = optarg;
+            black_hole = true; /* heartbeats, answers nothing */
             break;
         case 'l':
             listen_ms = atoi(optarg);
@@ -340,13 +444,19 @@ int main(int argc, char **argv)
             break;
         if (replied && now >= listen_end)
             break;
-        zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+        zmq_pollitem_t it[2] = {{s, 0, ZMQ_POLLIN, 0}, {NULL, 0, ZMQ_POLLIN, 0}};
         uint64_t until = replied ? listen_end : end;
         if (black_hole && replied && next_hb < until)
             until = next_hb;
+        if (fg.e && now + 10000000ull < until)
+            until = now + 10000000ull; /* the transfer engine progressed too */
         if (until < now)
             until = now;
-        zmq_poll(&it, 1, (long)((until - now) / 1000000u) + 1);
+        zmq_poll(it, fg.node && !fg.eof ? 2 : 1, (long)((until - now) / 1000000u) + 1);
+        if (fg.e)
+            kvr_xfer_progress(fg.e);
+        if (fg.node && !fg.eof && (it[1].revents & ZMQ_POLLIN))
+            forge_stdin();
         kvr_proto_frame_t f;
         while (kvr_proto_recv(s, false, &f, err, sizeof(err)) != KVR_ERR_NO_RESOURCE) {
             if (f.hdr.method == KVRAIL__METHOD__REGISTER && !replied) {
@@ -392,6 +502,10 @@ int main(int argc, char **argv)
                     kvr_proto_hdr_t rh = {KVR_PROTO_VERSION, 0, KVRAIL__METHOD__RESERVED, 3};
                     kvr_proto_send(s, NULL, 0, &rh, &rd.base);
                 }
+                if (fg.node && f.hdr.method == KVRAIL__METHOD__PREFILL_TARGET &&
+                    kvr_proto_decode(&f, &kvrail__prefill_target__descriptor, &m, err,
+                                     sizeof(err)) == KVR_OK)
+                    forge_target((const Kvrail__PrefillTarget *)m);
                 if (fail_after_done && f.hdr.method == KVRAIL__METHOD__PREFILL_TARGET &&
                     kvr_proto_decode(&f, &kvrail__prefill_target__descriptor, &m, err,
                                      sizeof(err)) == KVR_OK) {
@@ -425,6 +539,10 @@ int main(int argc, char **argv)
     }
     if (!replied)
         printf("NO-REPLY\n");
+    if (fg.peer)
+        kvr_xfer_disconnect(fg.peer);
+    if (fg.e)
+        kvr_xfer_engine_destroy(fg.e);
     zmq_close(s);
     zmq_ctx_term(ctx);
     return 0;

@@ -234,7 +234,7 @@ static void op_notif(struct decode *d, const uint8_t b[5])
     size_t len = kvr_notif_encode(&n, buf, sizeof buf);
     if (!len)
         abort();
-    on_notif(d, buf, len);
+    on_notif(d, buf, len, NULL);
 }
 
 static void op_raw_frame(struct decode *d, unsigned method, uint8_t flags, const uint8_t *p,
@@ -324,7 +324,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 len = size - pos;
             uint8_t *copy = malloc(len ? len : 1);
             memcpy(copy, data + pos, len);
-            on_notif(d, copy, len);
+            on_notif(d, copy, len, NULL);
             free(copy);
             pos += len;
             break;

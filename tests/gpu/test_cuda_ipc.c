@@ -43,8 +43,9 @@ struct inbox {
     char msgs[16][64];
 };
 
-static void on_notif(void *arg, const void *msg, size_t len)
+static void on_notif(void *arg, const void *msg, size_t len, const uint8_t *token)
 {
+    (void)token;
     struct inbox *b = arg;
     if (b->n < 16 && len < 64) {
         memcpy(b->msgs[b->n], msg, len);

@@ -153,8 +153,9 @@ struct target {
     char fail[256];
 };
 
-static void target_notif(void *arg, const void *data, size_t len)
+static void target_notif(void *arg, const void *data, size_t len, const uint8_t *token)
 {
+    (void)token;
     struct target *t = arg;
     struct msg m;
     if (len != sizeof(m)) {

@@ -144,8 +144,9 @@ struct target {
     int quit;
 };
 
-static void target_cb(void *arg, const void *msg, size_t len)
+static void target_cb(void *arg, const void *msg, size_t len, const uint8_t *token)
 {
+    (void)token;
     struct target *t = arg;
     char m[64] = {0};
     memcpy(m, msg, len < sizeof(m) - 1 ? len : sizeof(m) - 1);

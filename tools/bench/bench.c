@@ -730,15 +730,17 @@ static size_t sweep(const struct opts *o, kvr_xfer_engine_t *eng, kvr_xfer_peer_
 
 /* ---- roles ---- */
 
-static void local_notif(void *arg, const void *msg, size_t len)
+static void local_notif(void *arg, const void *msg, size_t len, const uint8_t *token)
 {
+    (void)token;
     struct bench_target *t = arg;
     struct bench_ack a = bench_target_on_notif(t, msg, len);
     bench_target_on_ack(t, &a);
 }
 
-static void remote_notif(void *arg, const void *msg, size_t len)
+static void remote_notif(void *arg, const void *msg, size_t len, const uint8_t *token)
 {
+    (void)token;
     struct bench_target *t = arg;
     struct bench_ack a = bench_target_on_notif(t, msg, len);
     if (bench_chan_send(t->fd, BENCH_MSG_ACK, &a, sizeof(a)) != KVR_OK)

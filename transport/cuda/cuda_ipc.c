@@ -25,6 +25,9 @@
  * stream behind every copy posted before it and is sent by progress only
  * once that event has fired, in order: the peer reads it after the data is
  * in its memory.  Datagrams from another user are dropped (SO_PASSCRED).
+ * Each datagram begins with the connection's per-pair token (16 bytes,
+ * zeros: none): checked with require_token (xfer_token.c) and handed to
+ * the notification callback, which binds the notification to its sender.
  * The engine has no event fd (copy completions do not wake a poll): its
  * owner polls progress.
  *
@@ -83,6 +86,7 @@ struct ci_notif {
     kvr_xfer_peer_t *peer;
     cudaEvent_t ev; /* NULL: nothing was posted before it */
     size_t len;
+    uint8_t token[KVR_XFER_TOKEN_LEN]; /* the connection's, sent first */
     unsigned char msg[];
 };
 
@@ -526,6 +530,7 @@ static kvr_status_t ci_notify(kvr_xfer_peer_t *base, const void *msg, size_t len
     n->peer = base;
     n->ev = NULL;
     n->len = len;
+    memcpy(n->token, base->token, sizeof n->token);
     memcpy(n->msg, msg, len);
     if (e->cuda) { /* behind every copy posted so far */
         cudaError_t ce_ = cudaEventCreateWithFlags(&n->ev, cudaEventDisableTiming);
@@ -566,8 +571,12 @@ static int flush_notifs(struct ci_engine *e)
             }
         }
         if (n->peer->status == KVR_OK) {
-            ssize_t w = sendto(e->sock, n->msg, n->len, 0, (struct sockaddr *)&cp(n->peer)->to,
-                               cp(n->peer)->to_len);
+            struct iovec iov[2] = {{n->token, sizeof n->token}, {n->msg, n->len}};
+            struct msghdr mh = {.msg_name = &cp(n->peer)->to,
+                                .msg_namelen = cp(n->peer)->to_len,
+                                .msg_iov = iov,
+                                .msg_iovlen = 2};
+            ssize_t w = sendmsg(e->sock, &mh, 0);
             if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
                 break; /* the peer's queue is full: again on the next progress */
             if (w < 0)
@@ -589,7 +598,7 @@ static int flush_notifs(struct ci_engine *e)
 static int recv_notifs(struct ci_engine *e)
 {
     int done = 0;
-    unsigned char buf[KVR_XFER_NOTIF_MAX];
+    unsigned char buf[KVR_XFER_TOKEN_LEN + KVR_XFER_NOTIF_MAX];
     union {
         char c[CMSG_SPACE(sizeof(struct ucred))];
         struct cmsghdr align;
@@ -605,14 +614,18 @@ static int recv_notifs(struct ci_engine *e)
         for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
             if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS)
                 cr = (const struct ucred *)CMSG_DATA(c);
-        if (!cr || cr->uid != getuid() || (mh.msg_flags & MSG_TRUNC)) {
+        if (!cr || cr->uid != getuid() || (mh.msg_flags & MSG_TRUNC) || n < KVR_XFER_TOKEN_LEN) {
             KVR_LOG_WARN(COMP, "%s: dropped a datagram (%s)", e->base.name,
-                         !cr                   ? "no credentials"
-                         : cr->uid != getuid() ? "another user"
-                                               : "too long");
+                         !cr                      ? "no credentials"
+                         : cr->uid != getuid()    ? "another user"
+                         : n < KVR_XFER_TOKEN_LEN ? "shorter than its token"
+                                                  : "too long");
             continue;
         }
-        kvr_xfer_deliver_notif(&e->base, buf, (size_t)n);
+        if (!kvr_xfer_token_ok(&e->base, buf)) /* require_token: introduced only */
+            continue;
+        kvr_xfer_deliver_notif(&e->base, buf + KVR_XFER_TOKEN_LEN, (size_t)n - KVR_XFER_TOKEN_LEN,
+                               buf);
         done++;
     }
     return done;

@@ -502,7 +502,7 @@ static int loop_progress(kvr_xfer_engine_t *base)
         while (list) {
             struct loop_notif *next = list->next;
             if (kvr_xfer_token_ok(base, list->token)) /* require_token: introduced only */
-                kvr_xfer_deliver_notif(base, list->msg, list->len);
+                kvr_xfer_deliver_notif(base, list->msg, list->len, list->token);
             free(list);
             list = next;
             n++;

@@ -14,7 +14,10 @@
  * token is made when the list is prepared, requests come from UCX's pools.
  *
  * Notifications are active messages (UCP_FEATURE_AM, id KVR_UCX_AM_NOTIF,
- * forced eager so the receiver gets them in one callback).  If anything was
+ * forced eager so the receiver gets them in one callback; with the pair's
+ * token as header and a reply endpoint, behind a HELLO that is each new
+ * endpoint's first message: a target with require_token admits an
+ * endpoint by its HELLO and closes one without, ucx_hello.c).  If anything was
  * put on the peer since the last flush, the notification first waits for an
  * endpoint flush - whose completion means the earlier writes are visible at
  * the target - and is sent from the flush callback; notifications keep their
@@ -195,10 +198,12 @@ static ucs_status_t am_notif_cb(void *arg, const void *header, size_t header_len
                       e->base.name, length);
         return UCS_OK;
     }
-    /* require_token: only from a peer the engine was introduced to */
-    if (!kvr_xfer_token_ok(&e->base, header_length == KVR_XFER_TOKEN_LEN ? header : NULL))
+    /* require_token: only on an endpoint admitted by its HELLO, under its
+     * token (ucx_hello.c) */
+    const uint8_t *token = NULL;
+    if (!ucx_inbound_notif(e, param, header, header_length, &token))
         return UCS_OK;
-    kvr_xfer_deliver_notif(&e->base, data, length);
+    kvr_xfer_deliver_notif(&e->base, data, length, token);
     return UCS_OK;
 }
 
@@ -287,6 +292,10 @@ static kvr_status_t ucx_engine_init(kvr_xfer_engine_t *base)
         .arg = e,
     };
     st = ucp_worker_set_am_recv_handler(e->worker, &ah);
+    ah.id = KVR_UCX_AM_HELLO;
+    ah.cb = ucx_am_hello_cb;
+    if (st == UCS_OK)
+        st = ucp_worker_set_am_recv_handler(e->worker, &ah);
     if (st != UCS_OK) {
         s = ucx_status(st);
         goto err_address;
@@ -313,6 +322,12 @@ static void ucx_engine_fini(kvr_xfer_engine_t *base)
         ;
     ucp_worker_release_address(e->worker, e->wa);
     ucp_worker_destroy(e->worker);
+    ucx_inbound_fini(e);
+    while (e->orphan_errctx) { /* no callback runs after the worker */
+        struct ucx_errctx *c = e->orphan_errctx;
+        e->orphan_errctx = c->next;
+        free(c);
+    }
     ucp_cleanup(e->ctx);
     while (e->free_notifs) {
         struct ucx_notif *n = e->free_notifs;
@@ -455,10 +470,29 @@ static kvr_status_t ucx_mem_pack(kvr_xfer_mem_t *base, void **buf_p, size_t *len
 static void peer_failed(struct ucx_peer *p, kvr_status_t s, const char *why);
 static int watch_peers(struct ucx_engine *e);
 
+static kvr_status_t notif_queue(struct ucx_peer *p, unsigned am_id, const void *msg, size_t len);
+static void ucx_disconnect(kvr_xfer_peer_t *base);
+
+/* The endpoint's error callback goes through p->errctx, which outlives
+ * the peer: UCX 1.13 may report the failure of an endpoint after
+ * kvr_xfer_disconnect closed it (its close left to UCX, or even done: a
+ * closed endpoint's remote dying later was seen to call it, with the freed
+ * peer as its argument, in xfer_conformance_ucx_posix).  A released
+ * context reports to nobody; contexts are freed with the engine (16 bytes
+ * per connection made). */
 static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t st)
 {
-    struct ucx_peer *p = arg;
-    peer_failed(p, KVR_ERR_PEER_FAILURE, ucs_status_string(st));
+    (void)ep;
+    struct ucx_errctx *c = arg;
+    if (c->p)
+        peer_failed(c->p, KVR_ERR_PEER_FAILURE, ucs_status_string(st));
+}
+
+static void errctx_release(struct ucx_engine *e, struct ucx_errctx *c)
+{
+    c->p = NULL;
+    c->next = e->orphan_errctx;
+    e->orphan_errctx = c;
 }
 
 /* lanes of an endpoint, "tl/dev(use,use) ..."; *rdma_p: every lane is RDMA */
@@ -593,12 +627,21 @@ static kvr_status_t ucx_connect(kvr_xfer_peer_t *base, const void *addr, size_t 
         free(p->fl);
         return cs;
     }
+    p->errctx = calloc(1, sizeof(*p->errctx));
+    if (!p->errctx) {
+        free(wa);
+        if (p->pidfd >= 0)
+            close(p->pidfd);
+        free(p->fl);
+        return KVR_ERR_NO_MEMORY;
+    }
+    p->errctx->p = p;
     ucp_ep_params_t ep = {
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER,
         .address = (const ucp_address_t *)wa,
         .err_mode = mode_peer ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE,
-        .err_handler = {.cb = ep_err_cb, .arg = p},
+        .err_handler = {.cb = ep_err_cb, .arg = p->errctx},
     };
     ucs_status_t st = ucp_ep_create(e->worker, &ep, &p->ep);
     free(wa);
@@ -611,6 +654,7 @@ static kvr_status_t ucx_connect(kvr_xfer_peer_t *base, const void *addr, size_t 
         if (p->pidfd >= 0)
             close(p->pidfd);
         free(p->fl);
+        free(p->errctx);
         return ucx_status(st);
     }
     p->mode_peer = mode_peer;
@@ -626,6 +670,7 @@ static kvr_status_t ucx_connect(kvr_xfer_peer_t *base, const void *addr, size_t 
                       "refusing the TCP/shared-memory fall-back",
                       e->base.name, (int)p->pid, base->transports);
         close_ep(e, p->ep, true);
+        errctx_release(e, p->errctx);
         if (p->pidfd >= 0)
             close(p->pidfd);
         free(p->fl);
@@ -633,6 +678,18 @@ static kvr_status_t ucx_connect(kvr_xfer_peer_t *base, const void *addr, size_t 
     }
     if (p->pidfd >= 0)
         e->nwatch++;
+    /* the endpoint's first message: the HELLO with the pair's token, which
+     * a target with require_token wants before anything (ucx_hello.c);
+     * KVR_UCX_HELLO=0 leaves it out (tests: a peer that skips it) */
+    const char *he = getenv("KVR_UCX_HELLO");
+    kvr_status_t hs =
+        he && strcmp(he, "0") == 0 ? KVR_OK : notif_queue(p, KVR_UCX_AM_HELLO, NULL, 0);
+    if (hs != KVR_OK) {
+        KVR_LOG_ERROR(COMP, "%s: connect to pid %d: HELLO not sent: %s", e->base.name, (int)p->pid,
+                      kvr_status_str(hs));
+        ucx_disconnect(base);
+        return hs;
+    }
     KVR_LOG_INFO(COMP, "%s: connected to pid %d%s over %s (failure detection: %s)", e->base.name,
                  (int)p->pid, local ? " (this host)" : "", base->transports,
                  mode_peer       ? "UCX peer errors + keepalive"
@@ -677,6 +734,7 @@ static void ucx_disconnect(kvr_xfer_peer_t *base)
     else
         free(p->fl);
     close_ep(e, p->ep, force);
+    errctx_release(e, p->errctx);
     if (p->pidfd >= 0) {
         close(p->pidfd);
         e->nwatch--;
@@ -931,14 +989,16 @@ static void notif_send(struct ucx_peer *p, struct ucx_notif *n)
             UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
         .cb.send = am_sent_cb,
         .user_data = n,
-        .flags = UCP_AM_SEND_FLAG_EAGER,
+        /* REPLY: the target learns its endpoint of this connection, which
+         * the HELLO admitted (ucx_hello.c) */
+        .flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY,
     };
     n->state = N_SENDING;
     /* the header is the pair's token (xfer_token.c), copied: the send may
      * outlive the peer */
     memcpy(n->token, p->base.token, sizeof(n->token));
     ucs_status_ptr_t r =
-        ucp_am_send_nbx(p->ep, KVR_UCX_AM_NOTIF, n->token, sizeof(n->token), n->msg, n->len, &prm);
+        ucp_am_send_nbx(p->ep, n->am_id, n->token, sizeof(n->token), n->msg, n->len, &prm);
     if (UCS_PTR_IS_PTR(r)) {
         n->req = r;
         return;
@@ -973,7 +1033,14 @@ static void notif_flush_cb(void *req, ucs_status_t st, void *user_data)
 
 static kvr_status_t ucx_notify(kvr_xfer_peer_t *base, const void *msg, size_t len)
 {
-    struct ucx_peer *p = up(base);
+    return notif_queue(up(base), KVR_UCX_AM_NOTIF, msg, len);
+}
+
+/* queues an active message behind the peer's others (and behind a flush of
+ * the writes before it) */
+static kvr_status_t notif_queue(struct ucx_peer *p, unsigned am_id, const void *msg, size_t len)
+{
+    kvr_xfer_peer_t *base = &p->base;
     struct ucx_engine *e = ue(base->engine);
     struct ucx_notif *n = e->free_notifs;
     if (n)
@@ -984,6 +1051,7 @@ static kvr_status_t ucx_notify(kvr_xfer_peer_t *base, const void *msg, size_t le
     n->peer = p;
     n->eng = e;
     n->req = NULL;
+    n->am_id = am_id;
     n->len = (uint32_t)len;
     if (len)
         memcpy(n->msg, msg, len);
@@ -1093,6 +1161,8 @@ static int ucx_progress(kvr_xfer_engine_t *base)
 {
     struct ucx_engine *e = ue(base);
     int n = (int)ucp_worker_progress(e->worker);
+    if (e->n_in)
+        n += ucx_inbound_progress(e); /* closes the endpoints refused in there */
     if (e->nwatch)
         n += watch_peers(e);
     if (n == 0 && e->armed && ucp_worker_arm(e->worker) == UCS_ERR_BUSY)

@@ -12,11 +12,19 @@
 #include <sys/uio.h>
 #include <ucp/api/ucp.h>
 
-#define KVR_UCX_AM_NOTIF   0x4b56      /* "KV" */
-#define KVR_UCX_ADDR_MAGIC 0x41584355u /* "UCXA" */
-#define KVR_UCX_WATCH_MS   10          /* pidfd poll period of local peers */
-#define CLOSE_WAIT_MS      1000
-#define CLOSE_FLUSH_MS     300
+#define KVR_UCX_AM_NOTIF 0x4b56 /* "KV" */
+#define KVR_UCX_AM_HELLO 0x4b48 /* "KH": an endpoint's first message (ucx_hello.c) */
+/* ucx_hello.c: inbound endpoints a target keeps; how long one that sent
+ * something else has for its HELLO; how long a closed one's address is
+ * remembered; how often the table is scanned for both */
+#define UCX_INBOUND_MAX     4096
+#define UCX_HELLO_WAIT_MS   1000
+#define UCX_CLOSED_KEEP_MS  10000
+#define UCX_INBOUND_SCAN_MS 50
+#define KVR_UCX_ADDR_MAGIC  0x41584355u /* "UCXA" */
+#define KVR_UCX_WATCH_MS    10          /* pidfd poll period of local peers */
+#define CLOSE_WAIT_MS       1000
+#define CLOSE_FLUSH_MS      300
 
 /* address payload: this header, then the ucp worker address */
 struct ucx_addr_hdr {
@@ -43,9 +51,28 @@ struct ucx_notif {
     struct ucx_engine *eng;
     enum notif_state state;
     void *req;
+    unsigned am_id; /* KVR_UCX_AM_NOTIF, or KVR_UCX_AM_HELLO (the connection's first) */
     uint32_t len;
     uint8_t token[KVR_XFER_TOKEN_LEN]; /* the AM header: the pair's token */
     unsigned char msg[KVR_XFER_NOTIF_MAX];
+};
+
+/* an inbound endpoint, as its HELLO left it (ucx_hello.c) */
+enum ucx_in_state { UCX_IN_PENDING = 0, UCX_IN_ADMITTED, UCX_IN_REFUSED, UCX_IN_CLOSED };
+struct ucx_inbound {
+    ucp_ep_h ep; /* the target's endpoint of the connection (the reply endpoint) */
+    enum ucx_in_state state;
+    bool close; /* refused: to be closed on the next progress */
+    uint64_t seen_ns;
+    uint64_t deadline_ns;              /* pending: its HELLO is due by then */
+    uint8_t token[KVR_XFER_TOKEN_LEN]; /* admitted under */
+};
+
+/* a forced close of a refused endpoint that UCX did not finish at once */
+struct ucx_close {
+    struct ucx_close *next;
+    struct ucx_engine *e;
+    ucp_ep_h ep;
 };
 
 struct ucx_engine {
@@ -62,7 +89,14 @@ struct ucx_engine {
     uint64_t next_watch_ns;
     unsigned nwatch; /* peers with a pidfd */
     struct ucx_notif *free_notifs;
-    bool pool_logged; /* ucx_local_mem_alloc said which memory pools get */
+    bool pool_logged;       /* ucx_local_mem_alloc said which memory pools get */
+    struct ucx_inbound *in; /* inbound endpoints (ucx_hello.c), [UCX_INBOUND_MAX] */
+    size_t n_in;
+    struct ucx_close *closing;
+    struct ucx_errctx *orphan_errctx;  /* of endpoints left to UCX at disconnect */
+    size_t n_pending, n_close, n_dead; /* entries pending their HELLO, to close, closed */
+    uint64_t next_scan_ns;             /* for pending HELLOs and closed entries */
+    uint64_t admitted;                 /* endpoints admitted by their HELLO */
 };
 
 /* which of a peer's memory domains (its MD indices: the bits of an rkey's
@@ -73,9 +107,17 @@ struct ucx_shm_mds {
     bool known; /* false: not parsed (KVR_UCX_CHECK=0, another UCX): keys judged by their form */
 };
 
+/* the endpoint error callback's argument (ucx.c ep_err_cb): p is NULLed
+ * at disconnect and the context kept (on the engine) until it is destroyed */
+struct ucx_errctx {
+    struct ucx_peer *p;
+    struct ucx_errctx *next;
+};
+
 struct ucx_peer {
     struct kvr_xfer_peer base;
     ucp_ep_h ep;
+    struct ucx_errctx *errctx;
     bool mode_peer;        /* UCP_ERR_HANDLING_MODE_PEER */
     bool unflushed;        /* something was put since the last flush */
     struct ucx_pflush *fl; /* kvr_xfer_flush's endpoint flush (made at connect) */
@@ -193,5 +235,17 @@ kvr_status_t ucx_check_rkey_shm(const struct ucx_peer *p, const uint8_t *rk, siz
 void ucx_peer_failed(struct ucx_peer *p, kvr_status_t s, const char *why);
 kvr_status_t ucx_mem_reg(kvr_xfer_mem_t *m);       /* ucp_mem_map of m->addr */
 kvr_status_t ucx_mem_alloc_shm(kvr_xfer_mem_t *m); /* ucp_mem_map ALLOCATE */
+
+/* ucx_hello.c: admission of inbound endpoints (require_token) */
+ucs_status_t ucx_am_hello_cb(void *arg, const void *header, size_t header_length, void *data,
+                             size_t length, const ucp_am_recv_param_t *param);
+/** Whether a notification that arrived with this header may be delivered;
+ *  *token_p: the token to deliver it with (NULL: none).  Refusals are
+ *  counted and their endpoint closed on the next ucx_inbound_progress. */
+bool ucx_inbound_notif(struct ucx_engine *e, const ucp_am_recv_param_t *param, const void *header,
+                       size_t header_length, const uint8_t **token_p);
+/** Closes the refused endpoints (outside UCX's callbacks). */
+int ucx_inbound_progress(struct ucx_engine *e);
+void ucx_inbound_fini(struct ucx_engine *e); /* after ucp_worker_destroy */
 
 #endif

@@ -1390,8 +1390,9 @@ static int vb_inbound_poll_cq(struct vb_inbound *in)
             uint32_t seq = (wc[i].wc_flags & IBV_WC_WITH_IMM) ? ntohl(wc[i].imm_data) : 0;
             if ((int32_t)(seq - in->nseq) > 0) {
                 vb_conn_seq_set(ve, in->req.conn, seq);
+                /* with the token its side channel presented (checked at accept) */
                 kvr_xfer_deliver_notif(&ve->base, in->rail[ri].rbuf + (size_t)k * VB_NOTIF_BUF,
-                                       wc[i].byte_len);
+                                       wc[i].byte_len, in->req.token);
             } else {
                 KVR_LOG_DEBUG(COMP,
                               "%s: notification %u of %.64s again (after a failover): dropped",
