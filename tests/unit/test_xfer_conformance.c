@@ -705,17 +705,32 @@ static void test_tokens(struct side *a)
     KVR_CHECK_STATUS(token_try(a, t, NULL, 1), KVR_ERR_MISMATCH);
     KVR_CHECK_STATUS(token_try(a, t, t2, 1), KVR_ERR_MISMATCH);
     KVR_CHECK_STATUS(token_try(a, t, t1, 1), KVR_OK);
-    if (strcmp(backend, "ucx") == 0) /* the right token, but no HELLO: closed in time */
-        KVR_CHECK_STATUS(token_try(a, t, t1, 0), KVR_ERR_MISMATCH);
     KVR_CHECK_STATUS(token_try(a, t, t1, 1), KVR_OK); /* again, after the refusals */
-    kvr_xfer_token_revoke(t, t1);
-    KVR_CHECK_STATUS(token_try(a, t, t1, 1), KVR_ERR_MISMATCH);
+    /* the revoked token, and (ucx) the right token without a HELLO, each
+     * on an engine of its own: UCX may give a new endpoint the address of
+     * one closed moments ago, whose messages are then dropped but which is
+     * not closed again for UCX_CLOSED_KEEP_MS (it may be the old one's) */
+    for (int no_hello = 0; no_hello < 2; no_hello++) {
+        if (no_hello && strcmp(backend, "ucx") != 0)
+            break;
+        kvr_xfer_engine_t *fresh;
+        KVR_CHECK_STATUS(kvr_xfer_engine_create(&cfg, &fresh), KVR_OK);
+        KVR_CHECK_STATUS(kvr_xfer_token_allow(fresh, t1), KVR_OK);
+        if (no_hello) {
+            KVR_CHECK_STATUS(token_try(a, fresh, t1, 0), KVR_ERR_MISMATCH);
+        } else {
+            KVR_CHECK_STATUS(token_try(a, fresh, t1, 1), KVR_OK);
+            kvr_xfer_token_revoke(fresh, t1);
+            KVR_CHECK_STATUS(token_try(a, fresh, t1, 1), KVR_ERR_MISMATCH);
+        }
+        kvr_xfer_engine_destroy(fresh);
+    }
     struct kvr_xfer_engine_stats st;
     kvr_xfer_engine_stats(t, &st);
-    KVR_CHECK(st.refused >= 3);
+    KVR_CHECK(st.refused >= 2);
     fprintf(stderr,
-            "tokens: none, wrong, no HELLO (ucx) and revoked refused (%llu refused, %llu "
-            "connections closed at connect), the allowed one accepted\n",
+            "tokens: none, wrong, revoked and (ucx) no HELLO refused (on the first engine: %llu "
+            "refused, %llu connections closed at connect), the allowed one accepted\n",
             (unsigned long long)st.refused, (unsigned long long)st.refused_connections);
     kvr_xfer_engine_destroy(t);
 }

@@ -14,14 +14,21 @@
  * bounded table of its inbound endpoints (UCX_INBOUND_MAX, the least
  * recently seen one reused when full):
  *  - a HELLO with an allowed token admits its endpoint under that token;
- *  - a HELLO without one, a first message that is not a HELLO, or any
- *    message without a reply endpoint is refused and counted
- *    (stats.refused); the endpoint is marked refused, nothing from it is
- *    ever delivered, and it is closed (ucp_ep_close_nbx, forced) on the
- *    engine's next progress, outside UCX's callback.  A closed endpoint's
- *    later messages are dropped by UCX itself (its endpoint id is gone);
- *    a peer reached over TCP or RDMA (UCX's peer error mode) loses the
- *    connection, and with it the puts it would still make over it.
+ *  - a HELLO without one refuses the endpoint: counted (stats.refused),
+ *    nothing from it ever delivered, and closed (ucp_ep_close_nbx, forced)
+ *    on the engine's next progress, outside UCX's callback, counted again
+ *    (stats.refused_connections).  A peer reached over TCP or RDMA (UCX's
+ *    peer error mode) loses the connection, and with it the puts it would
+ *    still make over it;
+ *  - anything else first (a notification) is dropped and counted, and the
+ *    endpoint has UCX_HELLO_WAIT_MS for its HELLO before it is refused and
+ *    closed the same way (not at once: a message still in flight from an
+ *    endpoint closed before may come with the address UCX gave a new one);
+ *  - a closed endpoint's address is remembered for UCX_CLOSED_KEEP_MS: UCX
+ *    1.13 names an endpoint of an unchecked error mode by its address and
+ *    hands even a freed one over as the reply endpoint of a stale message.
+ *    What comes on it then is dropped, never closed twice; a valid HELLO
+ *    there is a new endpoint at that address, and admitted;
  *  - a notification on an admitted endpoint is delivered with the token
  *    the endpoint was admitted under, once its header carries the same
  *    token and that token is still allowed (kvr_xfer_token_revoke stops
@@ -38,7 +45,9 @@
  * closing an endpoint does not unmap.  An endpoint UCX destroys on its own
  * (its peer gone) may leave a stale entry whose address UCX later reuses:
  * the new endpoint's HELLO replaces it, and a peer that skips the HELLO
- * still needs the old entry's token in its notifications' header.
+ * still needs the old entry's token in its notifications' header.  A new
+ * endpoint given a just-closed one's address and sending no HELLO is not
+ * closed until that address is forgotten (its messages are dropped).
  */
 #include "ucx_internal.h"
 
