@@ -14,6 +14,7 @@ processes, kvrail-loadgen).  Prompts are longer than the local-prefill
 threshold, so every request is disaggregated; the decode node's stats must
 show KV blocks received.  Exits 77 when the cluster binaries are not built.
 """
+import contextlib
 import os
 import random
 import sys
@@ -31,6 +32,20 @@ class SlowCluster(Cluster):
 
     def status(self, timeout_ms=3000):
         return Cluster.status(self, max(timeout_ms, 5000))
+
+
+@contextlib.contextmanager
+def cluster_up(c):
+    """c started; the tails of its logs on a failure; stopped on every exit path"""
+    try:
+        c.start(timeout=100)
+        yield c
+    except Fail:
+        for n in ("router", "prefill0", "decode0"):
+            print(c.tail(n), file=sys.stderr)
+        raise
+    finally:
+        c.stop()
 
 
 RAILS = {"prefill": "rxe0:1:0,rxe2:1:0", "decode": "rxe1:1:0,rxe3:1:0"}
@@ -55,53 +70,68 @@ def set_link(dev, state):
     check(r.returncode == 0, "ip link set %s %s: %s" % (dev, state, r.stderr))
 
 
+def rxe_counter(dev, name):
+    try:
+        return open("/sys/class/infiniband/%s/ports/1/hw_counters/%s" % (dev, name)).read().strip()
+    except OSError:
+        return "?"
+
+
 def linkdown(b, wd, model):
     rng = random.Random(12)
     warm = [([rng.randrange(4, 512) for _ in range(60)], 4)]
     prompts = [([rng.randrange(4, 512) for _ in range(rng.randrange(40, 120))], 6)
                for _ in range(10)]
+    t0 = time.time()
     ref = reference(b, model, warm + prompts)
+    print("kvrail run: %.1f s" % (time.time() - t0))
     c = SlowCluster(b, wd, model, transport="verbs", local_prefill_tokens=8)
     two_rails(c.config)
     down = False
     try:
-        c.start(timeout=100)
-        # one request first: the prefill node's connection (both rails) is made
-        rc, outs, log = c.loadgen(warm, ["--no-ignore-eos"], timeout=150, name="warm")
-        check(rc == 0, "warm-up request: kvrail-loadgen exit %d: %s" % (rc, log[-800:]))
-        check_outputs(outs, ref[:1], what="warm-up over two rails")
-        kv0 = c.stats("decode0").get("kv_bytes_received", 0)
-        check(kv0 > 0, "decode0 received no KV bytes")
-        plog = open(c.logs["prefill0"]).read()
-        check("rxe0:1->rxe1:1,rc/rxe2:1->rxe3:1" in plog, "prefill0 is not on two rails:\n" +
-              plog[-1500:])
-        h = c.loadgen_start(prompts, ["--concurrency", "2", "--no-ignore-eos"], name="load")
-        # rail 0's link goes down once the load has moved more KV
-        deadline = time.time() + 120
-        while c.stats("decode0").get("kv_bytes_received", 0) <= kv0 and time.time() < deadline:
-            time.sleep(0.05)
-        set_link("veth0", "down")
-        down = True
-        print("veth0 (rail 0) down under load")
-        rc, outs, log = c.loadgen_wait(h)
-        check(rc == 0, "kvrail-loadgen exit %d under the link failure: %s" % (rc, log[-800:]))
-        check_outputs(outs, ref[1:], what="over two rails, rail 0's link down")
-        plog = open(c.logs["prefill0"]).read()
-        check("rail 0 (rxe0" in plog and "failed" in plog,
-              "prefill0's log shows no failover of rail 0:\n" + plog[-2000:])
-        moved = [l for l in plog.splitlines() if "rail 0 (rxe0" in l and "failed" in l]
-        print("prefill0: %s" % moved[0][moved[0].find("rail 0"):][:300])
-        ds = c.stats("decode0")
-        print("1P+1D over two rails, rail 0's link down under load: %d requests, every one "
-              "equal to kvrail run; decode0 kv_bytes_received %d" %
-              (len(prompts), ds.get("kv_bytes_received", 0)))
-        return 0
-    except Fail:
-        for n in ("router", "prefill0", "decode0"):
-            print(c.tail(n), file=sys.stderr)
-        raise
+        with cluster_up(c):
+            print("cluster up: %.1f s" % (time.time() - t0))
+            # one request first: the prefill node's connection (both rails) is made
+            rc, outs, log = c.loadgen(warm, ["--no-ignore-eos"], timeout=150, name="warm")
+            check(rc == 0, "warm-up request: kvrail-loadgen exit %d: %s" % (rc, log[-800:]))
+            check_outputs(outs, ref[:1], what="warm-up over two rails")
+            kv0 = c.stats("decode0").get("kv_bytes_received", 0)
+            check(kv0 > 0, "decode0 received no KV bytes")
+            plog = open(c.logs["prefill0"]).read()
+            check("rxe0:1->rxe1:1,rc/rxe2:1->rxe3:1" in plog,
+                  "prefill0 is not on two rails:\n" + plog[-1500:])
+            print("warm-up done: %.1f s" % (time.time() - t0))
+            h = c.loadgen_start(prompts, ["--concurrency", "2", "--no-ignore-eos"], name="load")
+            # rail 0's link goes down once the load has moved more KV
+            deadline = time.time() + 120
+            while (c.stats("decode0").get("kv_bytes_received", 0) <= kv0 and
+                   time.time() < deadline):
+                time.sleep(0.05)
+            set_link("veth0", "down")
+            down = True
+            print("veth0 (rail 0) down under load: %.1f s" % (time.time() - t0))
+            rc, outs, log = c.loadgen_wait(h)
+            print("load done: %.1f s" % (time.time() - t0))
+            check(rc == 0, "kvrail-loadgen exit %d under the link failure: %s" %
+                  (rc, log[-800:]))
+            check_outputs(outs, ref[1:], what="over two rails, rail 0's link down")
+            plog = open(c.logs["prefill0"]).read()
+            check("rail 0 (rxe0" in plog and "failed" in plog,
+                  "prefill0's log shows no failover of rail 0:\n" + plog[-2000:])
+            moved = [l for l in plog.splitlines() if "rail 0 (rxe0" in l and "failed" in l]
+            print("prefill0: %s" % moved[0][moved[0].find("rail 0"):][:300])
+            # the port state comes from the device's async events: rxe delivers
+            # IBV_EVENT_PORT_ERR when its netdev goes down
+            check("rxe0:1: port down (async event IBV_EVENT_PORT_ERR)" in plog,
+                  "prefill0 saw no port-down event of rxe0:\n" + plog[-2000:])
+            print("prefill0 took rxe0's port down from its async event; rxe0 send errors: %s" %
+                  rxe_counter("rxe0", "send_err"))
+            ds = c.stats("decode0")
+            print("1P+1D over two rails, rail 0's link down under load: %d requests, every one "
+                  "equal to kvrail run; decode0 kv_bytes_received %d" %
+                  (len(prompts), ds.get("kv_bytes_received", 0)))
+            return 0
     finally:
-        c.stop()
         if down:
             set_link("veth0", "up")
 
@@ -122,8 +152,7 @@ def main():
     prompts = [([rng.randrange(4, 512) for _ in range(n)], 5) for n in (40, 90)]
     ref = reference(b, model, prompts)
     c = SlowCluster(b, wd, model, transport="verbs", local_prefill_tokens=8)
-    try:
-        c.start(timeout=100)
+    with cluster_up(c):
         rc, outs, log = c.loadgen(prompts, ["--concurrency", "2", "--no-ignore-eos"], timeout=150)
         check(rc == 0, "kvrail-loadgen exit %d: %s" % (rc, log[-800:]))
         check_outputs(outs, ref, what="over verbs")
@@ -133,12 +162,6 @@ def main():
                                      or "transport" in k})
         print("1P+1D over verbs: %d prompts, tokens equal to kvrail run" % len(prompts))
         return 0
-    except Fail:
-        for n in ("router", "prefill0", "decode0"):
-            print(c.tail(n), file=sys.stderr)
-        raise
-    finally:
-        c.stop()
 
 
 if __name__ == "__main__":

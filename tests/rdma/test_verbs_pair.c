@@ -553,6 +553,69 @@ static uint64_t progress_until(struct init *in, kvr_xfer_dlist_t *w, uint64_t by
     return b;
 }
 
+/* the netdevs of the links in the mask (bit 0: link0, bit 1: link1) up or down */
+static void set_links(unsigned links, int up)
+{
+    for (int li = 0; li < 2; li++)
+        if (links & (1u << li))
+            set_link(li ? link1 : link0, up);
+}
+
+/* the links in the mask go down once an eighth of a write of the round
+ * completed: the write ends with want within 5 s (a failure) or 120 s.
+ * When want is KVR_OK its notification is queued right after the post and
+ * the target checks every byte when it arrives. */
+static void links_down_round(struct init *in, struct target_proc *tp, kvr_xfer_dlist_t *w,
+                             unsigned round, const uint32_t *map, unsigned links, kvr_status_t want)
+{
+    struct kvr_xfer_rail_stats rs[4];
+    fill_round(in, round, 65536, map);
+    uint64_t base = rails_now(in->p, rs);
+    KVR_CHECK_STATUS(kvr_xfer_post(w), KVR_INPROGRESS);
+    char msg[48];
+    snprintf(msg, sizeof(msg), "round %u %llu", round, (unsigned long long)span);
+    if (want == KVR_OK)
+        KVR_CHECK_STATUS(kvr_xfer_notify(in->p, msg, strlen(msg) + 1), KVR_OK);
+    progress_until(in, w, base + span / 8, rs);
+    KVR_CHECK_STATUS(kvr_xfer_test(w), KVR_INPROGRESS); /* still mid-transfer */
+    set_links(links, 0);
+    uint64_t t = kvr_now_ns();
+    kvr_status_t s = kvr_xfer_wait(w, want == KVR_OK ? 120000 : 5000);
+    printf("link(s) %s%s%s down under a write: %s %.0f ms after\n", links & 1 ? link0 : "",
+           links == 3 ? " and " : "", links & 2 ? link1 : "", kvr_status_name(s),
+           (double)(kvr_now_ns() - t) / 1e6);
+    KVR_CHECK_STATUS(s, want);
+    if (want == KVR_OK)
+        expect_verdict(in->e, tp, round); /* the notification came after every byte */
+}
+
+/* the links in the mask come up: the probes bring their rails back, and a
+ * write of the round is striped over both rails again (equal links: half
+ * each), notified on rail 0 - the preferred rail, where notifications move
+ * back once it returned - after every byte */
+static void links_up_round(struct init *in, struct target_proc *tp, kvr_xfer_dlist_t *w,
+                           unsigned round, const uint32_t *map, unsigned links)
+{
+    struct kvr_xfer_rail_stats rs[4];
+    uint64_t t_up = kvr_now_ns(), deadline = kvr_deadline_ns(60000);
+    set_links(links, 1);
+    while (rails_now(in->p, rs) && (rs[0].down || rs[1].down)) {
+        kvr_xfer_progress(in->e);
+        KVR_CHECK(kvr_now_ns() < deadline);
+        usleep(1000);
+    }
+    printf("link(s) up: rails back after %.0f ms\n", (double)(kvr_now_ns() - t_up) / 1e6);
+    uint64_t before[2] = {rs[0].bytes_done, rs[1].bytes_done};
+    write_round(in, tp, w, round, 65536, map);
+    rails_now(in->p, rs);
+    printf("  next write per rail: %s %.1f MiB, %s %.1f MiB; notifications on rail %d\n",
+           rs[0].local, (double)(rs[0].bytes_done - before[0]) / 1048576.0, rs[1].local,
+           (double)(rs[1].bytes_done - before[1]) / 1048576.0, rs[0].notif ? 0 : 1);
+    KVR_CHECK(rs[0].bytes_done - before[0] >= span / 4);
+    KVR_CHECK(rs[1].bytes_done - before[1] >= span / 4);
+    KVR_CHECK(rs[0].notif && !rs[1].notif);
+}
+
 /* the issue-9 scenario on real links: rail 1's link taken down in the
  * middle of a striped write (--mib MiB in 64 KiB permuted descriptors, the
  * notification sent right after the post); then back up; then both links
@@ -631,87 +694,31 @@ static int case_linkdown(void)
     /* 2: the link comes back: the probe brings rail 1 back, and a new
      * write is striped over both rails again */
     span = span_next;
-    uint64_t t_up = kvr_now_ns();
-    set_link(link1, 1);
-    deadline = kvr_deadline_ns(60000);
-    while (rails_now(in.p, rs) && rs[1].down) {
-        kvr_xfer_progress(in.e);
-        KVR_CHECK(kvr_now_ns() < deadline);
-        usleep(1000);
-    }
-    printf("link %s up: rail 1 back after %.0f ms\n", link1, (double)(kvr_now_ns() - t_up) / 1e6);
-    uint64_t before[2] = {rs[0].bytes_done, rs[1].bytes_done};
-    write_round(&in, &tp, w2, 2, bs, map2);
-    rails_now(in.p, rs);
-    printf("  next write per rail: %s %.1f MiB, %s %.1f MiB\n", rs[0].local,
-           (double)(rs[0].bytes_done - before[0]) / 1048576.0, rs[1].local,
-           (double)(rs[1].bytes_done - before[1]) / 1048576.0);
-    /* striping by link speed: equal links, half each */
-    KVR_CHECK(rs[0].bytes_done - before[0] >= span / 4);
-    KVR_CHECK(rs[1].bytes_done - before[1] >= span / 4);
+    links_up_round(&in, &tp, w2, 2, map2, 2);
 
     /* 2b: rail 0's link - the notifications' rail - goes down under a write
      * whose notification is already queued: the write completes, the
      * notification arrives on rail 1 after every byte (checked by the target
      * when it arrives), and so do later ones while rail 0 is down */
-    fill_round(&in, 5, bs, map2);
-    base = rails_now(in.p, rs);
+    rails_now(in.p, rs);
     KVR_CHECK(rs[0].notif && !rs[1].notif);
-    KVR_CHECK_STATUS(kvr_xfer_post(w2), KVR_INPROGRESS);
-    snprintf(msg, sizeof(msg), "round 5 %llu", (unsigned long long)span);
-    KVR_CHECK_STATUS(kvr_xfer_notify(in.p, msg, strlen(msg) + 1), KVR_OK);
-    progress_until(&in, w2, base + span / 4, rs);
-    KVR_CHECK_STATUS(kvr_xfer_test(w2), KVR_INPROGRESS);
-    set_link(link0, 0);
-    KVR_CHECK_STATUS(kvr_xfer_wait(w2, 120000), KVR_OK);
-    expect_verdict(in.e, &tp, 5);
+    links_down_round(&in, &tp, w2, 5, map2, 1, KVR_OK);
     kvr_xfer_engine_stats(in.e, &es);
     rails_now(in.p, rs);
     KVR_CHECK_EQ(es.failovers, 2);
     KVR_CHECK_EQ(es.errors, 0);
     KVR_CHECK(rs[0].down && !rs[1].down && rs[1].notif && !rs[0].notif);
-    printf("link %s (rail 0, notifications) down under a write: completed, its notification "
-           "arrived on rail 1 after every byte\n",
-           link0);
     write_round(&in, &tp, w2, 6, bs, map2); /* rail 1 alone, notified there */
-    t_up = kvr_now_ns();
-    set_link(link0, 1);
-    deadline = kvr_deadline_ns(60000);
-    while (rails_now(in.p, rs) && rs[0].down) {
-        kvr_xfer_progress(in.e);
-        KVR_CHECK(kvr_now_ns() < deadline);
-        usleep(1000);
-    }
-    printf("link %s up: rail 0 back after %.0f ms\n", link0, (double)(kvr_now_ns() - t_up) / 1e6);
-    before[0] = rs[0].bytes_done;
-    before[1] = rs[1].bytes_done;
-    write_round(&in, &tp, w2, 7, bs, map2);
-    rails_now(in.p, rs);
-    printf("  next write per rail: %s %.1f MiB, %s %.1f MiB\n", rs[0].local,
-           (double)(rs[0].bytes_done - before[0]) / 1048576.0, rs[1].local,
-           (double)(rs[1].bytes_done - before[1]) / 1048576.0);
-    KVR_CHECK(rs[0].bytes_done - before[0] >= span / 4);
-    KVR_CHECK(rs[1].bytes_done - before[1] >= span / 4);
+    /* rail 0 back: striped over both, and notified on rail 0 again */
+    links_up_round(&in, &tp, w2, 7, map2, 1);
 
     /* 3: both links down under a write: the post fails, typed, within 5 s */
-    fill_round(&in, 3, bs, map2);
-    base = rails_now(in.p, rs);
-    KVR_CHECK_STATUS(kvr_xfer_post(w2), KVR_INPROGRESS);
-    progress_until(&in, w2, base + span / 8, rs);
-    KVR_CHECK_STATUS(kvr_xfer_test(w2), KVR_INPROGRESS);
-    set_link(link0, 0);
-    set_link(link1, 0);
-    uint64_t t_both = kvr_now_ns();
-    s = kvr_xfer_wait(w2, 5000);
-    printf("both links down: %s %.0f ms after\n", kvr_status_name(s),
-           (double)(kvr_now_ns() - t_both) / 1e6);
-    KVR_CHECK_STATUS(s, KVR_ERR_PEER_FAILURE);
+    links_down_round(&in, &tp, w2, 3, map2, 3, KVR_ERR_PEER_FAILURE);
     KVR_CHECK_STATUS(kvr_xfer_peer_status(in.p), KVR_ERR_PEER_FAILURE);
     KVR_CHECK(kvr_xfer_post(w2) == KVR_ERR_PEER_FAILURE);
 
     /* 4: both links up: a new connection stripes over both again */
-    set_link(link0, 1);
-    set_link(link1, 1);
+    set_links(3, 1);
     wait_link_back(in.e, dev_a, dev_b, 0);
     wait_link_back(in.e, dev_a, dev_b, 1);
     kvr_xfer_disconnect(in.p);

@@ -123,6 +123,7 @@ static void vb_engine_quiesce(kvr_xfer_engine_t *e)
         in->bye = 0;
         vb_inbound_destroy(in);
     }
+    ve->nheld = 0;
 }
 
 static void vb_engine_fini(kvr_xfer_engine_t *e)
@@ -1134,6 +1135,16 @@ static kvr_status_t vb_notify(kvr_xfer_peer_t *p, const void *msg, size_t len)
         if (p->engine->ops->progress(p->engine) == 0)
             sched_yield();
     }
+    /* back to rail 0, the preferred rail, once a probe brought it back and
+     * every notification sent on the other rail was acknowledged (none is
+     * then left to send again from there); the fence below orders it after
+     * what went before on the other rails, the target's hold-back after the
+     * last one it may not have polled yet */
+    if (vp->nr != 0 && !vp->rail[0].down && vp->nb_tail == vp->nb_head) {
+        KVR_LOG_INFO(COMP, "%s: notifications to %.64s back on rail 0 (from rail %d)",
+                     p->engine->name, vp->remote.host, vp->nr);
+        vp->nr = 0;
+    }
     uint32_t slot = (uint32_t)(vp->nb_head++ % VB_NOTIF_SLOTS);
     if (len)
         memcpy(vp->nbuf + (size_t)slot * VB_NOTIF_BUF, msg, len);
@@ -1343,8 +1354,10 @@ static kvr_status_t vb_event_fd(kvr_xfer_engine_t *e, int *fd_p)
         if (ve->efd < 0)
             return kvr_verbs_status(-1, errno);
         vb_efd_add(ve, ve->lfd);
-        for (int i = 0; i < ve->ndev; i++)
+        for (int i = 0; i < ve->ndev; i++) {
             vb_efd_add(ve, ve->dev[i].chan->fd);
+            vb_efd_add(ve, ve->dev[i].ctx->async_fd); /* port events wake a sleeper */
+        }
         for (struct vb_peer *vp = ve->peers; vp; vp = vp->next) {
             vb_efd_add(ve, vp->fd);
             for (int i = 0; i < vp->nrails; i++)
@@ -1361,11 +1374,29 @@ static kvr_status_t vb_event_fd(kvr_xfer_engine_t *e, int *fd_p)
     return KVR_OK;
 }
 
+/* notification k of rail ri, number seq, is next: delivered, its buffer
+ * posted again */
+static void vb_inbound_deliver(struct vb_inbound *in, int ri, uint32_t k, uint32_t len,
+                               uint32_t seq)
+{
+    struct vb_engine *ve = in->eng;
+    vb_conn_seq_set(ve, in->req.conn, seq);
+    /* with the token its side channel presented (checked at accept) */
+    kvr_xfer_deliver_notif(&ve->base, in->rail[ri].rbuf + (size_t)k * VB_NOTIF_BUF, len,
+                           in->req.token);
+    if (vb_inbound_post_recv(in, ri, k))
+        in->rail[ri].dead = true;
+}
+
 /* notifications arrive on any rail (the initiator moves them off a failed
- * one, sending again those it has no acknowledgement of): delivered in
- * sequence, a repeat dropped.  A completion error on a rail: with one rail
- * the connection is dead ('E' tells the initiator); with several, the rail
- * is (the initiator fails it over), and the connection when all are. */
+ * one, sending again those it has no acknowledgement of, and back to rail 0
+ * when it returns): delivered in sequence, a repeat dropped, one that came
+ * ahead of an earlier one held (the initiator sent the next only after the
+ * earlier was acknowledged, so that one is in another rail's CQ, or another
+ * inbound's of the connection, not polled yet: vb_held_deliver()).  A
+ * completion error on a rail: with one rail the connection is dead ('E'
+ * tells the initiator); with several, the rail is (the initiator fails it
+ * over), and the connection when all are. */
 static int vb_inbound_poll_cq(struct vb_inbound *in)
 {
     struct vb_engine *ve = in->eng;
@@ -1388,18 +1419,20 @@ static int vb_inbound_poll_cq(struct vb_inbound *in)
                 continue;
             uint32_t k = (uint32_t)wc[i].wr_id;
             uint32_t seq = (wc[i].wc_flags & IBV_WC_WITH_IMM) ? ntohl(wc[i].imm_data) : 0;
-            if ((int32_t)(seq - in->nseq) > 0) {
-                vb_conn_seq_set(ve, in->req.conn, seq);
-                /* with the token its side channel presented (checked at accept) */
-                kvr_xfer_deliver_notif(&ve->base, in->rail[ri].rbuf + (size_t)k * VB_NOTIF_BUF,
-                                       wc[i].byte_len, in->req.token);
+            int32_t ahead = (int32_t)(seq - in->nseq);
+            if (ahead == 1) {
+                vb_inbound_deliver(in, ri, k, wc[i].byte_len, seq);
+            } else if (ahead > 1 && in->nheld < VB_MAX_DEV * VB_RQ_DEPTH) {
+                in->held[in->nheld++] = (struct vb_held){
+                    .seq = seq, .len = wc[i].byte_len, .k = (uint16_t)k, .rail = (uint8_t)ri};
+                ve->nheld++;
             } else {
                 KVR_LOG_DEBUG(COMP,
                               "%s: notification %u of %.64s again (after a failover): dropped",
                               ve->base.name, seq, in->req.who);
+                if (vb_inbound_post_recv(in, ri, k))
+                    in->rail[ri].dead = true;
             }
-            if (vb_inbound_post_recv(in, ri, k))
-                in->rail[ri].dead = true;
         }
         total += n > 0 ? n : 0;
     }
@@ -1411,6 +1444,34 @@ static int vb_inbound_poll_cq(struct vb_inbound *in)
         in->bye = 'E';
     }
     return total;
+}
+
+/* held notifications whose turn came, in sequence (a repeat dropped) */
+static int vb_held_deliver(struct vb_engine *ve)
+{
+    int n = 0;
+    for (bool more = ve->nheld > 0; more;) {
+        more = false;
+        for (struct vb_inbound *in = ve->inbound; in; in = in->next)
+            for (uint32_t h = 0; h < in->nheld;) {
+                struct vb_held x = in->held[h];
+                int32_t ahead = (int32_t)(x.seq - in->nseq);
+                if (ahead > 1) {
+                    h++;
+                    continue;
+                }
+                in->held[h] = in->held[--in->nheld];
+                ve->nheld--;
+                if (ahead == 1) {
+                    vb_inbound_deliver(in, x.rail, x.k, x.len, x.seq);
+                    n++;
+                    more = true;
+                } else if (vb_inbound_post_recv(in, x.rail, x.k)) {
+                    in->rail[x.rail].dead = true;
+                }
+            }
+    }
+    return n;
 }
 
 static int vb_rail_poll(struct vb_rail *r, uint32_t depth);
@@ -1457,6 +1518,13 @@ static int vb_poll_sockets(struct vb_engine *ve)
         }
         if (in->dead) {
             vb_inbound_poll_cq(in); /* deliver what arrived before */
+            vb_held_deliver(ve);
+            if (in->nheld)
+                KVR_LOG_WARN(COMP,
+                             "%s: %.64s went away with %u notification(s) ahead of one that "
+                             "never came: dropped",
+                             ve->base.name, in->req.who, in->nheld);
+            ve->nheld -= in->nheld;
             *pp = in->next;
             vb_inbound_destroy(in);
             n++;
@@ -1754,19 +1822,65 @@ static int vb_probe_poll(struct vb_peer *vp, int ri)
     return n;
 }
 
-/* A live rail with writes in flight whose port went down fails over now:
- * RC would retry on it for seconds first (retry count x timeout).  Checked
- * every VB_PORTS_EVERY_NS, one query a busy rail. */
-static void vb_check_ports(struct vb_engine *ve)
+/* Port d of this engine went down (IBV_EVENT_PORT_ERR): every live rail on
+ * it fails over now, busy or idle, and a probe under way on it starts
+ * again after a cool-down.  RC would otherwise retry on it for seconds
+ * (retry count x timeout), and soft-RoCE on Linux 6.1 may never complete a
+ * WR whose packet the stack dropped on the down netdev (its requester waits
+ * for the dropped skb forever: "RDMA/rxe: Get rid of pkt resend on err",
+ * linux-rdma, 2024), so no completion would ever say so. */
+static void vb_port_lost(struct vb_engine *ve, int d)
 {
     char why[128];
+    snprintf(why, sizeof(why), "%s:%u went down (IBV_EVENT_PORT_ERR)", ve->dev[d].name,
+             ve->dev[d].port);
     for (struct vb_peer *vp = ve->peers; vp; vp = vp->next)
         for (int i = 0; i < vp->nrails && vp->state == VB_READY; i++) {
             struct vb_rail *r = &vp->rail[i];
-            if (!r->down && r->enq != r->done_enq &&
-                !kvr_verbs_port_ready(ve, r->ldev, why, sizeof(why)))
+            if (r->ldev != d)
+                continue;
+            if (!r->down)
                 vb_rail_failover(vp, i, KVR_ERR_PEER_FAILURE, why);
+            else if (r->probe != VB_PROBE_COOL)
+                vb_probe_fail(vp, i, why);
         }
+}
+
+/* The devices' async events, read without blocking and each acknowledged:
+ * a port going down fails its rails over (vb_port_lost); a port coming
+ * back is logged (its down rails are probed after their cool-down).  The
+ * port state comes from these events, not from polling the ports. */
+static int vb_async_events(struct vb_engine *ve)
+{
+    int n = 0;
+    for (int d = 0; d < ve->ndev; d++) {
+        struct vb_dev *dv = &ve->dev[d];
+        struct ibv_async_event ev;
+        while (ibv_get_async_event(dv->ctx, &ev) == 0) {
+            enum ibv_event_type t = ev.event_type;
+            bool port_ev = t == IBV_EVENT_PORT_ERR || t == IBV_EVENT_PORT_ACTIVE ||
+                           t == IBV_EVENT_GID_CHANGE || t == IBV_EVENT_LID_CHANGE;
+            int port = port_ev ? ev.element.port_num : 0;
+            ibv_ack_async_event(&ev);
+            n++;
+            if (port_ev && port != dv->port)
+                continue;
+            if (t == IBV_EVENT_PORT_ERR) {
+                dv->port_errs++;
+                KVR_LOG_WARN(COMP, "%s: %s:%u: port down (async event IBV_EVENT_PORT_ERR)",
+                             ve->base.name, dv->name, dv->port);
+                vb_port_lost(ve, d);
+            } else if (t == IBV_EVENT_PORT_ACTIVE) {
+                KVR_LOG_INFO(COMP,
+                             "%s: %s:%u: port active again (async event IBV_EVENT_PORT_ACTIVE)",
+                             ve->base.name, dv->name, dv->port);
+            } else {
+                KVR_LOG_DEBUG(COMP, "%s: %s: async event %s", ve->base.name, dv->name,
+                              ibv_event_type_str(t));
+            }
+        }
+    }
+    return n;
 }
 
 static int vb_progress(kvr_xfer_engine_t *e)
@@ -1798,14 +1912,13 @@ static int vb_progress(kvr_xfer_engine_t *e)
     for (struct vb_inbound *in = ve->inbound; in; in = in->next)
         if (in->ready && !in->dead)
             n += vb_inbound_poll_cq(in);
+    if (ve->nheld)
+        n += vb_held_deliver(ve);
     uint64_t now = kvr_now_ns();
     if (now - ve->last_poll_ns >= VB_POLL_EVERY_NS || vb_handshaking(ve)) {
         ve->last_poll_ns = now;
+        n += vb_async_events(ve);
         n += vb_poll_sockets(ve);
-    }
-    if (now - ve->last_port_ns >= VB_PORTS_EVERY_NS) {
-        ve->last_port_ns = now;
-        vb_check_ports(ve);
     }
     return n;
 }

@@ -252,6 +252,8 @@ static kvr_status_t vb_dev_open(struct vb_engine *ve, struct ibv_device *ibdev, 
         goto err_pd;
     }
     fcntl(d->chan->fd, F_SETFL, fcntl(d->chan->fd, F_GETFL) | O_NONBLOCK);
+    /* port state from async events (verbs.c, vb_async_events): read without blocking */
+    fcntl(d->ctx->async_fd, F_SETFL, fcntl(d->ctx->async_fd, F_GETFL) | O_NONBLOCK);
     char g[64];
     kvr_verbs_gid_str(d->gid.raw, g, sizeof(g));
     KVR_LOG_INFO(COMP, "%s: using %s:%u gid[%d] %s (%s) mtu %s %u Mb/s numa %d", en, d->name, port,

@@ -28,24 +28,23 @@
 
 #define COMP "verbs"
 
-#define VB_MAX_DEV        4
-#define VB_MAX_IP         8
-#define VB_SQ_DEPTH       512 /* send WRs in flight per rail (KVR_VERBS_SQ_DEPTH) */
-#define VB_RQ_DEPTH       64  /* notification receive buffers per inbound rail */
-#define VB_NOTIF_SLOTS    64  /* notification send buffers per peer */
-#define VB_NOTIF_BUF      KVR_XFER_NOTIF_MAX
-#define VB_SIGNAL_EVERY   16 /* at most; sq_depth / 4 when smaller */
-#define VB_STRIPE_PIECE   (1u << 20)
-#define VB_MAX_WR_LEN     (1u << 30)
-#define VB_CQ_BATCH       32
-#define VB_HS_TIMEOUT_MS  10000
-#define VB_TCP_TIMEOUT    1000 /* ms per side-channel address tried */
-#define VB_POLL_EVERY_NS  1000000ull
-#define VB_PORTS_EVERY_NS 20000000ull /* a busy rail's port state, every 20 ms */
-#define VB_MAX_ATTEMPTS   3           /* submissions of a part before its list fails */
-#define VB_COOLDOWN_MS    1000 /* a failed rail's rest before a probe (KVR_VERBS_RAIL_COOLDOWN_MS) */
-#define VB_HS_MAGIC       0x5652564bu /* "KVRV" */
-#define VB_HS_VERSION     2 /* 2: conn, notifications on every rail with a sequence number */
+#define VB_MAX_DEV       4
+#define VB_MAX_IP        8
+#define VB_SQ_DEPTH      512 /* send WRs in flight per rail (KVR_VERBS_SQ_DEPTH) */
+#define VB_RQ_DEPTH      64  /* notification receive buffers per inbound rail */
+#define VB_NOTIF_SLOTS   64  /* notification send buffers per peer */
+#define VB_NOTIF_BUF     KVR_XFER_NOTIF_MAX
+#define VB_SIGNAL_EVERY  16 /* at most; sq_depth / 4 when smaller */
+#define VB_STRIPE_PIECE  (1u << 20)
+#define VB_MAX_WR_LEN    (1u << 30)
+#define VB_CQ_BATCH      32
+#define VB_HS_TIMEOUT_MS 10000
+#define VB_TCP_TIMEOUT   1000       /* ms per side-channel address tried */
+#define VB_POLL_EVERY_NS 1000000ull /* side channels and the devices' async events */
+#define VB_MAX_ATTEMPTS  3          /* submissions of a part before its list fails */
+#define VB_COOLDOWN_MS   1000 /* a failed rail's rest before a probe (KVR_VERBS_RAIL_COOLDOWN_MS) */
+#define VB_HS_MAGIC      0x5652564bu /* "KVRV" */
+#define VB_HS_VERSION    2 /* 2: conn, notifications on every rail with a sequence number */
 
 /* ------------------------------------------------------------------------ */
 /* objects                                                                   */
@@ -66,6 +65,7 @@ struct vb_dev {
     uint32_t max_msg;
     uint32_t rd_atom;
     int numa;
+    uint64_t port_errs; /* IBV_EVENT_PORT_ERR events seen on its port */
 };
 
 /* wire form of one device in the address blob */
@@ -123,8 +123,8 @@ struct vb_engine {
     struct vb_inbound *inbound;
     struct vb_peer *peers;
     uint64_t last_poll_ns;
-    uint64_t last_port_ns; /* busy rails' ports last checked (vb_check_ports) */
-    uint32_t cooldown_ms;  /* failed rails rest this long before a probe */
+    uint32_t nheld;       /* notifications held by the inbounds, ahead of their turn */
+    uint32_t cooldown_ms; /* failed rails rest this long before a probe */
     /* KVR_VERBS_FAIL_RAIL=R:N[,R:N]: rail R's QP is put in error before the post
      * that takes it past N WRs (a test of failover); UINT64_MAX: none */
     uint64_t inject_after[VB_MAX_DEV];
@@ -264,6 +264,16 @@ struct vb_inbound {
     size_t rlen;
     struct vb_hs req;
     uint32_t nseq; /* the last notification delivered of req.conn (shared by its inbounds) */
+    /* notifications that came ahead of an earlier one of the connection
+     * (another rail's CQ, or another of its inbounds, may hold that one
+     * still): delivered in sequence once it was, their receive buffers
+     * reposted then.  Bounded by the receive buffers posted. */
+    uint32_t nheld;
+    struct vb_held {
+        uint32_t seq, len;
+        uint16_t k;
+        uint8_t rail;
+    } held[VB_MAX_DEV * VB_RQ_DEPTH];
     int nrails;
     struct {
         int dev;
