@@ -18,12 +18,15 @@
  *                undecodable frame is dropped), then handed to the node
  *            1   Reserve built from 6 bytes (request id 1..4, prompt of a
  *                shared prefix + a suffix, max_tokens, attempt, local or
- *                remote prefill, the prefill node's name)
+ *                remote prefill, the prefill node's name, its transfer
+ *                token: none, its own or the other node's)
  *            2   NodeCancel of request id 1..4
  *            3   raw notification: length (1 byte), bytes, to the decoder
  *            4   notification built from 5 bytes (kind, request, sender,
  *                attempt, first block: the request's own or a stray one,
- *                first token; HELLO with the right or a wrong layout)
+ *                first token; HELLO with the right or a wrong layout;
+ *                the token it came under: none, the sender's or the
+ *                other node's)
  *            5   one engine step (submitted, waited for, its DONE handled)
  *            6   every lease and quarantine expires (check_leases)
  *            7   Resync (a full dump of the cached blocks)
@@ -179,6 +182,11 @@ static uint8_t take(const uint8_t *data, size_t size, size_t *pos)
     return *pos < size ? data[(*pos)++] : 0;
 }
 
+/* the transfer tokens the router gives prefill0's and prefill1's pairs */
+static const uint8_t fz_tokens[2][KVR_XFER_TOKEN_LEN] = {
+    {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16},
+    {17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32}};
+
 static void op_reserve(struct decode *d, const uint8_t b[6])
 {
     uint32_t tokens[96];
@@ -202,6 +210,10 @@ static void op_reserve(struct decode *d, const uint8_t b[6])
     m.attempt = (b[4] >> 4) % 3;
     m.local_prefill = b[4] & 1;
     m.prefill_node = (b[4] & 2) ? "prefill1" : "prefill0";
+    if (b[5] & 0x20) { /* its pair's token, or (0x40) the other node's */
+        m.transport_token.data = (uint8_t *)fz_tokens[((b[4] >> 1) & 1) ^ ((b[5] >> 6) & 1)];
+        m.transport_token.len = KVR_XFER_TOKEN_LEN;
+    }
     m.sampling = &sp;
     m.lease_ms = b[5] & 0x10 ? 1 : 0;
     on_msg(d, KVRAIL__METHOD__RESERVE, &m.base);
@@ -234,7 +246,9 @@ static void op_notif(struct decode *d, const uint8_t b[5])
     size_t len = kvr_notif_encode(&n, buf, sizeof buf);
     if (!len)
         abort();
-    on_notif(d, buf, len, NULL);
+    /* under no token (2), the sender's, or (4) the other node's */
+    const uint8_t *tok = (b[2] & 2) ? NULL : fz_tokens[((b[0] >> 4) & 1) ^ ((b[2] >> 2) & 1)];
+    on_notif(d, buf, len, tok);
 }
 
 static void op_raw_frame(struct decode *d, unsigned method, uint8_t flags, const uint8_t *p,
