@@ -407,7 +407,11 @@ static int case_failover(void)
     KVR_CHECK_EQ(es.errors, 0); /* no post failed */
     KVR_CHECK_STATUS(kvr_xfer_peer_status(in.p), KVR_OK);
     printf("transports after the failover: %s\n", kvr_xfer_peer_transports(in.p));
-    KVR_CHECK(strstr(kvr_xfer_peer_transports(in.p), "(down)") != NULL);
+    /* rail 1 stays down for its 4 s cool-down from the failover, which came
+     * inside the round: a round shorter than that must still see it down
+     * (a slower one, in a starved VM, may already see it probed back) */
+    if (kvr_now_ns() - t0 < 4000ull * 1000000ull)
+        KVR_CHECK(strstr(kvr_xfer_peer_transports(in.p), "(down)") != NULL);
     for (unsigned r = 2; r <= 3; r++) /* rail 0 alone (until the probe brings rail 1 back) */
         write_round(&in, &tp, w4, r, 4096, map4);
     /* after the cool-down (4 s here) a probe brings rail 1 back on its own */
