@@ -357,55 +357,59 @@ struct mm_job {
 
 /* Rows m0..m1 of y against one panel of R weight rows wp (stride ldw, in
  * dtype) starting at weight row n: R x C tiles of micro(). */
+/* The R x C micro-kernel (R 4 or 1, C 1..4) that the caller's MICRO(r, c)
+ * names, each shape a constant so that the compiler unrolls it. */
+#define MICRO_SHAPES(R, C)                                                                         \
+    do {                                                                                           \
+        if ((R) == 4) {                                                                            \
+            if ((C) == 4)                                                                          \
+                MICRO(4, 4);                                                                       \
+            else if ((C) == 3)                                                                     \
+                MICRO(4, 3);                                                                       \
+            else if ((C) == 2)                                                                     \
+                MICRO(4, 2);                                                                       \
+            else                                                                                   \
+                MICRO(4, 1);                                                                       \
+        } else {                                                                                   \
+            if ((C) == 4)                                                                          \
+                MICRO(1, 4);                                                                       \
+            else if ((C) == 3)                                                                     \
+                MICRO(1, 3);                                                                       \
+            else if ((C) == 2)                                                                     \
+                MICRO(1, 2);                                                                       \
+            else                                                                                   \
+                MICRO(1, 1);                                                                       \
+        }                                                                                          \
+    } while (0)
+
+/* y[m.., n..] of a panel's R x C dots in tmp (column-major, 4 a column),
+ * plus the bias; added to y when the job accumulates. */
+static inline __attribute__((always_inline)) void mm_store(const struct mm_job *j, const float *tmp,
+                                                           int R, int C, int32_t m, int32_t n)
+{
+    const size_t N = (size_t)j->w->rows;
+    for (int c = 0; c < C; c++) {
+        for (int r = 0; r < R; r++) {
+            float v = tmp[c * 4 + r] + (j->bias ? j->bias[n + r] : 0.0f);
+            float *yp = &j->y[(size_t)(m + c) * N + (size_t)(n + r)];
+            *yp = j->accumulate ? *yp + v : v;
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void mm_panel(const struct mm_job *j, int32_t dtype,
                                                            const void *wp, size_t ldw, int R,
                                                            int32_t n, int32_t m0, int32_t m1)
 {
-    const size_t K = (size_t)j->w->cols, N = (size_t)j->w->rows;
+    const size_t K = (size_t)j->w->cols;
     float tmp[4 * 4];
     for (int32_t m = m0; m < m1; m += 4) {
         int C = m1 - m < 4 ? m1 - m : 4;
         const float *xr = j->x + (size_t)m * K;
 #define MICRO(r, c) micro(r, c, dtype, wp, ldw, xr, K, K, tmp, 4)
-        if (R == 4) {
-            switch (C) {
-            case 4:
-                MICRO(4, 4);
-                break;
-            case 3:
-                MICRO(4, 3);
-                break;
-            case 2:
-                MICRO(4, 2);
-                break;
-            default:
-                MICRO(4, 1);
-                break;
-            }
-        } else {
-            switch (C) {
-            case 4:
-                MICRO(1, 4);
-                break;
-            case 3:
-                MICRO(1, 3);
-                break;
-            case 2:
-                MICRO(1, 2);
-                break;
-            default:
-                MICRO(1, 1);
-                break;
-            }
-        }
+        MICRO_SHAPES(R, C);
 #undef MICRO
-        for (int c = 0; c < C; c++) {
-            for (int r = 0; r < R; r++) {
-                float v = tmp[c * 4 + r] + (j->bias ? j->bias[n + r] : 0.0f);
-                float *yp = &j->y[(size_t)(m + c) * N + (size_t)(n + r)];
-                *yp = j->accumulate ? *yp + v : v;
-            }
-        }
+        mm_store(j, tmp, R, C, m, n);
     }
 }
 
@@ -625,51 +629,15 @@ micro_dp(const int R, const int C, const uint16_t *w, size_t ldw, const uint16_t
 DP_TARGET static inline __attribute__((always_inline)) void
 mm_panel_dp(const struct mm_job *j, const uint16_t *wp, int R, int32_t n, int32_t m0, int32_t m1)
 {
-    const size_t K = (size_t)j->w->cols, N = (size_t)j->w->rows, ld = j->c->xbf_ld;
+    const size_t K = (size_t)j->w->cols, ld = j->c->xbf_ld;
     float tmp[4 * 4];
     for (int32_t m = m0; m < m1; m += 4) {
         int C = m1 - m < 4 ? m1 - m : 4;
         const uint16_t *xr = j->c->xbf + (size_t)m * ld;
 #define MICRO(r, c) micro_dp(r, c, wp, K, xr, ld, K, tmp, 4)
-        if (R == 4) {
-            switch (C) {
-            case 4:
-                MICRO(4, 4);
-                break;
-            case 3:
-                MICRO(4, 3);
-                break;
-            case 2:
-                MICRO(4, 2);
-                break;
-            default:
-                MICRO(4, 1);
-                break;
-            }
-        } else {
-            switch (C) {
-            case 4:
-                MICRO(1, 4);
-                break;
-            case 3:
-                MICRO(1, 3);
-                break;
-            case 2:
-                MICRO(1, 2);
-                break;
-            default:
-                MICRO(1, 1);
-                break;
-            }
-        }
+        MICRO_SHAPES(R, C);
 #undef MICRO
-        for (int c = 0; c < C; c++) {
-            for (int r = 0; r < R; r++) {
-                float v = tmp[c * 4 + r] + (j->bias ? j->bias[n + r] : 0.0f);
-                float *yp = &j->y[(size_t)(m + c) * N + (size_t)(n + r)];
-                *yp = j->accumulate ? *yp + v : v;
-            }
-        }
+        mm_store(j, tmp, R, C, m, n);
     }
 }
 
