@@ -33,7 +33,6 @@ the decode node freed the blocks at the lease's end and the woken prefill
 node wrote its remaining layers into them (the cached prefixes of other
 requests): the second run differed.
 """
-import argparse
 import os
 import random
 import signal
@@ -41,8 +40,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
-from cluster_lib import (Bins, Cluster, add_bin_args, check, killgroup, make_model,  # noqa
-                         reference, run, run_main, stop_group, wait_for, workdir)
+from cluster_lib import (check, Cluster, killgroup, reference, ROGUE, run, run_main,  # noqa: E402
+                         SLOW_MODEL, stop_group, test_start, TOKENS, wait_for)
 
 LEASE_MS = 12000
 POOL = 140
@@ -85,15 +84,7 @@ def node_status(c, name):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    add_bin_args(ap)
-    ap.add_argument("--rogue", required=True)
-    ap.add_argument("--tokens", type=int, default=1600)
-    args = ap.parse_args()
-    bins = Bins(args)
-    wd = workdir("kvr-cancel-fence-")
-    model = make_model(bins, wd, ["--layers", "8", "--hidden", "512", "--heads", "8",
-                                  "--kv-heads", "2", "--intermediate", "1024", "--seed", "5"])
+    args, bins, wd, model = test_start("kvr-cancel-fence-", [ROGUE, TOKENS], SLOW_MODEL)
     rng = random.Random(21)
     long_a = [rng.randrange(4, 512) for _ in range(args.tokens)]
     long_b = [rng.randrange(4, 512) for _ in range(args.tokens)]

@@ -26,7 +26,6 @@ quarantine survives the second forgery; continued, prefill0's own KV_ABORT
 fences it; and prompts run afterwards (local and through prefill0) equal
 `kvrail run`.
 """
-import argparse
 import os
 import random
 import re
@@ -36,8 +35,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
-from cluster_lib import (Bins, Cluster, add_bin_args, check, killgroup, make_model,  # noqa
-                         reference, run, run_main, spawn, stop_group, wait_for, workdir)
+from cluster_lib import (check, check_outputs, Cluster, killgroup, reference, ROGUE,  # noqa: E402
+                         run, run_main, SLOW_MODEL, spawn, stop_group, test_start, wait_for)
 
 LEASE_MS = 40000
 POOL = 200
@@ -54,14 +53,7 @@ def node_status(c, name):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    add_bin_args(ap)
-    ap.add_argument("--rogue", required=True)
-    args = ap.parse_args()
-    bins = Bins(args)
-    wd = workdir("kvr-forged-notif-")
-    model = make_model(bins, wd, ["--layers", "8", "--hidden", "512", "--heads", "8",
-                                  "--kv-heads", "2", "--intermediate", "1024", "--seed", "5"])
+    args, bins, wd, model = test_start("kvr-forged-notif-", [ROGUE], SLOW_MODEL)
     rng = random.Random(41)
     bait = [rng.randrange(4, 512) for _ in range(1500)]
     victim = [rng.randrange(4, 512) for _ in range(1200)]
@@ -184,14 +176,11 @@ def main():
         rc, outs, lg = c.loadgen(checks, ["--no-ignore-eos", "--concurrency", "2"],
                                  name="after", timeout=120)
         check(rc == 0, "kvrail-loadgen exit %d:\n%s" % (rc, lg))
-        for i, ref in enumerate(refs):
-            o = outs.get(i)
-            check(o is not None and o["status"] == 0, "prompt %d failed: %s" % (i, o))
-            check(o["tokens"] == ref, "prompt %d: cluster %s, kvrail run %s" % (
-                i, o["tokens"], ref))
-        p = c.stats("prefill0")
-        check(p.get("prefills_ok", 0) >= 1, "the long check prompt did not go through prefill0: "
-              "%s" % p)
+        check_outputs(outs, refs, what="after the forgeries")
+        # the node rewrites its stats file periodically: wait for the one
+        # that counts the long prompt (it fails naming the last one read)
+        wait_for("prefill0's stats to count the long check prompt",
+                 lambda: c.stats("prefill0").get("prefills_ok", 0) >= 1, timeout=10)
         stop_group(bait_h[0], grace=0)  # the bait's reservation: canceled, fenced by its lease
         bait_h = None
         d = c.stats(dname)

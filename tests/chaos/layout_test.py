@@ -15,14 +15,12 @@ file's value and its own; numerics: "field numerics is 'bf16dot', the
 cluster file says numerics f32"); the exact layout registers (the control);
 the real nodes stay alive.
 """
-import argparse
 import os
 import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
-from cluster_lib import (Bins, Cluster, add_bin_args, check, make_model, run,  # noqa
-                         run_main, workdir)
+from cluster_lib import (check, Cluster, ROGUE, run, run_main, test_start)  # noqa: E402
 
 
 def register(args, c, layers, heads, hdim, dtype, fp, numerics=""):
@@ -37,13 +35,7 @@ def register(args, c, layers, heads, hdim, dtype, fp, numerics=""):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    add_bin_args(ap)
-    ap.add_argument("--rogue", required=True)
-    args = ap.parse_args()
-    bins = Bins(args)
-    wd = workdir("kvr-layout-")
-    model = make_model(bins, wd, [])
+    args, bins, wd, model = test_start("kvr-layout-", [ROGUE])
     extra = "\n".join(["  - name: prefill9", "    role: prefill", "    transport:",
                        "      backend: ucx", ""])
     c = Cluster(bins, wd, model, n_prefill=1, n_decode=1, extra_yaml=extra)

@@ -24,7 +24,6 @@ Asserted:
 - the old writer registers again, and the prompt sent again (its prefix
   now cached on the decode node) still gives `kvrail run`'s tokens.
 """
-import argparse
 import os
 import random
 import signal
@@ -32,19 +31,12 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
-from cluster_lib import (Bins, Cluster, add_bin_args, check, killgroup, make_model,  # noqa
-                         reference, run_main, wait_for, workdir, diff_output)
+from cluster_lib import (check, Cluster, diff_output, killgroup, reference, run_main,  # noqa: E402
+                         SLOW_MODEL, test_start, TOKENS, wait_for)
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    add_bin_args(ap)
-    ap.add_argument("--tokens", type=int, default=1600)
-    args = ap.parse_args()
-    bins = Bins(args)
-    wd = workdir("kvr-retry-fence-")
-    model = make_model(bins, wd, ["--layers", "8", "--hidden", "512", "--heads", "8",
-                                  "--kv-heads", "2", "--intermediate", "1024", "--seed", "5"])
+    args, bins, wd, model = test_start("kvr-retry-fence-", [TOKENS], SLOW_MODEL)
     rng = random.Random(12)
     prompt = [rng.randrange(4, 512) for _ in range(args.tokens)]
     ref = reference(bins, model, [(prompt, 6)], jobs=1)[0]

@@ -262,6 +262,12 @@ def test_start(prefix, options=(), model_args=()):
 
 # the chaos tests' rogue peer binary (tests/chaos/rogue_peer.c)
 ROGUE = ("--rogue", {"required": True})
+# prompts' length for the fence tests (long enough to stop a node mid-prefill)
+TOKENS = ("--tokens", {"type": int, "default": 1600})
+# kvrail-mkmodel's arguments for a model whose long prefills take a while
+# (8 layers, hidden 512): the fence tests stop a node in the middle of one
+SLOW_MODEL = ["--layers", "8", "--hidden", "512", "--heads", "8", "--kv-heads", "2",
+              "--intermediate", "1024", "--seed", "5"]
 
 
 def make_model(bins, workdir, extra=()):
