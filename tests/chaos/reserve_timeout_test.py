@@ -38,6 +38,13 @@ def main():
     stopped = False
     try:
         c.start()
+        # both pools whole in the router's view (a pool is faulted in the
+        # background after registration, and the scheduler prefers the node
+        # with more free blocks): the load is then spread over both
+        c.wait_idle(timeout=30)
+        wait_for("the router to see both decode pools whole",
+                 lambda: all(node(s, n)["free_blocks"] == node(s, n)["total_blocks"]
+                             for n in c.decodes) if (s := c.status()) else False, timeout=30)
         c.kill("decode0", signal.SIGSTOP)
         stopped = True
         rc, outs, log = c.loadgen(prompts, extra=("--concurrency", "8"))
