@@ -1178,6 +1178,10 @@ static void check_active(struct prefill *p)
             } else if (now > r->deadline ||
                        now - r->t_computed > (uint64_t)r->lease_ms * 1000000ull) {
                 unlink_req(&p->active, r);
+                /* the router relays the decode node's Reserved as the
+                 * target at once: none means the decode node never
+                 * answered its Reserve, a fault that is not this node's */
+                r->d_fault = true;
                 req_fail(p, r, KVR_ERR_TIMEOUT, "no PrefillTarget before the lease expired");
             }
             continue;

@@ -52,6 +52,10 @@ QUEUE_MS = 2500  # a request with no live decode node fails after this
 NO_DECODE = "no live decode node"
 
 
+# the router's log line for a node found gone: dead (heartbeat silence) or
+# unresponsive (a Reserve unanswered for the heartbeat timeout)
+LOST_RE = r"node %s \(\w+\) is (?:dead|unresponsive)"
+
 def prompts_with_shared_prefixes(n, seed=21, vocab=512):
     rng = random.Random(seed)
     prefixes = [[rng.randrange(4, vocab) for _ in range(L)] for L in (48, 160, 320, 1100)]
@@ -187,8 +191,10 @@ def main():
             # the router's own clock: when it logged the node dead, and back
             # (registered again, or heartbeating again after SIGCONT; the
             # status polls only synchronize)
-            t_dead = router_event(c, r"node %s \(\w+\) is dead" % name, t0)
-            check(t_dead is not None, "the router did not log %s dead" % name)
+            # dead by heartbeat silence, or unresponsive by a Reserve left
+            # unanswered: both are the heartbeat timeout, whichever comes first
+            t_dead = router_event(c, LOST_RE % name, t0)
+            check(t_dead is not None, "the router did not log %s dead or unresponsive" % name)
             t_detect = t_dead - t0
             # a bound only against a hang: the timeout itself is the router's
             check(t_detect < 5 * HB_TIMEOUT_MS / 1000,
@@ -225,7 +231,7 @@ def main():
         for n in c.decodes:
             wait_for("the router to find %s dead" % n, lambda: node_alive(c, n) is False,
                      timeout=30, step=0.02)
-        t_detect = max(router_event(c, r"node %s \(\w+\) is dead" % n, t0) or t0 + 99
+        t_detect = max(router_event(c, LOST_RE % n, t0) or t0 + 99
                        for n in c.decodes) - t0
         # state, not time: until requests have ended with the node-level error
         wait_for("requests to fail with '%s'" % NO_DECODE,
