@@ -3,7 +3,7 @@
  * latency on this machine, measured directly.  Not a test: a benchmark
  * tool, run by hand (docs/frontend.md, "Overhead").
  *
- *   kvr-pingpong [--rounds N] [--size BYTES]
+ *   kvr-pingpong [--rounds N] [--size BYTES] [--block N]
  *
  * Two processes (fork) bounce a message of BYTES (default 64, about a
  * token's frame) N times (default 20000) over loopback, and the round
@@ -19,7 +19,14 @@
  *   - tcp -> relay -> zmq: the same ROUTER, reached through a relay
  *           process shaped like kvrail-frontend (one epoll loop over a TCP
  *           socket and a DEALER's ZMQ_FD) that the client talks TCP to:
- *           the least one more process in the path can cost.
+ *           the least one more process in the path can cost;
+ *   - tcp -> relay (ZMTP) -> zmq: the same relay, but its router link is
+ *           a plain non-blocking TCP socket in its own epoll set that
+ *           speaks ZMTP 3.1 (RFC 37, NULL mechanism) itself, as a DEALER:
+ *           no ZeroMQ I/O thread in the relay, so one wake-up less per
+ *           direction.  The prototype of the frontend's direct link.
+ * The two relay rows run interleaved, in blocks of --block round trips
+ * (default 100), so both see the same load.
  * Also the cost of one system call (getpid through syscall(2), so libc
  * cannot cache it), which sets the price of every call above.  Prints a
  * markdown table of round-trip p50 / p99 / mean in microseconds.
@@ -193,116 +200,270 @@ static pid_t zmq_server(int rounds, size_t size, char *ep, size_t ep_len)
     return pid;
 }
 
-/* The client's side of a ZeroMQ round trip (a DEALER), or, with relay, the
- * frontend's shape: the client speaks TCP to a relay process whose one
- * loop waits in epoll_wait on the TCP socket and on its DEALER's ZMQ_FD
- * (draining ZeroMQ until EAGAIN, as kvrail-frontend does) and forwards
- * each message both ways.  The two rows' difference is what one more
- * process in the path costs here before it does any work of its own. */
-static void zmq_run(bool relay, int rounds, size_t size, uint64_t *rtt)
+/* ZMTP 3.1 (RFC 37), NULL mechanism, the DEALER side, just enough for the
+ * prototype: a blocking handshake, then single-frame messages.  The
+ * greeting is the 10-byte signature (ff, 8 padding bytes, 7f), version 3.1,
+ * the mechanism "NULL" padded to 20 bytes, as-server 0 and 31 filler bytes;
+ * then a READY command (flags 0x04) with Socket-Type=DEALER.  A frame is a
+ * flags byte (MORE 1, LONG 2, COMMAND 4) and a 1- or 8-byte size. */
+static int zmtp_connect(const char *ep)
+{
+    int port = 0;
+    if (sscanf(ep, "tcp://127.0.0.1:%d", &port) != 1)
+        die("zmtp endpoint");
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                            .sin_port = htons((uint16_t)port)};
+    int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0)
+        die("connect (zmtp)");
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    uint8_t g[64] = {0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0x7f, 3, 1, 'N', 'U', 'L', 'L'};
+    static const char st[] = "\x0bSocket-Type\x00\x00\x00\x06"
+                             "DEALER";
+    uint8_t ready[2 + 6 + sizeof(st) - 1] = {
+        0x04, (uint8_t)(6 + sizeof(st) - 1), 5, 'R', 'E', 'A', 'D', 'Y'};
+    memcpy(ready + 8, st, sizeof(st) - 1);
+    full_io(fd, (char *)g, sizeof(g), true);
+    full_io(fd, (char *)ready, sizeof(ready), true);
+    uint8_t peer[64], hdr[2], body[255];
+    full_io(fd, (char *)peer, sizeof(peer), false);
+    if (peer[0] != 0xff || peer[9] != 0x7f || peer[10] < 3 || memcmp(peer + 12, "NULL", 5) != 0)
+        die("zmtp greeting");
+    full_io(fd, (char *)hdr, 2, false);
+    if (hdr[0] != 0x04)
+        die("zmtp READY expected");
+    full_io(fd, (char *)body, hdr[1], false);
+    if (hdr[1] < 6 || memcmp(body, "\x05READY", 6) != 0)
+        die("zmtp READY");
+    return fd;
+}
+
+/* Reads one short data frame of size bytes (skipping commands) into buf. */
+static void zmtp_recv(int fd, char *buf, size_t size)
+{
+    for (;;) {
+        uint8_t hdr[9];
+        full_io(fd, (char *)hdr, 2, false);
+        uint64_t len = hdr[1];
+        if (hdr[0] & 0x02) {
+            full_io(fd, (char *)hdr + 2, 7, false);
+            len = 0;
+            for (int k = 1; k < 9; k++)
+                len = len << 8 | hdr[k];
+        }
+        if (!(hdr[0] & 0x04) && len == size) {
+            full_io(fd, buf, size, false);
+            return;
+        }
+        char skip[256];
+        while (len > 0) { /* a command (PING...) or an unexpected frame */
+            size_t n = len < sizeof(skip) ? (size_t)len : sizeof(skip);
+            full_io(fd, skip, n, false);
+            len -= n;
+        }
+    }
+}
+
+/* Writes buf as one data frame in one write(2). */
+static void zmtp_send(int fd, const char *buf, size_t size, char *tmp)
+{
+    size_t h;
+    if (size < 256) {
+        tmp[0] = 0;
+        tmp[1] = (char)size;
+        h = 2;
+    } else {
+        tmp[0] = 0x02;
+        for (int k = 0; k < 8; k++)
+            tmp[1 + k] = (char)((uint64_t)size >> (56 - 8 * k));
+        h = 9;
+    }
+    memcpy(tmp + h, buf, size);
+    full_io(fd, tmp, h + size, true);
+}
+
+/* The client's side of a plain ZeroMQ round trip: a DEALER, blocking. */
+static void zmq_run(int rounds, size_t size, uint64_t *rtt)
 {
     char ep[256];
     pid_t srv = zmq_server(rounds, size, ep, sizeof(ep));
     char *buf = calloc(1, size);
-    int one = 1, zero = 0;
-    if (!relay) {
-        void *ctx = zmq_ctx_new();
-        void *d = zmq_socket(ctx, ZMQ_DEALER);
-        if (zmq_connect(d, ep) != 0)
-            die("zmq_connect");
-        for (int i = 0; i < rounds; i++) {
-            uint64_t t0 = now_ns();
-            if (zmq_send(d, buf, size, 0) < 0 || zmq_recv(d, buf, size, 0) < 0)
-                die("zmq send/recv (client)");
-            rtt[i] = now_ns() - t0;
-        }
-        zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof(zero));
-        zmq_close(d);
-        zmq_ctx_term(ctx);
-        waitpid(srv, NULL, 0);
-        free(buf);
-        report("zmq (DEALER-ROUTER)", rtt, rounds);
-        return;
+    int zero = 0;
+    void *ctx = zmq_ctx_new();
+    void *d = zmq_socket(ctx, ZMQ_DEALER);
+    if (zmq_connect(d, ep) != 0)
+        die("zmq_connect");
+    for (int i = 0; i < rounds; i++) {
+        uint64_t t0 = now_ns();
+        if (zmq_send(d, buf, size, 0) < 0 || zmq_recv(d, buf, size, 0) < 0)
+            die("zmq send/recv (client)");
+        rtt[i] = now_ns() - t0;
     }
+    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    waitpid(srv, NULL, 0);
+    free(buf);
+    report("zmq (DEALER-ROUTER)", rtt, rounds);
+}
+
+/* The relay's loop with a libzmq DEALER: one epoll set over the client's
+ * TCP socket s and the DEALER's ZMQ_FD (draining ZeroMQ until EAGAIN, as
+ * kvrail-frontend does), forwarding each message both ways. */
+static void relay_zmq(int s, const char *ep, int rounds, size_t size, char *buf)
+{
+    int zero = 0;
+    void *ctx = zmq_ctx_new();
+    void *d = zmq_socket(ctx, ZMQ_DEALER);
+    int zfd = -1;
+    size_t zl = sizeof(zfd);
+    if (zmq_connect(d, ep) != 0 || zmq_getsockopt(d, ZMQ_FD, &zfd, &zl) != 0)
+        die("zmq_connect (relay)");
+    int epfd = epoll_of(s);
+    struct epoll_event zev = {.events = EPOLLIN, .data.fd = zfd};
+    if (epoll_ctl(epfd, EPOLL_CTL_ADD, zfd, &zev) != 0)
+        die("epoll (relay)");
+    int answered = 0;
+    while (answered < rounds) {
+        struct epoll_event got[2];
+        int n = epoll_wait(epfd, got, 2, 10000);
+        if (n < 0 && errno != EINTR)
+            die("epoll_wait (relay)");
+        for (int k = 0; k < n; k++)
+            if (got[k].data.fd == s) {
+                full_io(s, buf, size, false);
+                if (zmq_send(d, buf, size, 0) < 0)
+                    die("zmq_send (relay)");
+            }
+        /* ZeroMQ's rule for its descriptor: receive until EAGAIN, also
+         * after a send (which may have taken the wake-up) */
+        while (zmq_recv(d, buf, size, ZMQ_DONTWAIT) >= 0) {
+            full_io(s, buf, size, true);
+            answered++;
+        }
+    }
+    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+}
+
+/* The relay's loop with its own ZMTP link: one epoll set over the client's
+ * socket and the router's TCP socket, no ZeroMQ thread at all. */
+static void relay_zmtp(int s, const char *ep, int rounds, size_t size, char *buf)
+{
+    int z = zmtp_connect(ep);
+    char *tmp = malloc(size + 9);
+    int epfd = epoll_of(s);
+    struct epoll_event zev = {.events = EPOLLIN, .data.fd = z};
+    if (!tmp || epoll_ctl(epfd, EPOLL_CTL_ADD, z, &zev) != 0)
+        die("epoll (relay)");
+    int answered = 0;
+    while (answered < rounds) {
+        struct epoll_event got[2];
+        int n = epoll_wait(epfd, got, 2, 10000);
+        if (n < 0 && errno != EINTR)
+            die("epoll_wait (relay)");
+        for (int k = 0; k < n; k++) {
+            if (got[k].data.fd == s) {
+                full_io(s, buf, size, false);
+                zmtp_send(z, buf, size, tmp);
+            } else {
+                zmtp_recv(z, buf, size);
+                full_io(s, buf, size, true);
+                answered++;
+            }
+        }
+    }
+    free(tmp);
+    close(z);
+}
+
+struct relay {
+    pid_t srv, rel;
+    int s; /* the client's TCP socket to the relay */
+};
+
+/* Starts an echo ROUTER and a relay in front of it (zmtp: the relay's own
+ * ZMTP link, else a libzmq DEALER); the client's socket in r->s. */
+static void relay_start(struct relay *r, bool zmtp, int rounds, size_t size)
+{
+    char ep[256];
+    r->srv = zmq_server(rounds, size, ep, sizeof(ep));
+    int one = 1;
     int ls = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t al = sizeof(a);
     if (ls < 0 || bind(ls, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(ls, 1) != 0 ||
         getsockname(ls, (struct sockaddr *)&a, &al) != 0)
         die("listen");
-    pid_t rel = fork();
-    if (rel < 0)
+    r->rel = fork();
+    if (r->rel < 0)
         die("fork");
-    if (rel == 0) {
+    if (r->rel == 0) {
         int s = accept(ls, NULL, NULL);
         if (s < 0)
             die("accept");
         setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        void *ctx = zmq_ctx_new();
-        void *d = zmq_socket(ctx, ZMQ_DEALER);
-        int zfd = -1;
-        size_t zl = sizeof(zfd);
-        if (zmq_connect(d, ep) != 0 || zmq_getsockopt(d, ZMQ_FD, &zfd, &zl) != 0)
-            die("zmq_connect (relay)");
-        int epfd = epoll_create1(0);
-        struct epoll_event ev = {.events = EPOLLIN, .data.fd = s};
-        struct epoll_event zev = {.events = EPOLLIN, .data.fd = zfd};
-        if (epfd < 0 || epoll_ctl(epfd, EPOLL_CTL_ADD, s, &ev) != 0 ||
-            epoll_ctl(epfd, EPOLL_CTL_ADD, zfd, &zev) != 0)
-            die("epoll (relay)");
-        int answered = 0;
-        while (answered < rounds) {
-            struct epoll_event got[2];
-            int n = epoll_wait(epfd, got, 2, 10000);
-            if (n < 0 && errno != EINTR)
-                die("epoll_wait (relay)");
-            for (int k = 0; k < n; k++)
-                if (got[k].data.fd == s) {
-                    full_io(s, buf, size, false);
-                    if (zmq_send(d, buf, size, 0) < 0)
-                        die("zmq_send (relay)");
-                }
-            /* ZeroMQ's rule for its descriptor: receive until EAGAIN,
-             * also after a send (which may have taken the wake-up) */
-            while (zmq_recv(d, buf, size, ZMQ_DONTWAIT) >= 0) {
-                full_io(s, buf, size, true);
-                answered++;
-            }
-        }
-        zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof(zero));
-        zmq_close(d);
-        zmq_ctx_term(ctx);
+        char *buf = calloc(1, size);
+        (zmtp ? relay_zmtp : relay_zmq)(s, ep, rounds, size, buf);
         _exit(0);
     }
     close(ls);
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof(a)) != 0)
+    r->s = socket(AF_INET, SOCK_STREAM, 0);
+    if (r->s < 0 || connect(r->s, (struct sockaddr *)&a, sizeof(a)) != 0)
         die("connect");
-    setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    for (int i = 0; i < rounds; i++) {
-        uint64_t t0 = now_ns();
-        full_io(s, buf, size, true);
-        full_io(s, buf, size, false);
-        rtt[i] = now_ns() - t0;
+    setsockopt(r->s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+/* The frontend's shape, with each kind of router link: rounds round trips
+ * through each relay, alternating blocks of block round trips between
+ * the two (block = rounds: one after the other) so both see the same
+ * load.  The rows' difference against "zmq" is what one more process in
+ * the path costs here before it does any work of its own. */
+static void relay_run(int rounds, int block, size_t size, uint64_t *rtt)
+{
+    struct relay r[2];
+    relay_start(&r[0], false, rounds, size);
+    relay_start(&r[1], true, rounds, size);
+    uint64_t *rtt2 = calloc((size_t)rounds, sizeof(*rtt2));
+    char *buf = calloc(1, size);
+    if (!rtt2 || !buf)
+        die("calloc");
+    uint64_t *out[2] = {rtt, rtt2};
+    for (int done = 0; done < rounds; done += block)
+        for (int m = 0; m < 2; m++)
+            for (int i = done; i < done + block && i < rounds; i++) {
+                uint64_t t0 = now_ns();
+                full_io(r[m].s, buf, size, true);
+                full_io(r[m].s, buf, size, false);
+                out[m][i] = now_ns() - t0;
+            }
+    for (int m = 0; m < 2; m++) {
+        close(r[m].s);
+        waitpid(r[m].rel, NULL, 0);
+        waitpid(r[m].srv, NULL, 0);
     }
-    close(s);
-    waitpid(rel, NULL, 0);
-    waitpid(srv, NULL, 0);
+    report("tcp -> relay (epoll loop + libzmq DEALER) -> zmq", rtt, rounds);
+    report("tcp -> relay (epoll loop + own ZMTP 3.1 link) -> zmq", rtt2, rounds);
+    free(rtt2);
     free(buf);
-    report("tcp -> relay (epoll loop + DEALER) -> zmq", rtt, rounds);
 }
 
 int main(int argc, char **argv)
 {
-    int rounds = 20000;
+    int rounds = 20000, block = 0;
     size_t size = 64;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
             rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--block") && i + 1 < argc)
+            block = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--size") && i + 1 < argc)
             size = (size_t)atol(argv[++i]);
         else if (!strcmp(argv[i], "--help")) {
-            printf("usage: kvr-pingpong [--rounds N] [--size BYTES]\n");
+            printf("usage: kvr-pingpong [--rounds N] [--size BYTES] [--block N]\n"
+                   "  --block N: the two relay rows alternate every N round trips (default 100)\n");
             return 0;
         } else {
             fprintf(stderr, "kvr-pingpong: unknown argument '%s' (see --help)\n", argv[i]);
@@ -313,6 +474,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvr-pingpong: --rounds at least 100, --size 1 .. 1 MiB\n");
         return 2;
     }
+    if (block <= 0 || block > rounds)
+        block = block <= 0 ? 100 : rounds;
     uint64_t *rtt = calloc((size_t)rounds, sizeof(*rtt));
     if (!rtt)
         die("calloc");
@@ -329,8 +492,8 @@ int main(int argc, char **argv)
     report("one system call (getpid)", rtt, rounds);
     tcp_run("tcp", false, rounds, size, rtt);
     tcp_run("tcp + epoll_wait", true, rounds, size, rtt);
-    zmq_run(false, rounds, size, rtt);
-    zmq_run(true, rounds, size, rtt);
+    zmq_run(rounds, size, rtt);
+    relay_run(rounds, block, size, rtt);
     free(rtt);
     return 0;
 }
