@@ -5,6 +5,8 @@
 #ifndef KVR_ENGINE_INTERNAL_H
 #define KVR_ENGINE_INTERNAL_H
 
+#include <string.h>
+
 #include "kvr_engine.h"
 #include "kvr_compute_backend.h"
 #include "safetensors.h"
@@ -102,5 +104,25 @@ kvr_status_t kvr_kv_check_pool(const kvr_model_t *m, const struct kvr_kv_pool *p
 /** Checks a block table covers n_tokens positions and names pool blocks. */
 kvr_status_t kvr_kv_check_table(const struct kvr_kv_pool *pool, const int32_t *bt, int32_t n_blocks,
                                 int32_t n_tokens);
+
+/* An enum's name from its table of names (dense, 0..n-1): "?" when out of
+ * range; and back: the value named, or KVR_ERR_INVALID.  The KV dtype and
+ * numerics names of cluster files and flags. */
+static inline const char *kvr_enum_name(const char *const *names, int32_t n, int32_t v)
+{
+    return v >= 0 && v < n && names[v] ? names[v] : "?";
+}
+
+static inline kvr_status_t kvr_enum_parse(const char *const *names, int32_t n, const char *name,
+                                          int32_t *v_p)
+{
+    for (int32_t v = 0; name && v < n; v++) {
+        if (names[v] && !strcmp(name, names[v])) {
+            *v_p = v;
+            return KVR_OK;
+        }
+    }
+    return KVR_ERR_INVALID;
+}
 
 #endif

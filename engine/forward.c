@@ -284,20 +284,16 @@ static const char *const numerics_names[] = {
     [KVR_NUMERICS_BF16DOT] = "bf16dot",
 };
 
+#define N_NUMERICS ((int32_t)(sizeof(numerics_names) / sizeof(numerics_names[0])))
+
 const char *kvr_numerics_name(int32_t numerics)
 {
-    return numerics >= 0 && numerics <= KVR_NUMERICS_BF16DOT ? numerics_names[numerics] : "?";
+    return kvr_enum_name(numerics_names, N_NUMERICS, numerics);
 }
 
 kvr_status_t kvr_numerics_parse(const char *name, int32_t *numerics_p)
 {
-    for (int32_t n = KVR_NUMERICS_F32; name && n <= KVR_NUMERICS_BF16DOT; n++) {
-        if (!strcmp(name, numerics_names[n])) {
-            *numerics_p = n;
-            return KVR_OK;
-        }
-    }
-    return KVR_ERR_INVALID;
+    return kvr_enum_parse(numerics_names, N_NUMERICS, name, numerics_p);
 }
 
 void kvr_ctx_destroy(kvr_ctx_t *ctx)

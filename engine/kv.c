@@ -15,20 +15,16 @@ static const char *const kv_dtype_names[] = {
     [KVR_KV_F16] = "f16",
 };
 
+#define N_KV_DTYPES ((int32_t)(sizeof(kv_dtype_names) / sizeof(kv_dtype_names[0])))
+
 const char *kvr_kv_dtype_name(int32_t dtype)
 {
-    return dtype >= 0 && dtype <= KVR_KV_BF16 ? kv_dtype_names[dtype] : "?";
+    return kvr_enum_name(kv_dtype_names, N_KV_DTYPES, dtype);
 }
 
 kvr_status_t kvr_kv_dtype_parse(const char *name, int32_t *dtype_p)
 {
-    for (int32_t d = KVR_KV_F32; name && d <= KVR_KV_BF16; d++) {
-        if (!strcmp(name, kv_dtype_names[d])) {
-            *dtype_p = d;
-            return KVR_OK;
-        }
-    }
-    return KVR_ERR_INVALID;
+    return kvr_enum_parse(kv_dtype_names, N_KV_DTYPES, name, dtype_p);
 }
 
 kvr_status_t kvr_kv_layout_init(const kvr_model_t *m, int32_t block_size, int32_t dtype,
