@@ -5,7 +5,10 @@
  * One thread (fe_http_serve) waits on one epoll set holding libmicrohttpd's
  * epoll descriptor, the loop's router client's descriptors (one DEALER
  * socket carrying every request's streams, and its connection monitor:
- * ZeroMQ's ZMQ_FD, kvr_client_fds) and the sockets of running requests.  A generation request, once
+ * ZeroMQ's ZMQ_FD, kvr_client_fds; with --router-link direct, the default,
+ * the library's own ZMTP link and its one descriptor, so a router frame
+ * wakes this thread with no ZeroMQ I/O thread between) and the sockets of
+ * running requests.  A generation request, once
  * parsed, starts its streams and suspends its connection; the router's frames are handed to their
  * runs (generate.c), which resume the connection as soon as there is something to answer (the first
  * event of every choice, tokens to stream, the end), and libmicrohttpd runs in the same turn of the
@@ -698,13 +701,25 @@ kvr_status_t fe_http_start(void)
         return KVR_ERR_INVALID;
     }
     started_at = (long long)time(NULL);
-    kvr_status_t cst = kvr_client_connect(fe_cfg.router, &router_);
+    /* the request loop's link (--router-link): the direct one wakes this
+     * thread itself, no ZeroMQ I/O thread between; it has no CURVE */
+    if (!fe_cfg.router_zmq && (getenv("KVRAIL_ROUTER_KEY") || getenv("KVRAIL_CLIENT_KEY"))) {
+        KVR_LOG_ERROR(FE_COMP, "CURVE keys are set (KVRAIL_ROUTER_KEY / KVRAIL_CLIENT_KEY) and the "
+                               "direct router link has no CURVE: start with --router-link zmq");
+        freeaddrinfo(ai);
+        return KVR_ERR_UNSUPPORTED;
+    }
+    kvr_status_t cst = fe_cfg.router_zmq ? kvr_client_connect(fe_cfg.router, &router_)
+                                         : kvr_client_connect_direct(fe_cfg.router, &router_);
     if (cst != KVR_OK) {
         KVR_LOG_ERROR(FE_COMP, "cannot create a client of the router at %s: %s", fe_cfg.router,
                       kvr_status_str(cst));
         freeaddrinfo(ai);
         return cst;
     }
+    KVR_LOG_INFO(FE_COMP, "router link: %s",
+                 fe_cfg.router_zmq ? "zmq (libzmq DEALER, --router-link zmq)"
+                                   : "direct (ZMTP 3.1 NULL on the loop's own socket)");
     epfd_ = epoll_create1(EPOLL_CLOEXEC);
     if (epfd_ < 0) {
         KVR_LOG_ERROR(FE_COMP, "epoll_create1: %s", strerror(errno));

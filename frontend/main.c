@@ -59,6 +59,10 @@ static void usage(FILE *f)
             "/health, /ready, /metrics) in front of a kvrail router.\n"
             "  --config FILE            cluster file: router endpoint, model folder\n"
             "  --router ENDPOINT        the router's client endpoint (tcp://host:port)\n"
+            "  --router-link direct|zmq how the request loop reaches the router (default\n"
+            "                           direct: ZMTP spoken on its own socket, no ZeroMQ\n"
+            "                           I/O thread; NULL mechanism only; zmq: a libzmq\n"
+            "                           DEALER, needed with CURVE keys)\n"
             "  --listen HOST:PORT       where to serve HTTP (default 127.0.0.1:8000)\n"
             "  --model-name NAME        the model id to serve (default: the model folder's name)\n"
             "  --context-len N          the model's context length (default: config.json)\n"
@@ -200,6 +204,7 @@ int main(int argc, char **argv)
         O_MAXN,
         O_TIMEOUT,
         O_IDLE,
+        O_LINK,
         O_VERSION,
         O_HELP
     };
@@ -214,6 +219,7 @@ int main(int argc, char **argv)
         {"max-n", required_argument, 0, O_MAXN},
         {"request-timeout-ms", required_argument, 0, O_TIMEOUT},
         {"idle-timeout-s", required_argument, 0, O_IDLE},
+        {"router-link", required_argument, 0, O_LINK},
         {"version", no_argument, 0, O_VERSION},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
@@ -261,6 +267,10 @@ int main(int argc, char **argv)
         case O_IDLE:
             ok = parse_uint(optarg, 1, 3600, &v);
             fe_cfg.idle_timeout_s = (int)v;
+            break;
+        case O_LINK:
+            ok = !strcmp(optarg, "direct") || !strcmp(optarg, "zmq");
+            fe_cfg.router_zmq = !strcmp(optarg, "zmq");
             break;
         case O_VERSION:
             kvr_version_print("kvrail-frontend");

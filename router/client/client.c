@@ -5,9 +5,13 @@
  * arrive are routed by call id to the stream (or unary call) waiting for
  * them, so several streams can be open at once: frames of a stream not being
  * waited on are queued on that stream.  Every wait is zmq_poll with the time
- * left to its deadline.
+ * left to its deadline.  A client made by kvr_client_connect_direct has no
+ * DEALER: its router link is zmtp.c's (ZMTP spoken on its own TCP socket in
+ * the caller's thread), reached through link_send and pump_direct, and its
+ * waits are poll(2) on the link's one descriptor.
  */
 #include <errno.h>
+#include <poll.h>
 #include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -19,6 +23,7 @@
 #include "kvr_clock.h"
 #include "kvr_client.h"
 #include "kvr_proto.h"
+#include "zmtp.h"
 
 struct qframe {
     struct qframe *next;
@@ -44,6 +49,7 @@ struct kvr_client {
     bool own_ctx; /* zctx is this client's (kvr_client_connect) */
     void *sock;
     void *mon;       /* PAIR: the socket monitor (connected / disconnected) */
+    kvr_zmtp_t *zl;  /* the direct link (kvr_client_connect_direct), instead of sock */
     bool connected;  /* a connection to the router is up */
     uint64_t lost;   /* connections to the router lost so far */
     bool reply_lost; /* the pending unary call's connection was lost */
@@ -195,6 +201,33 @@ kvr_status_t kvr_client_connect_ctx(void *zmq_ctx, const char *endpoint, kvr_cli
     return connect_on(zmq_ctx, false, endpoint, client_p);
 }
 
+kvr_status_t kvr_client_connect_direct(const char *endpoint, kvr_client_t **client_p)
+{
+    if (!endpoint || !client_p)
+        return KVR_ERR_INVALID;
+    if (getenv("KVRAIL_ROUTER_KEY") || getenv("KVRAIL_CLIENT_KEY")) {
+        /* never a silent plain connection when keys are asked for */
+        fprintf(stderr, "libkvrail-client: the direct router link speaks ZMTP's NULL mechanism "
+                        "only, and CURVE keys are set (KVRAIL_ROUTER_KEY / KVRAIL_CLIENT_KEY): "
+                        "use the libzmq link (kvr_client_connect) with CURVE\n");
+        return KVR_ERR_UNSUPPORTED;
+    }
+    kvr_client_t *c = calloc(1, sizeof(*c));
+    if (!c)
+        return KVR_ERR_NO_MEMORY;
+    char err[256];
+    kvr_status_t st = kvr_zmtp_open(endpoint, KVR_PROTO_MAX_PAYLOAD + KVR_PROTO_HDR_LEN, &c->zl,
+                                    err, sizeof(err));
+    if (st != KVR_OK) {
+        fprintf(stderr, "libkvrail-client: %s\n", st == KVR_ERR_INVALID ? err : kvr_status_str(st));
+        free(c);
+        return st;
+    }
+    c->next_call = ((uint64_t)kvr_now_ns() & 0xffffff) << 24;
+    *client_p = c;
+    return KVR_OK;
+}
+
 void kvr_client_close(kvr_client_t *c)
 {
     if (!c)
@@ -203,6 +236,12 @@ void kvr_client_close(kvr_client_t *c)
         kvr_gen_stream_destroy(c->streams);
     if (c->have_reply)
         kvr_proto_frame_clear(&c->reply);
+    if (c->zl) {
+        kvr_zmtp_close(c->zl);
+        free(c->nodes);
+        free(c);
+        return;
+    }
     if (c->mon) {
         zmq_socket_monitor(c->sock, NULL, 0);
         zmq_close(c->mon);
@@ -294,6 +333,152 @@ static bool monitor(kvr_client_t *c)
     return lost;
 }
 
+/* Files a frame from the router with its stream (or the pending unary
+ * call); true (something arrived) in every case. */
+static bool file_frame(kvr_client_t *c, kvr_proto_frame_t *f)
+{
+    c->last_rx_ns = kvr_now_ns();
+    if (c->want_call && f->hdr.call_id == c->want_call && !c->have_reply) {
+        c->reply = *f;
+        c->have_reply = true;
+        return true;
+    }
+    kvr_gen_stream_t *s;
+    for (s = c->streams; s; s = s->next)
+        if (s->call_id == f->hdr.call_id && !s->ended)
+            break;
+    if (!s) {
+        if (f->hdr.call_id == 0 && (f->hdr.flags & KVR_PROTO_F_ERROR)) {
+            ProtobufCMessage *m = NULL;
+            if (kvr_proto_decode(f, NULL, &m, NULL, 0) == KVR_OK) {
+                set_err(c, "router: %s", ((Kvrail__Status *)m)->message);
+                protobuf_c_message_free_unpacked(m, NULL);
+            }
+        }
+        kvr_proto_frame_clear(f);
+        return true;
+    }
+    struct qframe *q = malloc(sizeof(*q));
+    if (!q) {
+        kvr_proto_frame_clear(f);
+        return true;
+    }
+    q->f = *f;
+    q->next = NULL;
+    if (s->tail)
+        s->tail->next = q;
+    else
+        s->head = q;
+    s->tail = q;
+    mark_ready(c, s);
+    return true;
+}
+
+/* A message from the direct link as kvr_proto_recv would give it: two
+ * parts (envelope, payload), the same checks. */
+static kvr_status_t frame_of(const struct kvr_zmtp_msg *m, kvr_proto_frame_t *f, char *err,
+                             size_t err_len)
+{
+    memset(f, 0, sizeof(*f));
+    f->src_fd = -1;
+    f->nparts = m->nparts;
+    if (m->nparts != 2) {
+        snprintf(err, err_len, "message has %zu frames, want 2 (envelope, payload)", m->nparts);
+        return KVR_ERR_CORRUPT;
+    }
+    kvr_status_t st = kvr_proto_hdr_unpack(m->part[0], m->len[0], &f->hdr, err, err_len);
+    f->have_hdr = st == KVR_OK || st == KVR_ERR_VERSION || st == KVR_ERR_UNSUPPORTED;
+    if (st != KVR_OK)
+        return st;
+    if (m->len[1] > KVR_PROTO_MAX_PAYLOAD) {
+        snprintf(err, err_len, "payload of %zu bytes exceeds the %u-byte limit", m->len[1],
+                 KVR_PROTO_MAX_PAYLOAD);
+        return KVR_ERR_CORRUPT;
+    }
+    if (m->len[1]) {
+        f->payload = malloc(m->len[1]);
+        if (!f->payload)
+            return KVR_ERR_NO_MEMORY;
+        memcpy(f->payload, m->part[1], m->len[1]);
+        f->payload_len = m->len[1];
+    }
+    return KVR_OK;
+}
+
+/* The direct link's share of a pump: reads, writes and reconnects what it
+ * can without waiting, files every whole message, and tells the client of
+ * a connection made or lost.  True when something arrived (or was lost). */
+static bool direct_drain(kvr_client_t *c)
+{
+    unsigned ev = kvr_zmtp_io(c->zl);
+    bool got = false;
+    for (;;) {
+        struct kvr_zmtp_msg m;
+        kvr_status_t st = kvr_zmtp_recv(c->zl, &m);
+        if (st == KVR_ERR_NO_RESOURCE)
+            break;
+        if (st == KVR_ERR_CLOSED) { /* a protocol error: the link dropped the connection */
+            set_err(c, "%s", kvr_zmtp_error(c->zl));
+            ev |= kvr_zmtp_io(c->zl);
+            continue;
+        }
+        kvr_proto_frame_t f;
+        char err[256];
+        if (frame_of(&m, &f, err, sizeof(err)) != KVR_OK) {
+            set_err(c, "bad frame from the router: %s", err);
+            kvr_proto_frame_clear(&f);
+            continue;
+        }
+        got |= file_frame(c, &f);
+    }
+    if (ev & KVR_ZMTP_EV_CONNECTED)
+        c->connected = true;
+    if ((ev & KVR_ZMTP_EV_LOST) && c->connected) {
+        c->connected = false;
+        connection_lost(c);
+        set_err(c, "the connection to the router was lost: %s", kvr_zmtp_error(c->zl));
+        got = true;
+    }
+    return got;
+}
+
+/* pump_fd for the direct link: poll(2) on its descriptor (and fd). */
+static kvr_status_t pump_direct(kvr_client_t *c, uint64_t deadline, int fd, bool *fd_ready)
+{
+    for (;;) {
+        if (direct_drain(c) || (fd_ready && *fd_ready))
+            return KVR_OK;
+        uint64_t now = kvr_now_ns();
+        if (now >= deadline)
+            return KVR_ERR_TIMEOUT;
+        struct pollfd p[2] = {{kvr_zmtp_fd(c->zl), POLLIN, 0}, {fd, POLLIN, 0}};
+        int rc = poll(p, fd >= 0 ? 2 : 1, (int)((deadline - now + 999999) / 1000000u));
+        if (rc > 0 && fd >= 0 && (p[1].revents & POLLIN))
+            *fd_ready = true;
+        else if (rc < 0 && fd >= 0 && errno == EINTR)
+            return KVR_ERR_TIMEOUT; /* a signal: the caller looks at its flags */
+    }
+}
+
+/* Sends a request on whichever link the client has. */
+static kvr_status_t link_send(kvr_client_t *c, const kvr_proto_hdr_t *h,
+                              const ProtobufCMessage *msg)
+{
+    if (!c->zl)
+        return kvr_proto_send(c->sock, NULL, 0, h, msg);
+    uint8_t env[KVR_PROTO_HDR_LEN];
+    kvr_proto_hdr_pack(h, env);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    kvr_status_t st = kvr_proto_pack(msg, &buf, &len);
+    if (st != KVR_OK)
+        return st;
+    struct iovec v[2] = {{env, sizeof(env)}, {buf, len}};
+    st = kvr_zmtp_send(c->zl, v, 2);
+    free(buf);
+    return st;
+}
+
 /* Receives whatever is waiting and files it; waits up to deadline for at
  * least one frame, or for fd (when >= 0) to be readable (*fd_ready set).
  * Returns KVR_OK if something arrived (or the connection was lost: the
@@ -301,6 +486,8 @@ static bool monitor(kvr_client_t *c)
 static kvr_status_t pump_fd(kvr_client_t *c, uint64_t deadline, int fd, bool *fd_ready,
                             bool mon_first)
 {
+    if (c->zl)
+        return pump_direct(c, deadline, fd, fd_ready);
     bool got = false;
     /* the monitor is read when its socket is readable (or the call will not
      * poll): one ZeroMQ call less per wake-up */
@@ -341,41 +528,7 @@ static kvr_status_t pump_fd(kvr_client_t *c, uint64_t deadline, int fd, bool *fd
             kvr_proto_frame_clear(&f);
             continue;
         }
-        got = true;
-        c->last_rx_ns = kvr_now_ns();
-        if (c->want_call && f.hdr.call_id == c->want_call && !c->have_reply) {
-            c->reply = f;
-            c->have_reply = true;
-            continue;
-        }
-        kvr_gen_stream_t *s;
-        for (s = c->streams; s; s = s->next)
-            if (s->call_id == f.hdr.call_id && !s->ended)
-                break;
-        if (!s) {
-            if (f.hdr.call_id == 0 && (f.hdr.flags & KVR_PROTO_F_ERROR)) {
-                ProtobufCMessage *m = NULL;
-                if (kvr_proto_decode(&f, NULL, &m, NULL, 0) == KVR_OK) {
-                    set_err(c, "router: %s", ((Kvrail__Status *)m)->message);
-                    protobuf_c_message_free_unpacked(m, NULL);
-                }
-            }
-            kvr_proto_frame_clear(&f);
-            continue;
-        }
-        struct qframe *q = malloc(sizeof(*q));
-        if (!q) {
-            kvr_proto_frame_clear(&f);
-            continue;
-        }
-        q->f = f;
-        q->next = NULL;
-        if (s->tail)
-            s->tail->next = q;
-        else
-            s->head = q;
-        s->tail = q;
-        mark_ready(c, s);
+        got |= file_frame(c, &f);
     }
 }
 
@@ -391,7 +544,7 @@ static kvr_status_t unary(kvr_client_t *c, unsigned method, const ProtobufCMessa
     uint64_t call = ++c->next_call;
     kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, (uint16_t)method, call};
     c->sent = true;
-    kvr_status_t st = kvr_proto_send(c->sock, NULL, 0, &h, req);
+    kvr_status_t st = link_send(c, &h, req);
     if (st != KVR_OK) {
         set_err(c, "cannot send %s: %s", kvr_proto_method_name(method), kvr_status_str(st));
         return st;
@@ -512,7 +665,7 @@ kvr_status_t kvr_client_generate_start(kvr_client_t *c, const struct kvr_gen_par
     s->call_id = ++c->next_call;
     kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, KVRAIL__METHOD__GENERATE, s->call_id};
     c->sent = true;
-    kvr_status_t st = kvr_proto_send(c->sock, NULL, 0, &h, &g.base);
+    kvr_status_t st = link_send(c, &h, &g.base);
     free(lbp);
     if (st != KVR_OK) {
         set_err(c, "cannot send GENERATE: %s", kvr_status_str(st));
@@ -661,6 +814,11 @@ kvr_status_t kvr_client_wait_fd(kvr_client_t *c, int fd, int timeout_ms, bool *f
 size_t kvr_client_fds(const kvr_client_t *c, int *fds, size_t max)
 {
     size_t n = 0;
+    if (c && c->zl) {
+        if (max > 0)
+            fds[n++] = kvr_zmtp_fd(c->zl);
+        return n;
+    }
     void *socks[2] = {c ? c->sock : NULL, c ? c->mon : NULL};
     for (size_t i = 0; i < 2 && n < max; i++) {
         int fd = -1;
@@ -675,6 +833,8 @@ kvr_status_t kvr_client_poll(kvr_client_t *c, unsigned what)
 {
     if (!c)
         return KVR_ERR_INVALID;
+    if (c->zl) /* its descriptor is level-triggered: a send takes no wake-up */
+        return (what & KVR_CLIENT_POLL_SOCKET) && direct_drain(c) ? KVR_OK : KVR_ERR_TIMEOUT;
     bool got = false;
     if ((what & KVR_CLIENT_POLL_MONITOR) && monitor(c))
         got = true;
@@ -716,7 +876,7 @@ kvr_status_t kvr_client_ping_send(kvr_client_t *c)
     p.nonce = kvr_now_ns();
     kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, KVRAIL__METHOD__PING, ++c->next_call};
     c->sent = true;
-    kvr_status_t st = kvr_proto_send(c->sock, NULL, 0, &h, &p.base);
+    kvr_status_t st = link_send(c, &h, &p.base);
     if (st != KVR_OK)
         set_err(c, "cannot send PING: %s", kvr_status_str(st));
     return st;
@@ -742,7 +902,7 @@ kvr_status_t kvr_gen_stream_cancel(kvr_gen_stream_t *s)
     kvr_proto_hdr_t h = {KVR_PROTO_VERSION, 0, KVRAIL__METHOD__CANCEL, ++s->c->next_call};
     s->cancel_sent = true;
     s->c->sent = true;
-    return kvr_proto_send(s->c->sock, NULL, 0, &h, &cr.base);
+    return link_send(s->c, &h, &cr.base);
 }
 
 void kvr_gen_stream_destroy(kvr_gen_stream_t *s)

@@ -142,6 +142,19 @@ kvr_status_t kvr_client_connect(const char *endpoint, kvr_client_t **client_p);
  *  @return KVR_OK; KVR_ERR_INVALID (bad endpoint, NULL context);
  *          KVR_ERR_NO_MEMORY; KVR_ERR_IO. */
 kvr_status_t kvr_client_connect_ctx(void *zmq_ctx, const char *endpoint, kvr_client_t **client_p);
+/** The same with the library's own router link instead of a ZeroMQ socket
+ *  (zmtp.c): ZMTP 3.1 spoken as a DEALER on one non-blocking TCP socket,
+ *  driven by the caller's thread, with no ZeroMQ context or I/O thread, so
+ *  a frame from the router wakes the caller directly.  The router sees an
+ *  ordinary DEALER.  tcp://HOST:PORT endpoints and ZMTP's NULL mechanism
+ *  only: with CURVE keys set (KVRAIL_ROUTER_KEY / KVRAIL_CLIENT_KEY) it
+ *  refuses, as it does a router that asks for CURVE, rather than connect
+ *  in the clear; use kvr_client_connect then.  Reconnects as a DEALER does
+ *  (100 ms, doubling to 2 s).  kvr_client_fds gives one descriptor (no
+ *  monitor), level-triggered: a send takes no wake-up.  Added in .so.2.
+ *  @return KVR_OK; KVR_ERR_INVALID (endpoint: the reason on stderr);
+ *          KVR_ERR_UNSUPPORTED (CURVE keys set); KVR_ERR_NO_MEMORY; KVR_ERR_IO. */
+kvr_status_t kvr_client_connect_direct(const char *endpoint, kvr_client_t **client_p);
 void kvr_client_close(kvr_client_t *c);
 /** The last error message of this client ("" when none). */
 const char *kvr_client_error(const kvr_client_t *c);

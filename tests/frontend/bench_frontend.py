@@ -132,6 +132,11 @@ def main():
     ap.add_argument("--frontend-b", metavar="BIN",
                     help="a second kvrail-frontend binary (another build), run beside the first "
                          "in every round: an A/B of two frontends under the same load")
+    ap.add_argument("--frontend-args", default="",
+                    help="extra arguments of the first frontend (e.g. '--router-link zmq')")
+    ap.add_argument("--frontend-b-args", default="",
+                    help="extra arguments of the second frontend (--frontend-b, or the same "
+                         "binary when only these are given)")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--prompt-len", type=int, default=64)
@@ -145,6 +150,8 @@ def main():
                          "kvrail-loadgen runs into DIR, and print them per request (slows "
                          "every process down: the timings of such a run do not count)")
     a = ap.parse_args()
+    if a.frontend_b_args and not a.frontend_b:
+        a.frontend_b = a.frontend
     bins = cl.Bins(a)
     work = tempfile.mkdtemp(prefix="kvr-fe-bench-")
     try:
@@ -155,14 +162,15 @@ def main():
         c.start()
         port = cl.free_port()
         base = "http://127.0.0.1:%d" % port
-        fe = cl.spawn([a.frontend, "--config", c.config, "--listen", "127.0.0.1:%d" % port],
+        fe = cl.spawn([a.frontend, "--config", c.config, "--listen", "127.0.0.1:%d" % port]
+                      + a.frontend_args.split(),
                  stdout=open(os.path.join(work, "frontend.log"), "w"), stderr=subprocess.STDOUT)
         bases = {"http": base}
         if a.frontend_b:
             port_b = cl.free_port()
             bases["http-b"] = "http://127.0.0.1:%d" % port_b
             fe_b = cl.spawn([a.frontend_b, "--config", c.config, "--listen",
-                             "127.0.0.1:%d" % port_b],
+                             "127.0.0.1:%d" % port_b] + a.frontend_b_args.split(),
                      stdout=open(os.path.join(work, "frontend-b.log"), "w"),
                      stderr=subprocess.STDOUT)
         for b in bases.values():
