@@ -447,9 +447,12 @@ bool fe_run_tick(struct fe_run *run, uint64_t now)
      * was sent then, when it had been quiet): it does not answer */
     if (!all_first(run) && now - run->t_sent > (uint64_t)FE_PING_MS * 1000000u &&
         kvr_client_last_rx_ns(run->client) < run->t_sent) {
-        char m[400];
-        snprintf(m, sizeof(m), "the router at %s does not answer (nothing from it within %d ms)",
-                 fe_cfg.router, FE_PING_MS);
+        char m[sizeof(run->err_msg)];
+        /* the direct link knows why it is not up; libzmq's does not say */
+        const char *why = fe_cfg.router_zmq ? "" : kvr_client_error(run->client);
+        snprintf(m, sizeof(m),
+                 "the router at %s does not answer (nothing from it within %d ms)%s%s",
+                 fe_cfg.router, FE_PING_MS, why[0] ? ": " : "", why);
         fail(run, KVR_ERR_PEER_FAILURE, 503, m);
         return true;
     }

@@ -276,7 +276,7 @@ static void mark_ready(kvr_client_t *c, kvr_gen_stream_t *s)
  * streams is gone (killed, restarted, unreachable), and a restarted one
  * knows nothing of them, so each ends now with KVR_ERR_PEER_FAILURE (frames
  * already received are still delivered first). */
-static void connection_lost(kvr_client_t *c)
+static void connection_lost(kvr_client_t *c, const char *why)
 {
     c->lost++;
     for (kvr_gen_stream_t *s = c->streams; s; s = s->next) {
@@ -287,8 +287,8 @@ static void connection_lost(kvr_client_t *c)
         s->res.status = KVR_ERR_PEER_FAILURE;
         s->res.finish = KVR_FINISH_ERROR;
         snprintf(s->res.message, sizeof(s->res.message),
-                 "the connection to the router was lost (router killed, restarted or "
-                 "unreachable): the stream ended without its answer");
+                 "the connection to the router was lost (%s): the stream ended without its answer",
+                 why ? why : "router killed, restarted or unreachable");
     }
     if (c->want_call)
         c->reply_lost = true;
@@ -329,7 +329,7 @@ static bool monitor(kvr_client_t *c)
         }
     }
     if (lost)
-        connection_lost(c);
+        connection_lost(c, NULL);
     return lost;
 }
 
@@ -435,9 +435,12 @@ static bool direct_drain(kvr_client_t *c)
         c->connected = true;
     if ((ev & KVR_ZMTP_EV_LOST) && c->connected) {
         c->connected = false;
-        connection_lost(c);
+        connection_lost(c, kvr_zmtp_error(c->zl));
         set_err(c, "the connection to the router was lost: %s", kvr_zmtp_error(c->zl));
         got = true;
+    } else if (!c->connected && kvr_zmtp_error(c->zl)[0]) {
+        /* why it is not up (a refused connect, a peer that is no router) */
+        set_err(c, "router link: %s", kvr_zmtp_error(c->zl));
     }
     return got;
 }
