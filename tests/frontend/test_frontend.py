@@ -140,6 +140,8 @@ def main():
     ap = argparse.ArgumentParser()
     cl.add_bin_args(ap)
     ap.add_argument("--frontend", required=True)
+    ap.add_argument("--router-link", choices=["direct", "zmq"], default="direct",
+                    help="the frontend's router link (its --router-link)")
     ap.add_argument("--chat", choices=["yes", "no"], default="yes",
                     help="whether this build has chat templates (tokenizer/kvr_chat.h)")
     args = ap.parse_args()
@@ -172,7 +174,7 @@ def main():
         flog = open(os.path.join(work, "frontend.log"), "w")
         fe = cl.spawn([args.frontend, "--config", c.config, "--listen", "127.0.0.1:%d" % port,
                        "--max-connections", str(MAX_CONN), "--max-body", "65536",
-                       "--idle-timeout-s", "20"],
+                       "--idle-timeout-s", "20", "--router-link", args.router_link],
                       stdout=flog, stderr=subprocess.STDOUT)
 
         def fe_alive():
@@ -191,6 +193,8 @@ def main():
             check(time.time() < deadline, "frontend not ready within 20 s")
             time.sleep(0.1)
         check(json.loads(body)["decode_nodes_alive"] == 1, "ready body: %r" % body)
+        check("router link: %s" % args.router_link in open(flog.name).read(),
+              "the frontend does not log its router link '%s'" % args.router_link)
         st, _, body = http(base, "/health")
         check(st == 200 and json.loads(body)["status"] == "ok", "/health: %s %r" % (st, body))
 

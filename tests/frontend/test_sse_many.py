@@ -61,6 +61,7 @@ def main():
     ap = argparse.ArgumentParser()
     cl.add_bin_args(ap)
     ap.add_argument("--frontend", required=True)
+    ap.add_argument("--router-link", choices=["direct", "zmq"], default="direct")
     args = ap.parse_args()
     bins = cl.Bins(args)
     work = cl.workdir("kvr-fe-many-")
@@ -78,7 +79,8 @@ def main():
         base = "http://127.0.0.1:%d" % port
         flog = open(os.path.join(work, "frontend.log"), "w")
         fe = cl.spawn([args.frontend, "--config", c.config, "--listen", "127.0.0.1:%d" % port,
-                       "--max-connections", "1100", "--idle-timeout-s", "60"],
+                       "--max-connections", "1100", "--idle-timeout-s", "60",
+                       "--router-link", args.router_link],
                       stdout=flog, stderr=subprocess.STDOUT)
         def ready():
             check(fe.poll() is None, "the frontend exited: %s" % open(flog.name).read()[-2000:])
