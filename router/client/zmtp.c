@@ -23,8 +23,10 @@
  * A dropped connection is retried after 100 ms, doubling to 2 s, from a
  * timerfd in the link's epoll set, which also holds the socket (EPOLLIN,
  * EPOLLOUT while bytes wait), so the caller waits on one descriptor that
- * never changes.  Messages already whole when a connection ends are still
- * delivered; then KVR_ZMTP_EV_LOST.
+ * never changes; a host name's addresses (up to 4) are tried in turn.  A
+ * read that leaves room in the buffer ends the reading (the socket is
+ * drained; the set is level-triggered): no read is spent on EAGAIN.  Messages already whole when a
+ * connection ends are still delivered; then KVR_ZMTP_EV_LOST.
  */
 #include <errno.h>
 #include <netdb.h>
@@ -47,6 +49,7 @@
 #define OUT_MAX      (64u << 20) /* bytes queued to the router */
 #define RETRY_MIN_MS 100
 #define RETRY_MAX_MS 2000
+#define MAX_ADDRS    4 /* of a host name (localhost: ::1 and 127.0.0.1) */
 
 #define F_MORE    1u
 #define F_LONG    2u
@@ -56,8 +59,9 @@ enum state { ST_DOWN, ST_CONNECTING, ST_GREETING, ST_READY, ST_OPEN };
 
 struct kvr_zmtp {
     int ep, sock, tfd;
-    struct sockaddr_storage addr;
-    socklen_t addr_len;
+    struct sockaddr_storage addr[MAX_ADDRS]; /* the endpoint's addresses, tried in turn */
+    socklen_t addr_len[MAX_ADDRS];
+    size_t n_addr, addr_i;
     enum state st;
     uint32_t sock_events; /* what sock is registered for in ep */
     size_t max_frame, in_max;
@@ -103,6 +107,8 @@ static void drop(kvr_zmtp_t *z, bool keep, const char *fmt, ...)
     va_end(ap);
     if (z->st == ST_OPEN)
         z->pending |= KVR_ZMTP_EV_LOST;
+    else /* never up: the host's next address next time */
+        z->addr_i = (z->addr_i + 1) % (z->n_addr ? z->n_addr : 1);
     if (!keep || z->st != ST_OPEN) {
         z->in_r = z->in_w = 0;
         z->deliver = false;
@@ -147,7 +153,7 @@ static void start_connect(kvr_zmtp_t *z)
 {
     z->in_r = z->in_w = 0;
     z->deliver = false;
-    z->sock = socket(z->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    z->sock = socket(z->addr[z->addr_i].ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (z->sock < 0) {
         drop(z, false, "socket: %s", strerror(errno));
         return;
@@ -161,7 +167,7 @@ static void start_connect(kvr_zmtp_t *z)
         return;
     }
     build_handshake(z);
-    if (connect(z->sock, (struct sockaddr *)&z->addr, z->addr_len) == 0)
+    if (connect(z->sock, (struct sockaddr *)&z->addr[z->addr_i], z->addr_len[z->addr_i]) == 0)
         z->st = ST_GREETING;
     else if (errno == EINPROGRESS)
         z->st = ST_CONNECTING;
@@ -228,9 +234,12 @@ static void fill(kvr_zmtp_t *z)
                 return; /* full of whole messages: taken by kvr_zmtp_recv first */
             }
         }
-        ssize_t r = recv(z->sock, z->in + z->in_w, z->in_cap - z->in_w, 0);
+        size_t room = z->in_cap - z->in_w;
+        ssize_t r = recv(z->sock, z->in + z->in_w, room, 0);
         if (r > 0) {
             z->in_w += (size_t)r;
+            if ((size_t)r < room)
+                return; /* drained: more would wake the (level-triggered) set again */
             continue;
         }
         if (r < 0 && errno == EINTR)
@@ -407,7 +416,8 @@ unsigned kvr_zmtp_io(kvr_zmtp_t *z)
             start_connect(z);
     }
     if (z->st == ST_CONNECTING) {
-        if (connect(z->sock, (struct sockaddr *)&z->addr, z->addr_len) == 0 || errno == EISCONN)
+        if (connect(z->sock, (struct sockaddr *)&z->addr[z->addr_i], z->addr_len[z->addr_i]) == 0 ||
+            errno == EISCONN)
             z->st = ST_GREETING;
         else if (errno != EINPROGRESS && errno != EALREADY && errno != EINTR)
             drop(z, false, "connect: %s", strerror(errno));
@@ -579,9 +589,16 @@ static kvr_status_t resolve(kvr_zmtp_t *z, const char *endpoint, char *err, size
                  e ? gai_strerror(e) : "no address");
         return KVR_ERR_INVALID;
     }
-    memcpy(&z->addr, ai->ai_addr, ai->ai_addrlen);
-    z->addr_len = ai->ai_addrlen;
+    for (struct addrinfo *p = ai; p && z->n_addr < MAX_ADDRS; p = p->ai_next)
+        if (p->ai_addrlen <= sizeof(z->addr[0])) {
+            memcpy(&z->addr[z->n_addr], p->ai_addr, p->ai_addrlen);
+            z->addr_len[z->n_addr++] = p->ai_addrlen;
+        }
     freeaddrinfo(ai);
+    if (z->n_addr == 0) {
+        snprintf(err, err_len, "the router's address '%s' has no usable address", endpoint);
+        return KVR_ERR_INVALID;
+    }
     return KVR_OK;
 }
 

@@ -163,7 +163,10 @@ def main():
         port = cl.free_port()
         base = "http://127.0.0.1:%d" % port
         log = os.path.join(work, "frontend-%s.log" % name)
-        fe = cl.spawn([a.frontend, "--router", "tcp://127.0.0.1:%d" % fr.port, "--model-name",
+        # the first by name: localhost's addresses (::1 first, where it has
+        # one) are tried in turn until 127.0.0.1, where the fake listens
+        host = "localhost" if rss0 is None else "127.0.0.1"
+        fe = cl.spawn([a.frontend, "--router", "tcp://%s:%d" % (host, fr.port), "--model-name",
                        "m", "--listen", "127.0.0.1:%d" % port, "--router-link", "direct"],
                       stdout=open(log, "w"), stderr=subprocess.STDOUT)
         try:
