@@ -308,6 +308,25 @@ static void zmq_run(int rounds, size_t size, uint64_t *rtt)
     report("zmq (DEALER-ROUTER)", rtt, rounds);
 }
 
+/* A relay's epoll set: the client's socket s and the router side's fd. */
+static int relay_set(int s, int fd)
+{
+    int epfd = epoll_of(s);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
+    if (epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) != 0)
+        die("epoll (relay)");
+    return epfd;
+}
+
+/* Waits for a relay's events (0 on a signal). */
+static int relay_wait(int epfd, struct epoll_event got[2])
+{
+    int n = epoll_wait(epfd, got, 2, 10000);
+    if (n < 0 && errno != EINTR)
+        die("epoll_wait (relay)");
+    return n < 0 ? 0 : n;
+}
+
 /* The relay's loop with a libzmq DEALER: one epoll set over the client's
  * TCP socket s and the DEALER's ZMQ_FD (draining ZeroMQ until EAGAIN, as
  * kvrail-frontend does), forwarding each message both ways. */
@@ -320,16 +339,11 @@ static void relay_zmq(int s, const char *ep, int rounds, size_t size, char *buf)
     size_t zl = sizeof(zfd);
     if (zmq_connect(d, ep) != 0 || zmq_getsockopt(d, ZMQ_FD, &zfd, &zl) != 0)
         die("zmq_connect (relay)");
-    int epfd = epoll_of(s);
-    struct epoll_event zev = {.events = EPOLLIN, .data.fd = zfd};
-    if (epoll_ctl(epfd, EPOLL_CTL_ADD, zfd, &zev) != 0)
-        die("epoll (relay)");
+    int epfd = relay_set(s, zfd);
     int answered = 0;
     while (answered < rounds) {
         struct epoll_event got[2];
-        int n = epoll_wait(epfd, got, 2, 10000);
-        if (n < 0 && errno != EINTR)
-            die("epoll_wait (relay)");
+        int n = relay_wait(epfd, got);
         for (int k = 0; k < n; k++)
             if (got[k].data.fd == s) {
                 full_io(s, buf, size, false);
@@ -354,16 +368,13 @@ static void relay_zmtp(int s, const char *ep, int rounds, size_t size, char *buf
 {
     int z = zmtp_connect(ep);
     char *tmp = malloc(size + 9);
-    int epfd = epoll_of(s);
-    struct epoll_event zev = {.events = EPOLLIN, .data.fd = z};
-    if (!tmp || epoll_ctl(epfd, EPOLL_CTL_ADD, z, &zev) != 0)
-        die("epoll (relay)");
+    if (!tmp)
+        die("malloc");
+    int epfd = relay_set(s, z);
     int answered = 0;
     while (answered < rounds) {
         struct epoll_event got[2];
-        int n = epoll_wait(epfd, got, 2, 10000);
-        if (n < 0 && errno != EINTR)
-            die("epoll_wait (relay)");
+        int n = relay_wait(epfd, got);
         for (int k = 0; k < n; k++) {
             if (got[k].data.fd == s) {
                 full_io(s, buf, size, false);
