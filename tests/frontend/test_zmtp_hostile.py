@@ -3,7 +3,7 @@ client's zmtp.c, --router-link direct) against fake "routers" that break
 ZMTP on purpose: each a TCP server in this test that answers every
 connection the same broken way, while a completion request waits on the
 frontend.  For every one the frontend must answer the request with a clear
-error naming what was wrong (5xx, the link's reason in the message), keep
+error naming what was wrong (and answer a heartbeat PING with its PONG) (5xx, the link's reason in the message), keep
 serving (/health), and not grow (RSS after all of them within a bound of
 RSS after the first: the link's buffers are bounded, nothing is kept per
 broken connection).  Then: with CURVE keys set the frontend refuses the
@@ -73,6 +73,9 @@ SCENARIOS = [
     # (one part, not two), the buffer bounded by the limit
     ("big-frame", HANDSHAKE, bytes([0x02]) + struct.pack(">Q", 15 << 20) + b"x" * (15 << 20),
      "message has 1 frames"),
+    # a heartbeat PING (RFC 37: TTL, context): answered with PONG and the
+    # same context; the request itself is never answered
+    ("ping", HANDSHAKE, command(b"\x04PING\x00\x0aabc"), "does not answer"),
 ]
 
 
@@ -89,6 +92,7 @@ class FakeRouter:
         self.ls.listen(16)
         self.port = self.ls.getsockname()[1]
         self.conns = 0
+        self.seen = b""  # what the frontend wrote after its greeting and READY
         self.stop = False
         threading.Thread(target=self.serve, daemon=True).start()
 
@@ -113,8 +117,12 @@ class FakeRouter:
                         return
                     got += b
                 s.sendall(self.later)
-            while s.recv(65536):
-                pass
+                self.seen += got
+            while True:
+                b = s.recv(65536)
+                if not b:
+                    break
+                self.seen = (self.seen + b)[-65536:]
         except OSError:
             pass
         finally:
@@ -185,6 +193,9 @@ def main():
             status2, text2 = complete(base)
             check(status2 >= 500 and fe.poll() is None,
                   "%s: second request %d %s" % (name, status2, text2))
+            if name == "ping":
+                check(b"\x04\x08\x04PONGabc" in fr.seen,
+                      "ping: no PONG with the PING's context: %r" % fr.seen[-200:])
             rss = rss_kb(fe.pid)
             print("%s: %d connections, RSS %d KiB" % (name, fr.conns, rss))
             if rss0 is None:
