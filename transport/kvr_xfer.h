@@ -95,6 +95,7 @@ struct kvr_xfer_config {
  *  (kvr_xfer_connect_token). */
 #define KVR_XFER_TOKEN_LEN  16
 #define KVR_XFER_TOKENS_MAX 4096 /* tokens an engine holds at once */
+#define KVR_XFER_OWNER_MAX  64   /* kvr_xfer_token_allow_for's owner name, with its NUL */
 
 /** Initializes cfg to defaults (backend NULL, gid_index -1, ...). */
 void kvr_xfer_config_init(struct kvr_xfer_config *cfg);
@@ -208,7 +209,20 @@ kvr_status_t kvr_xfer_connect_token(kvr_xfer_engine_t *engine, const void *blob,
 kvr_status_t kvr_xfer_token_allow(kvr_xfer_engine_t *engine,
                                   const uint8_t token[KVR_XFER_TOKEN_LEN]);
 
-/** Stops accepting token for new side channels and notifications. */
+/** kvr_xfer_token_allow naming the peer the token is given to (owner: up
+ *  to KVR_XFER_OWNER_MAX - 1 characters; NULL: unnamed): the engine's logs
+ *  about the token (its revocation) name it.  Allowing a token held
+ *  already renames it.  Same returns. */
+kvr_status_t kvr_xfer_token_allow_for(kvr_xfer_engine_t *engine,
+                                      const uint8_t token[KVR_XFER_TOKEN_LEN], const char *owner);
+
+/** Stops accepting token for new side channels and notifications, and
+ *  closes every inbound connection admitted under it (ucx: the endpoint,
+ *  verbs: the side channel and its QPs) on the engine's next progress, as
+ *  a refused one is: nothing more from it is delivered, the initiator's
+ *  connection fails, each is counted in stats.revoked_connections, and the
+ *  revocation is logged once naming the token's owner.  loop and cuda_ipc
+ *  keep no connection: their notifications are checked one by one. */
 void kvr_xfer_token_revoke(kvr_xfer_engine_t *engine, const uint8_t token[KVR_XFER_TOKEN_LEN]);
 
 /** Closes a connection (without waiting on a dead peer for more than a short,
@@ -359,6 +373,8 @@ struct kvr_xfer_engine_stats {
     uint64_t refused;   /* require_token: side channels / notifications without a token */
     uint64_t refused_connections; /* require_token, ucx: inbound endpoints closed at connect
                                      (a HELLO without an allowed token, or none in time) */
+    uint64_t revoked_connections; /* ucx, verbs: inbound connections closed because the token
+                                     they were admitted under was revoked */
 };
 void kvr_xfer_engine_stats(const kvr_xfer_engine_t *engine, struct kvr_xfer_engine_stats *stats_p);
 

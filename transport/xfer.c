@@ -982,13 +982,8 @@ kvr_status_t kvr_xfer_notify(kvr_xfer_peer_t *p, const void *msg, size_t len)
 void kvr_xfer_deliver_notif(kvr_xfer_engine_t *e, const void *msg, size_t len, const uint8_t *token)
 {
     e->stats.notifs_received++;
-    if (token) {
-        uint8_t acc = 0;
-        for (int i = 0; i < KVR_XFER_TOKEN_LEN; i++)
-            acc |= token[i];
-        if (!acc)
-            token = NULL;
-    }
+    if (token && kvr_xfer_token_is_zero(token))
+        token = NULL;
     if (e->cfg.notif_cb)
         e->cfg.notif_cb(e->cfg.notif_arg, msg, len, token);
 }

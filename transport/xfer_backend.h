@@ -43,6 +43,7 @@ struct kvr_xfer_engine {
     struct kvr_xfer_engine_stats stats;
     struct kvr_xfer_link mems, peers;      /* core-private */
     uint8_t (*tokens)[KVR_XFER_TOKEN_LEN]; /* kvr_xfer_token_allow's (xfer_token.c) */
+    char (*owners)[KVR_XFER_OWNER_MAX];    /* whom each was given to (logs) */
     size_t ntokens;
 };
 
@@ -141,6 +142,13 @@ struct kvr_xfer_ops {
     void (*engine_quiesce)(kvr_xfer_engine_t *e);
     /* the connection's rails (kvr_xfer_peer_rails).  optional: default none */
     size_t (*peer_rails)(const kvr_xfer_peer_t *p, struct kvr_xfer_rail_stats *rails, size_t cap);
+    /* token was revoked (no longer in the engine's table): marks every
+     * inbound connection admitted under it to be closed on the next
+     * progress (counted in stats.revoked_connections then) and returns how
+     * many.  Called outside the backend's callbacks or inside the
+     * notification callback: closes nothing itself.  optional: default
+     * none (a backend that checks every notification as it comes) */
+    size_t (*token_revoked)(kvr_xfer_engine_t *e, const uint8_t *token);
 };
 
 /* --- services of the core, for backends --- */
@@ -152,6 +160,11 @@ void kvr_xfer_dlist_complete(kvr_xfer_dlist_t *d, kvr_status_t s);
 /** Marks a peer failed (sticky) and logs it once. */
 void kvr_xfer_peer_fail(kvr_xfer_peer_t *p, kvr_status_t s, const char *why);
 
+/** Whether the KVR_XFER_TOKEN_LEN bytes at t are all zero (no token). */
+bool kvr_xfer_token_is_zero(const uint8_t *t);
+/** Whether two tokens (KVR_XFER_TOKEN_LEN bytes each) are equal, compared
+ *  without an early exit: use it wherever a token is checked. */
+bool kvr_xfer_token_equal(const uint8_t *a, const uint8_t *b);
 /** require_token: whether token (KVR_XFER_TOKEN_LEN bytes, or NULL for
  *  none) is one the engine was given; counts a refusal in stats.refused.
  *  Always true without require_token. */

@@ -14,19 +14,28 @@
  * it to the peer it gave that token to.  A target created with
  * require_token refuses what comes without an allowed token and counts it
  * (stats.refused, logged); without require_token tokens are carried and
- * not checked.  The table is a small array, bounded (KVR_XFER_TOKENS_MAX):
- * allow and revoke are rare (one per pair), the check is one scan.
+ * not checked.  Revoking a token stops it for new connections and
+ * notifications, and the backend closes the inbound connections admitted
+ * under it (the token_revoked op: UCX's endpoints, verbs' side channels and
+ * their QPs) on its next progress, counted in stats.revoked_connections;
+ * the revocation is logged once, naming the peer the token was given to
+ * (kvr_xfer_token_allow_for).  loop and cuda_ipc keep no inbound
+ * connection: each notification is checked as it comes.  The table is a
+ * small array, bounded (KVR_XFER_TOKENS_MAX): allow and revoke are rare
+ * (one per pair), the check is one scan.  Tokens are secrets: compared
+ * without an early exit (kvr_xfer_token_equal).
  */
 #include "xfer_backend.h"
 
 #include "kvr_log.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define COMP "xfer"
 
-static bool zero(const uint8_t *t)
+bool kvr_xfer_token_is_zero(const uint8_t *t)
 {
     uint8_t acc = 0;
     for (int i = 0; i < KVR_XFER_TOKEN_LEN; i++)
@@ -34,8 +43,9 @@ static bool zero(const uint8_t *t)
     return acc == 0;
 }
 
-/* compares without an early exit */
-static bool same(const uint8_t *a, const uint8_t *b)
+/* compares without an early exit: a token is checked against the secrets
+ * held here, and the time taken must not say how much of it matched */
+bool kvr_xfer_token_equal(const uint8_t *a, const uint8_t *b)
 {
     uint8_t d = 0;
     for (int i = 0; i < KVR_XFER_TOKEN_LEN; i++)
@@ -46,17 +56,27 @@ static bool same(const uint8_t *a, const uint8_t *b)
 static ssize_t find(const kvr_xfer_engine_t *e, const uint8_t *t)
 {
     for (size_t i = 0; i < e->ntokens; i++)
-        if (same(e->tokens[i], t))
+        if (kvr_xfer_token_equal(e->tokens[i], t))
             return (ssize_t)i;
     return -1;
 }
 
-kvr_status_t kvr_xfer_token_allow(kvr_xfer_engine_t *e, const uint8_t token[KVR_XFER_TOKEN_LEN])
+static void owner_set(kvr_xfer_engine_t *e, size_t i, const char *owner)
 {
-    if (!e || !token || zero(token))
+    snprintf(e->owners[i], sizeof(e->owners[i]), "%s", owner ? owner : "");
+}
+
+kvr_status_t kvr_xfer_token_allow_for(kvr_xfer_engine_t *e, const uint8_t token[KVR_XFER_TOKEN_LEN],
+                                      const char *owner)
+{
+    if (!e || !token || kvr_xfer_token_is_zero(token))
         return KVR_ERR_INVALID;
-    if (find(e, token) >= 0)
+    ssize_t at = find(e, token);
+    if (at >= 0) {
+        if (owner && owner[0])
+            owner_set(e, (size_t)at, owner);
         return KVR_OK;
+    }
     if (e->ntokens >= KVR_XFER_TOKENS_MAX) {
         KVR_LOG_ERROR(COMP, "%s: token_allow: %d tokens held already; revoke those of peers gone",
                       e->name, KVR_XFER_TOKENS_MAX);
@@ -64,11 +84,20 @@ kvr_status_t kvr_xfer_token_allow(kvr_xfer_engine_t *e, const uint8_t token[KVR_
     }
     if (!e->tokens) {
         e->tokens = calloc(KVR_XFER_TOKENS_MAX, sizeof(*e->tokens));
-        if (!e->tokens)
+        e->owners = calloc(KVR_XFER_TOKENS_MAX, sizeof(*e->owners));
+        if (!e->tokens || !e->owners) {
+            kvr_xfer_tokens_free(e);
             return KVR_ERR_NO_MEMORY;
+        }
     }
-    memcpy(e->tokens[e->ntokens++], token, KVR_XFER_TOKEN_LEN);
+    memcpy(e->tokens[e->ntokens], token, KVR_XFER_TOKEN_LEN);
+    owner_set(e, e->ntokens++, owner);
     return KVR_OK;
+}
+
+kvr_status_t kvr_xfer_token_allow(kvr_xfer_engine_t *e, const uint8_t token[KVR_XFER_TOKEN_LEN])
+{
+    return kvr_xfer_token_allow_for(e, token, NULL);
 }
 
 void kvr_xfer_token_revoke(kvr_xfer_engine_t *e, const uint8_t token[KVR_XFER_TOKEN_LEN])
@@ -78,12 +107,27 @@ void kvr_xfer_token_revoke(kvr_xfer_engine_t *e, const uint8_t token[KVR_XFER_TO
     ssize_t i = find(e, token);
     if (i < 0)
         return;
-    memcpy(e->tokens[i], e->tokens[--e->ntokens], KVR_XFER_TOKEN_LEN);
+    char owner[KVR_XFER_OWNER_MAX];
+    memcpy(owner, e->owners[i], sizeof(owner));
+    size_t last = --e->ntokens;
+    memcpy(e->tokens[i], e->tokens[last], KVR_XFER_TOKEN_LEN);
+    memcpy(e->owners[i], e->owners[last], sizeof(owner));
+    /* the connections admitted under it: closed on the next progress */
+    size_t n = e->ops->token_revoked ? e->ops->token_revoked(e, token) : 0;
+    const char *who = owner[0] ? owner : "a peer not named at allow (kvr_xfer_token_allow_for)";
+    if (n)
+        KVR_LOG_WARN(COMP,
+                     "%s: transfer token of %s revoked: the %zu inbound connection(s) admitted "
+                     "under it are closed",
+                     e->name, who, n);
+    else
+        KVR_LOG_DEBUG(COMP, "%s: transfer token of %s revoked (no connection admitted under it)",
+                      e->name, who);
 }
 
 bool kvr_xfer_token_allowed(const kvr_xfer_engine_t *e, const uint8_t *token)
 {
-    return token && !zero(token) && find(e, token) >= 0;
+    return token && !kvr_xfer_token_is_zero(token) && find(e, token) >= 0;
 }
 
 void kvr_xfer_refused(kvr_xfer_engine_t *e, const char *why)
@@ -97,13 +141,15 @@ bool kvr_xfer_token_ok(kvr_xfer_engine_t *e, const uint8_t *token)
 {
     if (!e->cfg.require_token)
         return true;
-    if (token && !zero(token) && find(e, token) >= 0)
+    if (token && !kvr_xfer_token_is_zero(token) && find(e, token) >= 0)
         return true;
     if (e->stats.refused++ % 1000 == 0)
         KVR_LOG_WARN(COMP,
                      "%s: refused a peer %s (%llu refused so far): only peers introduced with "
                      "a token (kvr_xfer_token_allow) are accepted",
-                     e->name, token && !zero(token) ? "with an unknown token" : "without a token",
+                     e->name,
+                     token && !kvr_xfer_token_is_zero(token) ? "with an unknown token"
+                                                             : "without a token",
                      (unsigned long long)e->stats.refused);
     return false;
 }
@@ -111,6 +157,8 @@ bool kvr_xfer_token_ok(kvr_xfer_engine_t *e, const uint8_t *token)
 void kvr_xfer_tokens_free(kvr_xfer_engine_t *e)
 {
     free(e->tokens);
+    free(e->owners);
     e->tokens = NULL;
+    e->owners = NULL;
     e->ntokens = 0;
 }

@@ -296,6 +296,10 @@ static kvr_status_t ucx_engine_init(kvr_xfer_engine_t *base)
     ah.cb = ucx_am_hello_cb;
     if (st == UCS_OK)
         st = ucp_worker_set_am_recv_handler(e->worker, &ah);
+    ah.id = KVR_UCX_AM_BYE;
+    ah.cb = ucx_am_bye_cb;
+    if (st == UCS_OK)
+        st = ucp_worker_set_am_recv_handler(e->worker, &ah);
     if (st != UCS_OK) {
         s = ucx_status(st);
         goto err_address;
@@ -551,7 +555,7 @@ static void ep_transports(ucp_ep_h ep, char *out, size_t cap, bool *all_rdma_p)
     free(text);
 }
 
-static void close_ep(struct ucx_engine *e, ucp_ep_h ep, bool force)
+static void close_ep(struct ucx_engine *e, ucp_ep_h ep, bool force, int wait_ms)
 {
     ucp_request_param_t prm = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
@@ -560,10 +564,10 @@ static void close_ep(struct ucx_engine *e, ucp_ep_h ep, bool force)
     void *req = ucp_ep_close_nbx(ep, &prm);
     if (!UCS_PTR_IS_PTR(req))
         return;
-    uint64_t deadline = kvr_deadline_ns(CLOSE_WAIT_MS);
+    uint64_t deadline = kvr_deadline_ns(wait_ms);
     while (ucp_request_check_status(req) == UCS_INPROGRESS && kvr_now_ns() < deadline)
         ucp_worker_progress(e->worker);
-    if (ucp_request_check_status(req) == UCS_INPROGRESS)
+    if (ucp_request_check_status(req) == UCS_INPROGRESS && wait_ms)
         KVR_LOG_WARN(COMP, "%s: endpoint close still in progress after %d ms; left to UCX",
                      e->base.name, CLOSE_WAIT_MS);
     ucp_request_free(req);
@@ -669,7 +673,7 @@ static kvr_status_t ucx_connect(kvr_xfer_peer_t *base, const void *addr, size_t 
                       "%s: require_rdma: the connection to pid %d would use %s - not RDMA; "
                       "refusing the TCP/shared-memory fall-back",
                       e->base.name, (int)p->pid, base->transports);
-        close_ep(e, p->ep, true);
+        close_ep(e, p->ep, true, CLOSE_WAIT_MS);
         errctx_release(e, p->errctx);
         if (p->pidfd >= 0)
             close(p->pidfd);
@@ -710,7 +714,11 @@ static void ucx_disconnect(kvr_xfer_peer_t *base)
 {
     struct ucx_peer *p = up(base);
     struct ucx_engine *e = ue(base->engine);
-    bool force = base->status != KVR_OK;
+    /* a peer that said BYE closed its end itself: ours is closed without
+     * force and not waited for (UCX 1.13, shared memory: a forced close
+     * there left a wireup message pending that another worker's destroy
+     * then asserted on) */
+    bool force = base->status != KVR_OK && !p->said_bye;
     if (!force && base->inflight) { /* deliver what was queued, briefly */
         uint64_t deadline = kvr_deadline_ns(CLOSE_FLUSH_MS);
         while (base->inflight && base->status == KVR_OK && kvr_now_ns() < deadline)
@@ -733,7 +741,7 @@ static void ucx_disconnect(kvr_xfer_peer_t *base)
         p->fl->p = NULL; /* orphaned: its callback frees it */
     else
         free(p->fl);
-    close_ep(e, p->ep, force);
+    close_ep(e, p->ep, force, p->said_bye ? 0 : CLOSE_WAIT_MS);
     errctx_release(e, p->errctx);
     if (p->pidfd >= 0) {
         close(p->pidfd);
@@ -1194,6 +1202,7 @@ const struct kvr_xfer_ops kvr_xfer_ucx_ops = {
     .notify = ucx_notify,
     .peer_idle = ucx_peer_idle,
     .progress = ucx_progress,
+    .token_revoked = ucx_token_revoked,
     .event_fd = ucx_event_fd,
     .mem_alloc = ucx_local_mem_alloc,
 };

@@ -11,14 +11,26 @@
  * header is the pair's token, and every message it sends (the HELLO and
  * the notifications) asks for a reply endpoint (UCP_AM_SEND_FLAG_REPLY),
  * which names the target's endpoint of that connection.  The target keeps a
- * bounded table of its inbound endpoints (UCX_INBOUND_MAX, the least
- * recently seen one reused when full):
+ * bounded table of its inbound endpoints (UCX_INBOUND_MAX; KVR_UCX_INBOUND_MAX
+ * lowers it, for tests).  Entries not admitted (pending, refused, closed)
+ * take at most half of it, so a flood of endpoints without a valid HELLO
+ * cannot take the room of admitted ones; with no room, the oldest closed
+ * entry is reused, and a valid HELLO may reuse the least recently seen
+ * entry admitted under its own token (a peer that reconnected); an entry
+ * admitted under a token still allowed is never given up for anyone else's:
+ * what comes on a new endpoint then is dropped and counted (stats.refused),
+ * its endpoint left to UCX:
  *  - a HELLO with an allowed token admits its endpoint under that token;
  *  - a HELLO without one refuses the endpoint: counted (stats.refused),
  *    nothing from it ever delivered, and closed (ucp_ep_close_nbx, forced)
  *    on the engine's next progress, outside UCX's callback, counted again
- *    (stats.refused_connections).  A peer reached over TCP or RDMA (UCX's
- *    peer error mode) loses the connection, and with it the puts it would
+ *    (stats.refused_connections).  A BYE active message (KVR_UCX_AM_BYE,
+ *    its header says why) goes to the peer just before the close: its
+ *    connection fails (KVR_ERR_PEER_FAILURE) even where UCX cannot say that
+ *    the endpoint went (shared memory, UCX's error mode none), so an
+ *    initiator that was cut off reconnects instead of sending into a closed
+ *    endpoint.  A peer reached over TCP or RDMA (UCX's peer error mode)
+ *    loses the connection with the close, and with it the puts it would
  *    still make over it;
  *  - anything else first (a notification) is dropped and counted, and the
  *    endpoint has UCX_HELLO_WAIT_MS for its HELLO before it is refused and
@@ -31,9 +43,11 @@
  *    there is a new endpoint at that address, and admitted;
  *  - a notification on an admitted endpoint is delivered with the token
  *    the endpoint was admitted under, once its header carries the same
- *    token and that token is still allowed (kvr_xfer_token_revoke stops
- *    it).  The notification callback gets that token: it binds the
- *    notification to its sender.
+ *    token and that token is still allowed.  The notification callback
+ *    gets that token: it binds the notification to its sender;
+ *  - kvr_xfer_token_revoke refuses every endpoint admitted under the token
+ *    (ucx_token_revoked): closed as above, with a BYE, and counted in
+ *    stats.revoked_connections.
  * Without require_token nothing is refused: notifications are delivered
  * with the token in their header.
  *
@@ -59,22 +73,6 @@
 
 #define COMP "ucx"
 
-static bool token_zero(const uint8_t *t)
-{
-    uint8_t acc = 0;
-    for (int i = 0; i < KVR_XFER_TOKEN_LEN; i++)
-        acc |= t[i];
-    return acc == 0;
-}
-
-static bool token_same(const uint8_t *a, const uint8_t *b)
-{
-    uint8_t d = 0;
-    for (int i = 0; i < KVR_XFER_TOKEN_LEN; i++)
-        d |= (uint8_t)(a[i] ^ b[i]);
-    return d == 0;
-}
-
 static struct ucx_inbound *inbound_find(struct ucx_engine *e, ucp_ep_h ep)
 {
     for (size_t i = 0; i < e->n_in; i++)
@@ -83,30 +81,84 @@ static struct ucx_inbound *inbound_find(struct ucx_engine *e, ucp_ep_h ep)
     return NULL;
 }
 
-/* the entry for ep, made (or the least recently seen one reused) when new */
-static struct ucx_inbound *inbound_get(struct ucx_engine *e, ucp_ep_h ep)
+/* the counts of each state: an entry leaves (uncount) or enters (count) it */
+static void inbound_uncount(struct ucx_engine *e, const struct ucx_inbound *in)
+{
+    e->n_pending -= in->state == UCX_IN_PENDING;
+    e->n_admitted -= in->state == UCX_IN_ADMITTED;
+    e->n_dead -= in->state == UCX_IN_CLOSED;
+}
+
+static void inbound_count(struct ucx_engine *e, const struct ucx_inbound *in)
+{
+    e->n_pending += in->state == UCX_IN_PENDING;
+    e->n_admitted += in->state == UCX_IN_ADMITTED;
+    e->n_dead += in->state == UCX_IN_CLOSED;
+}
+
+/* moves an entry to state st */
+static void inbound_set(struct ucx_engine *e, struct ucx_inbound *in, enum ucx_in_state st)
+{
+    inbound_uncount(e, in);
+    in->state = st;
+    inbound_count(e, in);
+}
+
+/* the least recently seen entry in state st (admitted: under token), or NULL */
+static struct ucx_inbound *inbound_oldest(struct ucx_engine *e, enum ucx_in_state st,
+                                          const uint8_t *token)
+{
+    struct ucx_inbound *o = NULL;
+    for (size_t i = 0; i < e->n_in; i++) {
+        struct ucx_inbound *in = &e->in[i];
+        if (in->state == st && (!token || kvr_xfer_token_equal(in->token, token)) &&
+            (!o || in->seen_ns < o->seen_ns))
+            o = in;
+    }
+    return o;
+}
+
+/* the entry for ep, made when new: PENDING, or ADMITTED under token (a
+ * valid HELLO; NULL: not admitted).  Entries not admitted take at most
+ * half of the table; without room the oldest closed entry is reused (its
+ * address forgotten), a HELLO may reuse the oldest entry admitted under
+ * its own token, and an entry admitted under a token still allowed is
+ * never given up: NULL then (counted by the caller's drop) */
+static struct ucx_inbound *inbound_get(struct ucx_engine *e, ucp_ep_h ep, const uint8_t *token)
 {
     struct ucx_inbound *in = inbound_find(e, ep);
     if (in)
         return in;
-    if (!e->in && !(e->in = calloc(UCX_INBOUND_MAX, sizeof(*e->in))))
-        return NULL;
-    if (e->n_in < UCX_INBOUND_MAX) {
+    if (!e->in) {
+        const char *env = getenv("KVR_UCX_INBOUND_MAX"); /* tests: a small table */
+        long v = env ? strtol(env, NULL, 10) : 0;
+        e->in_max = v >= 4 && v < UCX_INBOUND_MAX ? (size_t)v : UCX_INBOUND_MAX;
+        if (!(e->in = calloc(e->in_max, sizeof(*e->in))))
+            return NULL;
+    }
+    if (e->n_in < e->in_max && (token || e->n_in - e->n_admitted < e->in_max / 2)) {
         in = &e->in[e->n_in++];
+    } else if ((in = inbound_oldest(e, UCX_IN_CLOSED, NULL)) ||
+               (token && (in = inbound_oldest(e, UCX_IN_ADMITTED, token)))) {
+        inbound_uncount(e, in);
     } else {
-        in = &e->in[0];
-        for (size_t i = 1; i < e->n_in; i++)
-            if (e->in[i].seen_ns < in->seen_ns)
-                in = &e->in[i];
-        if (in->state == UCX_IN_PENDING)
-            e->n_pending--;
-        if (in->state == UCX_IN_CLOSED)
-            e->n_dead--;
-        KVR_LOG_WARN(COMP, "%s: %d inbound endpoints known: the least recently seen one forgotten",
-                     e->base.name, UCX_INBOUND_MAX);
+        if (e->full_logged++ % 1000 == 0)
+            KVR_LOG_WARN(COMP,
+                         "%s: inbound endpoint table full (%zu: %zu admitted, %zu pending their "
+                         "HELLO): a new endpoint is not tracked, what it sends is dropped (%llu "
+                         "so far)",
+                         e->base.name, e->n_in, e->n_admitted, e->n_pending,
+                         (unsigned long long)e->full_logged);
+        return NULL;
     }
     memset(in, 0, sizeof(*in));
     in->ep = ep;
+    in->state = token ? UCX_IN_ADMITTED : UCX_IN_PENDING;
+    inbound_count(e, in);
+    if (token)
+        memcpy(in->token, token, KVR_XFER_TOKEN_LEN);
+    in->seen_ns = kvr_now_ns();
+    in->deadline_ns = in->seen_ns + UCX_HELLO_WAIT_MS * 1000000ull;
     return in;
 }
 
@@ -120,25 +172,29 @@ static bool own_ep(struct ucx_engine *e, ucp_ep_h ep)
     return false;
 }
 
+/* marks an entry refused, to be closed on the next progress (with a BYE
+ * saying why: KVR_UCX_BYE_*); false when it is not to be closed (one of
+ * this engine's own endpoints, or refused already) */
+static bool inbound_refuse(struct ucx_engine *e, struct ucx_inbound *in, uint8_t bye)
+{
+    in->seen_ns = kvr_now_ns();
+    if (in->state == UCX_IN_REFUSED)
+        return false; /* closed already, or being closed */
+    inbound_set(e, in, UCX_IN_REFUSED);
+    in->bye = bye;
+    in->close = !own_ep(e, in->ep);
+    e->n_close += in->close;
+    return in->close;
+}
+
 /* refuses the endpoint: counted and logged (kvr_xfer_refused), marked, and
  * closed on the next progress */
 static void refuse(struct ucx_engine *e, ucp_ep_h ep, const char *why)
 {
     kvr_xfer_refused(&e->base, why);
-    if (!ep)
-        return;
-    struct ucx_inbound *in = inbound_get(e, ep);
-    if (!in)
-        return;
-    in->seen_ns = kvr_now_ns();
-    if (in->state == UCX_IN_REFUSED)
-        return; /* closed already, or being closed */
-    if (in->state == UCX_IN_PENDING)
-        e->n_pending--;
-    in->state = UCX_IN_REFUSED;
-    in->close = !own_ep(e, ep);
-    e->n_close += in->close;
-    KVR_LOG_DEBUG(COMP, "%s: endpoint %p refused: %s", e->base.name, (void *)ep, why);
+    struct ucx_inbound *in = ep ? inbound_get(e, ep, NULL) : NULL;
+    if (in && inbound_refuse(e, in, KVR_UCX_BYE_REFUSED))
+        KVR_LOG_DEBUG(COMP, "%s: endpoint %p refused: %s", e->base.name, (void *)ep, why);
 }
 
 /* a message that is dropped without refusing its endpoint (yet): counted */
@@ -162,7 +218,7 @@ ucs_status_t ucx_am_hello_cb(void *arg, const void *header, size_t header_length
         return UCS_OK;
     }
     struct ucx_inbound *in = inbound_find(e, ep);
-    bool valid = token && !token_zero(token) && kvr_xfer_token_allowed(&e->base, token);
+    bool valid = token && !kvr_xfer_token_is_zero(token) && kvr_xfer_token_allowed(&e->base, token);
     if (in && (in->state == UCX_IN_REFUSED || (in->state == UCX_IN_CLOSED && !valid))) {
         /* (a closed one's address taken by a new endpoint is admitted by a
          * valid HELLO; an invalid one is dropped: it may be the old one's) */
@@ -171,19 +227,16 @@ ucs_status_t ucx_am_hello_cb(void *arg, const void *header, size_t header_length
     }
     if (!valid) {
         refuse(e, ep,
-               token && !token_zero(token) ? "its HELLO presents a token this engine was not given"
-                                           : "its HELLO presents no token");
+               token && !kvr_xfer_token_is_zero(token)
+                   ? "its HELLO presents a token this engine was not given"
+                   : "its HELLO presents no token");
         return UCS_OK;
     }
-    if (!in && !(in = inbound_get(e, ep))) {
-        drop(e, "no memory for the inbound endpoint table");
+    if (!in && !(in = inbound_get(e, ep, token))) {
+        drop(e, "no room in the inbound endpoint table for an admitted one");
         return UCS_OK;
     }
-    if (in->state == UCX_IN_PENDING)
-        e->n_pending--;
-    if (in->state == UCX_IN_CLOSED)
-        e->n_dead--;
-    in->state = UCX_IN_ADMITTED;
+    inbound_set(e, in, UCX_IN_ADMITTED);
     in->seen_ns = kvr_now_ns();
     memcpy(in->token, token, KVR_XFER_TOKEN_LEN);
     e->admitted++;
@@ -209,14 +262,10 @@ bool ucx_inbound_notif(struct ucx_engine *e, const ucp_am_recv_param_t *param, c
          * (a message still in flight from an endpoint closed before, whose
          * address UCX gave this one, must not cost the new one its
          * connection) and is closed without it */
-        if (!(in = inbound_get(e, ep))) {
-            drop(e, "no memory for the inbound endpoint table");
+        if (!(in = inbound_get(e, ep, NULL))) {
+            drop(e, "a notification on a new endpoint, the inbound endpoint table full");
             return false;
         }
-        in->state = UCX_IN_PENDING;
-        in->seen_ns = kvr_now_ns();
-        in->deadline_ns = in->seen_ns + UCX_HELLO_WAIT_MS * 1000000ull;
-        e->n_pending++;
     }
     if (in->state != UCX_IN_ADMITTED) {
         drop(e, in->state == UCX_IN_PENDING ? "a notification before its endpoint's HELLO"
@@ -224,7 +273,7 @@ bool ucx_inbound_notif(struct ucx_engine *e, const ucp_am_recv_param_t *param, c
         return false;
     }
     in->seen_ns = kvr_now_ns();
-    if (!token || !token_same(token, in->token)) {
+    if (!token || !kvr_xfer_token_equal(token, in->token)) {
         drop(e, "a notification under another token than its endpoint's HELLO");
         return false;
     }
@@ -245,9 +294,8 @@ static void inbound_closed(struct ucx_engine *e, ucp_ep_h ep)
     struct ucx_inbound *in = inbound_find(e, ep);
     if (!in || in->state != UCX_IN_REFUSED)
         return;
-    in->state = UCX_IN_CLOSED;
+    inbound_set(e, in, UCX_IN_CLOSED);
     in->seen_ns = kvr_now_ns();
-    e->n_dead++;
 }
 
 /* a forced close that UCX did not finish at once: the entry stays refused
@@ -273,6 +321,28 @@ static void close_cb(void *req, ucs_status_t st, void *user_data)
     free(c);
 }
 
+/* tells the peer why its endpoint is to be closed: its connection fails
+ * (ucx_am_bye_cb), even where UCX itself cannot say that the endpoint went
+ * (shared memory, error mode none).  The close waits for the send (UCX
+ * 1.13 asserts at worker destroy on a wireup message left pending by a
+ * forced close right after a send), UCX_BYE_WAIT_MS at most; the request,
+ * or NULL when it is done */
+static void *bye(struct ucx_engine *e, const struct ucx_inbound *in)
+{
+    uint8_t why = in->bye;
+    ucp_request_param_t prm = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY,
+    };
+    void *req = ucp_am_send_nbx(in->ep, KVR_UCX_AM_BYE, &why, sizeof(why), NULL, 0, &prm);
+    if (UCS_PTR_IS_PTR(req))
+        return req;
+    if (UCS_PTR_IS_ERR(req))
+        KVR_LOG_DEBUG(COMP, "%s: BYE to endpoint %p not sent: %s", e->base.name, (void *)in->ep,
+                      ucs_status_string(UCS_PTR_STATUS(req)));
+    return NULL;
+}
+
 int ucx_inbound_progress(struct ucx_engine *e)
 {
     int n = 0;
@@ -285,7 +355,7 @@ int ucx_inbound_progress(struct ucx_engine *e)
                 refuse(e, in->ep, "no HELLO in time after its first message");
             } else if (in->state == UCX_IN_CLOSED &&
                        now - in->seen_ns >= UCX_CLOSED_KEEP_MS * 1000000ull) {
-                e->n_dead--;
+                inbound_uncount(e, in);
                 *in = e->in[--e->n_in];
                 i--; /* the last entry moved here */
             }
@@ -293,11 +363,27 @@ int ucx_inbound_progress(struct ucx_engine *e)
     }
     if (!e->n_close)
         return 0;
-    e->n_close = 0;
+    size_t waiting = 0; /* for their BYE to leave */
+    now = kvr_now_ns();
     for (size_t i = 0; i < e->n_in; i++) {
         struct ucx_inbound *in = &e->in[i];
         if (!in->close)
             continue;
+        if (!in->bye_sent) { /* this round the BYE (revoked), a later one the close */
+            in->bye_sent = true;
+            in->bye_req = in->bye == KVR_UCX_BYE_REVOKED ? bye(e, in) : NULL;
+            in->bye_by = now + UCX_BYE_WAIT_MS * 1000000ull;
+            waiting++;
+            continue;
+        }
+        if (in->bye_req) {
+            if (ucp_request_check_status(in->bye_req) == UCS_INPROGRESS && now < in->bye_by) {
+                waiting++;
+                continue;
+            }
+            ucp_request_free(in->bye_req); /* (the forced close ends it) */
+            in->bye_req = NULL;
+        }
         in->close = false;
         struct ucx_close *c = malloc(sizeof(*c));
         if (!c)
@@ -311,9 +397,13 @@ int ucx_inbound_progress(struct ucx_engine *e)
             .cb.send = close_cb,
             .user_data = c,
         };
-        e->base.stats.refused_connections++;
+        if (in->bye == KVR_UCX_BYE_REVOKED)
+            e->base.stats.revoked_connections++;
+        else
+            e->base.stats.refused_connections++;
         n++;
-        KVR_LOG_DEBUG(COMP, "%s: endpoint %p closed", e->base.name, (void *)c->ep);
+        KVR_LOG_DEBUG(COMP, "%s: endpoint %p closed (%s)", e->base.name, (void *)c->ep,
+                      in->bye == KVR_UCX_BYE_REVOKED ? "its token revoked" : "refused");
         /* linked first: UCX may run the callback before it returns */
         c->next = e->closing;
         e->closing = c;
@@ -325,7 +415,43 @@ int ucx_inbound_progress(struct ucx_engine *e)
             free(c);
         }
     }
+    e->n_close = waiting;
+    return n + (int)waiting;
+}
+
+size_t ucx_token_revoked(kvr_xfer_engine_t *base, const uint8_t *token)
+{
+    struct ucx_engine *e = ue(base);
+    size_t n = 0;
+    for (size_t i = 0; i < e->n_in; i++) {
+        struct ucx_inbound *in = &e->in[i];
+        if (in->state == UCX_IN_ADMITTED && kvr_xfer_token_equal(in->token, token))
+            n += inbound_refuse(e, in, KVR_UCX_BYE_REVOKED);
+    }
     return n;
+}
+
+ucs_status_t ucx_am_bye_cb(void *arg, const void *header, size_t header_length, void *data,
+                           size_t length, const ucp_am_recv_param_t *param)
+{
+    (void)data;
+    (void)length;
+    struct ucx_engine *e = arg;
+    ucp_ep_h ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : NULL;
+    uint8_t why = header_length == 1 ? *(const uint8_t *)header : 0;
+    for (struct kvr_xfer_link *l = e->base.peers.next; ep && l != &e->base.peers; l = l->next) {
+        struct ucx_peer *p = up(container_of(l, kvr_xfer_peer_t, link));
+        if (p->ep != ep || p->base.status != KVR_OK)
+            continue;
+        p->said_bye = true;
+        ucx_peer_failed(p, KVR_ERR_PEER_FAILURE,
+                        why == KVR_UCX_BYE_REVOKED
+                            ? "the target revoked the transfer token this connection was admitted "
+                              "under and closed it (reconnect with the token it holds now)"
+                            : "the target refused this connection: its HELLO presented no token "
+                              "the target was given, or came too late (see the target's log)");
+    }
+    return UCS_OK;
 }
 
 /* after the worker is destroyed: no callback runs any more */

@@ -12,8 +12,11 @@
 #include <sys/uio.h>
 #include <ucp/api/ucp.h>
 
-#define KVR_UCX_AM_NOTIF 0x4b56 /* "KV" */
-#define KVR_UCX_AM_HELLO 0x4b48 /* "KH": an endpoint's first message (ucx_hello.c) */
+#define KVR_UCX_AM_NOTIF    0x4b56 /* "KV" */
+#define KVR_UCX_AM_HELLO    0x4b48 /* "KH": an endpoint's first message (ucx_hello.c) */
+#define KVR_UCX_AM_BYE      0x4b42 /* "KB": the target closes the endpoint (ucx_hello.c) */
+#define KVR_UCX_BYE_REFUSED 'R'    /* the BYE's header: refused at connect */
+#define KVR_UCX_BYE_REVOKED 'V'    /* its token revoked (kvr_xfer_token_revoke) */
 /* ucx_hello.c: inbound endpoints a target keeps; how long one that sent
  * something else has for its HELLO; how long a closed one's address is
  * remembered; how often the table is scanned for both */
@@ -21,6 +24,7 @@
 #define UCX_HELLO_WAIT_MS   1000
 #define UCX_CLOSED_KEEP_MS  10000
 #define UCX_INBOUND_SCAN_MS 50
+#define UCX_BYE_WAIT_MS     100         /* a refused endpoint's BYE: its close waits that long */
 #define KVR_UCX_ADDR_MAGIC  0x41584355u /* "UCXA" */
 #define KVR_UCX_WATCH_MS    10          /* pidfd poll period of local peers */
 #define CLOSE_WAIT_MS       1000
@@ -62,7 +66,11 @@ enum ucx_in_state { UCX_IN_PENDING = 0, UCX_IN_ADMITTED, UCX_IN_REFUSED, UCX_IN_
 struct ucx_inbound {
     ucp_ep_h ep; /* the target's endpoint of the connection (the reply endpoint) */
     enum ucx_in_state state;
-    bool close; /* refused: to be closed on the next progress */
+    bool close;  /* refused: to be closed on the next progress */
+    uint8_t bye; /* refused: why (KVR_UCX_BYE_*), told the peer before the close */
+    bool bye_sent;
+    void *bye_req;   /* the BYE's send, not done yet */
+    uint64_t bye_by; /* closed by then even if it is not */
     uint64_t seen_ns;
     uint64_t deadline_ns;              /* pending: its HELLO is due by then */
     uint8_t token[KVR_XFER_TOKEN_LEN]; /* admitted under */
@@ -90,11 +98,13 @@ struct ucx_engine {
     unsigned nwatch; /* peers with a pidfd */
     struct ucx_notif *free_notifs;
     bool pool_logged;       /* ucx_local_mem_alloc said which memory pools get */
-    struct ucx_inbound *in; /* inbound endpoints (ucx_hello.c), [UCX_INBOUND_MAX] */
-    size_t n_in;
+    struct ucx_inbound *in; /* inbound endpoints (ucx_hello.c), [in_max] */
+    size_t n_in, in_max;
     struct ucx_close *closing;
     struct ucx_errctx *orphan_errctx;  /* of endpoints left to UCX at disconnect */
     size_t n_pending, n_close, n_dead; /* entries pending their HELLO, to close, closed */
+    size_t n_admitted;                 /* entries admitted */
+    uint64_t full_logged;              /* endpoints not tracked: the table was full */
     uint64_t next_scan_ns;             /* for pending HELLOs and closed entries */
     uint64_t admitted;                 /* endpoints admitted by their HELLO */
 };
@@ -126,6 +136,7 @@ struct ucx_peer {
     struct ucx_notif *nq;   /* notifications in order: waiting flush, ready, sending */
     bool local_ok;          /* same host, death watched (pidfd) or this process */
     bool same_host;         /* its address names this host and pid namespace */
+    bool said_bye;          /* the target closed its end (ucx_am_bye_cb) */
     struct ucx_shm_mds shm; /* its MDs whose rkeys name shared memory (ucx_check.c) */
 };
 
@@ -244,6 +255,13 @@ ucs_status_t ucx_am_hello_cb(void *arg, const void *header, size_t header_length
  *  counted and their endpoint closed on the next ucx_inbound_progress. */
 bool ucx_inbound_notif(struct ucx_engine *e, const ucp_am_recv_param_t *param, const void *header,
                        size_t header_length, const uint8_t **token_p);
+/** The token_revoked op: refuses the endpoints admitted under token (closed
+ *  on the next ucx_inbound_progress, with a BYE); returns how many. */
+size_t ucx_token_revoked(kvr_xfer_engine_t *base, const uint8_t *token);
+/** An initiator's handler of the target's BYE: the connection it came on
+ *  fails (KVR_ERR_PEER_FAILURE), saying why. */
+ucs_status_t ucx_am_bye_cb(void *arg, const void *header, size_t header_length, void *data,
+                           size_t length, const ucp_am_recv_param_t *param);
 /** Closes the refused endpoints (outside UCX's callbacks). */
 int ucx_inbound_progress(struct ucx_engine *e);
 void ucx_inbound_fini(struct ucx_engine *e); /* after ucp_worker_destroy */

@@ -1381,9 +1381,13 @@ static void vb_inbound_deliver(struct vb_inbound *in, int ri, uint32_t k, uint32
 {
     struct vb_engine *ve = in->eng;
     vb_conn_seq_set(ve, in->req.conn, seq);
-    /* with the token its side channel presented (checked at accept) */
-    kvr_xfer_deliver_notif(&ve->base, in->rail[ri].rbuf + (size_t)k * VB_NOTIF_BUF, len,
-                           in->req.token);
+    /* with the token its side channel presented (checked at accept); none
+     * after that token was revoked */
+    if (in->revoked)
+        kvr_xfer_refused(&ve->base, "a notification under a revoked token");
+    else
+        kvr_xfer_deliver_notif(&ve->base, in->rail[ri].rbuf + (size_t)k * VB_NOTIF_BUF, len,
+                               in->req.token);
     if (vb_inbound_post_recv(in, ri, k))
         in->rail[ri].dead = true;
 }
@@ -1476,6 +1480,26 @@ static int vb_held_deliver(struct vb_engine *ve)
 
 static int vb_rail_poll(struct vb_rail *r, uint32_t depth);
 
+/* The inbound side channels are bounded: VB_INBOUND_MAX in all, of which
+ * VB_HS_PENDING_MAX waiting for their handshake request, each for
+ * VB_HS_TIMEOUT_MS at most: a peer that connects and never speaks holds
+ * nothing for long, and a flood of them is closed at accept (counted in
+ * stats.refused) and never closes an accepted connection. */
+static bool vb_inbound_room(struct vb_engine *ve)
+{
+    unsigned all = 0, pending = 0;
+    for (const struct vb_inbound *in = ve->inbound; in; in = in->next) {
+        all++;
+        pending += !in->ready && !in->dead;
+    }
+    if (all < VB_INBOUND_MAX && pending < VB_HS_PENDING_MAX)
+        return true;
+    kvr_xfer_refused(&ve->base, all >= VB_INBOUND_MAX
+                                    ? "a side channel beyond the inbound table (VB_INBOUND_MAX)"
+                                    : "a side channel while too many wait for their handshake");
+    return false;
+}
+
 /* side channel: accept, read handshakes, notice EOF (rate-limited) */
 static int vb_poll_sockets(struct vb_engine *ve)
 {
@@ -1484,6 +1508,11 @@ static int vb_poll_sockets(struct vb_engine *ve)
         int fd = accept4(ve->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
             break;
+        if (!vb_inbound_room(ve)) {
+            close(fd);
+            n++;
+            continue;
+        }
         struct vb_inbound *in = calloc(1, sizeof(*in));
         if (!in) {
             close(fd);
@@ -1493,6 +1522,7 @@ static int vb_poll_sockets(struct vb_engine *ve)
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         in->fd = fd;
         in->eng = ve;
+        in->hs_deadline = kvr_deadline_ns(VB_HS_TIMEOUT_MS);
         vb_efd_add(ve, fd);
         in->next = ve->inbound;
         ve->inbound = in;
@@ -1503,10 +1533,14 @@ static int vb_poll_sockets(struct vb_engine *ve)
         if (!in->dead) {
             if (!in->ready) {
                 int rc = kvr_verbs_recv_some(in->fd, &in->req, &in->rlen, sizeof(in->req));
-                if (rc > 0)
+                if (rc > 0) {
                     vb_inbound_accept(in), n++;
-                else if (rc < 0)
+                } else if (rc < 0) {
                     in->dead = true;
+                } else if (kvr_now_ns() > in->hs_deadline) {
+                    kvr_xfer_refused(&ve->base, "no handshake request within 10 s of connecting");
+                    in->dead = true;
+                }
             } else {
                 char c;
                 ssize_t r = recv(in->fd, &c, 1, MSG_DONTWAIT);
@@ -1517,7 +1551,12 @@ static int vb_poll_sockets(struct vb_engine *ve)
             }
         }
         if (in->dead) {
-            vb_inbound_poll_cq(in); /* deliver what arrived before */
+            if (in->revoked) {
+                ve->base.stats.revoked_connections++;
+                KVR_LOG_DEBUG(COMP, "%s: %.64s closed: its token was revoked", ve->base.name,
+                              in->req.who);
+            }
+            vb_inbound_poll_cq(in); /* deliver what arrived before (revoked: dropped) */
             vb_held_deliver(ve);
             if (in->nheld)
                 KVR_LOG_WARN(COMP,
@@ -1549,12 +1588,31 @@ static int vb_poll_sockets(struct vb_engine *ve)
                 for (int i = 0; i < vp->nrails && vp->state == VB_READY; i++)
                     n += vb_rail_poll(&vp->rail[i], ve->sq_depth); /* retire what completed */
                 vb_peer_failed(vp, KVR_ERR_PEER_FAILURE, NULL,
-                               r == 1 && c == 'E' ? "the target's QP failed (see its log)"
-                                                  : "side channel closed: the target engine "
-                                                    "shut down or its process is gone");
+                               r == 1 && c == 'E'   ? "the target's QP failed (see its log)"
+                               : r == 1 && c == 'V' ? "the target revoked the transfer token "
+                                                      "this connection was admitted under and "
+                                                      "closed it (reconnect with the token it "
+                                                      "holds now)"
+                                                    : "side channel closed: the target engine "
+                                                      "shut down or its process is gone");
             }
         }
     }
+    return n;
+}
+
+/* the token_revoked op: the side channels admitted under token (and their
+ * QPs) are closed on the next progress, 'V' telling the initiator why */
+static size_t vb_token_revoked(kvr_xfer_engine_t *base, const uint8_t *token)
+{
+    size_t n = 0;
+    for (struct vb_inbound *in = ENG(base)->inbound; in; in = in->next)
+        if (in->ready && !in->dead && kvr_xfer_token_equal(in->req.token, token)) {
+            in->revoked = true;
+            in->dead = true;
+            in->bye = 'V';
+            n++;
+        }
     return n;
 }
 
@@ -1950,4 +2008,5 @@ const struct kvr_xfer_ops kvr_xfer_verbs_ops = {
     .event_fd = vb_event_fd,
     .engine_quiesce = vb_engine_quiesce,
     .peer_rails = vb_peer_rails,
+    .token_revoked = vb_token_revoked,
 };

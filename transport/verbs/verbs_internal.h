@@ -28,23 +28,25 @@
 
 #define COMP "verbs"
 
-#define VB_MAX_DEV       4
-#define VB_MAX_IP        8
-#define VB_SQ_DEPTH      512 /* send WRs in flight per rail (KVR_VERBS_SQ_DEPTH) */
-#define VB_RQ_DEPTH      64  /* notification receive buffers per inbound rail */
-#define VB_NOTIF_SLOTS   64  /* notification send buffers per peer */
-#define VB_NOTIF_BUF     KVR_XFER_NOTIF_MAX
-#define VB_SIGNAL_EVERY  16 /* at most; sq_depth / 4 when smaller */
-#define VB_STRIPE_PIECE  (1u << 20)
-#define VB_MAX_WR_LEN    (1u << 30)
-#define VB_CQ_BATCH      32
-#define VB_HS_TIMEOUT_MS 10000
-#define VB_TCP_TIMEOUT   1000       /* ms per side-channel address tried */
-#define VB_POLL_EVERY_NS 1000000ull /* side channels and the devices' async events */
-#define VB_MAX_ATTEMPTS  3          /* submissions of a part before its list fails */
-#define VB_COOLDOWN_MS   1000 /* a failed rail's rest before a probe (KVR_VERBS_RAIL_COOLDOWN_MS) */
-#define VB_HS_MAGIC      0x5652564bu /* "KVRV" */
-#define VB_HS_VERSION    2 /* 2: conn, notifications on every rail with a sequence number */
+#define VB_MAX_DEV        4
+#define VB_MAX_IP         8
+#define VB_SQ_DEPTH       512 /* send WRs in flight per rail (KVR_VERBS_SQ_DEPTH) */
+#define VB_RQ_DEPTH       64  /* notification receive buffers per inbound rail */
+#define VB_NOTIF_SLOTS    64  /* notification send buffers per peer */
+#define VB_NOTIF_BUF      KVR_XFER_NOTIF_MAX
+#define VB_SIGNAL_EVERY   16 /* at most; sq_depth / 4 when smaller */
+#define VB_STRIPE_PIECE   (1u << 20)
+#define VB_MAX_WR_LEN     (1u << 30)
+#define VB_CQ_BATCH       32
+#define VB_HS_TIMEOUT_MS  10000      /* for the initiator's reply, and the target's request */
+#define VB_INBOUND_MAX    1024       /* inbound side channels a target keeps */
+#define VB_HS_PENDING_MAX 64         /* of them, waiting for their handshake request */
+#define VB_TCP_TIMEOUT    1000       /* ms per side-channel address tried */
+#define VB_POLL_EVERY_NS  1000000ull /* side channels and the devices' async events */
+#define VB_MAX_ATTEMPTS   3          /* submissions of a part before its list fails */
+#define VB_COOLDOWN_MS    1000 /* a failed rail's rest before a probe (KVR_VERBS_RAIL_COOLDOWN_MS) */
+#define VB_HS_MAGIC       0x5652564bu /* "KVRV" */
+#define VB_HS_VERSION     2 /* 2: conn, notifications on every rail with a sequence number */
 
 /* ------------------------------------------------------------------------ */
 /* objects                                                                   */
@@ -260,7 +262,11 @@ struct vb_inbound {
     struct vb_engine *eng;
     int fd;
     bool ready, dead;
-    char bye; /* sent on the side channel before closing: 'E' QP error, 'S' shutdown */
+    bool revoked; /* its token was revoked: nothing more delivered, closed */
+    /* sent on the side channel before closing: 'E' QP error, 'S' shutdown,
+     * 'V' its token revoked */
+    char bye;
+    uint64_t hs_deadline; /* its handshake request is due by then */
     size_t rlen;
     struct vb_hs req;
     uint32_t nseq; /* the last notification delivered of req.conn (shared by its inbounds) */
