@@ -197,6 +197,12 @@ static void refuse(struct ucx_engine *e, ucp_ep_h ep, const char *why)
         KVR_LOG_DEBUG(COMP, "%s: endpoint %p refused: %s", e->base.name, (void *)ep, why);
 }
 
+/* the endpoint a message came on (the sender asked for a reply endpoint), or NULL */
+static ucp_ep_h reply_ep(const ucp_am_recv_param_t *param)
+{
+    return (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : NULL;
+}
+
 /* a message that is dropped without refusing its endpoint (yet): counted */
 static void drop(struct ucx_engine *e, const char *why)
 {
@@ -209,7 +215,7 @@ ucs_status_t ucx_am_hello_cb(void *arg, const void *header, size_t header_length
     (void)data;
     (void)length;
     struct ucx_engine *e = arg;
-    ucp_ep_h ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : NULL;
+    ucp_ep_h ep = reply_ep(param);
     const uint8_t *token = header_length == KVR_XFER_TOKEN_LEN ? header : NULL;
     if (!e->base.cfg.require_token)
         return UCS_OK; /* nothing to admit: notifications carry their token */
@@ -247,7 +253,7 @@ ucs_status_t ucx_am_hello_cb(void *arg, const void *header, size_t header_length
 bool ucx_inbound_notif(struct ucx_engine *e, const ucp_am_recv_param_t *param, const void *header,
                        size_t header_length, const uint8_t **token_p)
 {
-    ucp_ep_h ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : NULL;
+    ucp_ep_h ep = reply_ep(param);
     const uint8_t *token = header_length == KVR_XFER_TOKEN_LEN ? header : NULL;
     *token_p = token;
     if (!e->base.cfg.require_token)
@@ -437,7 +443,7 @@ ucs_status_t ucx_am_bye_cb(void *arg, const void *header, size_t header_length, 
     (void)data;
     (void)length;
     struct ucx_engine *e = arg;
-    ucp_ep_h ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : NULL;
+    ucp_ep_h ep = reply_ep(param);
     uint8_t why = header_length == 1 ? *(const uint8_t *)header : 0;
     for (struct kvr_xfer_link *l = e->base.peers.next; ep && l != &e->base.peers; l = l->next) {
         struct ucx_peer *p = up(container_of(l, kvr_xfer_peer_t, link));
