@@ -59,10 +59,11 @@ static void usage(FILE *f)
             "/health, /ready, /metrics) in front of a kvrail router.\n"
             "  --config FILE            cluster file: router endpoint, model folder\n"
             "  --router ENDPOINT        the router's client endpoint (tcp://host:port)\n"
-            "  --router-link direct|zmq how the request loop reaches the router (default\n"
+            "  --router-link auto|direct|zmq how the request loop reaches the router:\n"
             "                           direct: ZMTP spoken on its own socket, no ZeroMQ\n"
-            "                           I/O thread; NULL mechanism only; zmq: a libzmq\n"
-            "                           DEALER, needed with CURVE keys)\n"
+            "                           I/O thread, NULL mechanism only; zmq: a libzmq\n"
+            "                           DEALER (CURVE too); auto (default): direct, or zmq\n"
+            "                           when CURVE keys are set (KVRAIL_CLIENT_KEY)\n"
             "  --listen HOST:PORT       where to serve HTTP (default 127.0.0.1:8000)\n"
             "  --model-name NAME        the model id to serve (default: the model folder's name)\n"
             "  --context-len N          the model's context length (default: config.json)\n"
@@ -269,8 +270,9 @@ int main(int argc, char **argv)
             fe_cfg.idle_timeout_s = (int)v;
             break;
         case O_LINK:
-            ok = !strcmp(optarg, "direct") || !strcmp(optarg, "zmq");
+            ok = !strcmp(optarg, "auto") || !strcmp(optarg, "direct") || !strcmp(optarg, "zmq");
             fe_cfg.router_zmq = !strcmp(optarg, "zmq");
+            fe_cfg.router_direct = !strcmp(optarg, "direct");
             break;
         case O_VERSION:
             kvr_version_print("kvrail-frontend");
@@ -316,7 +318,17 @@ int main(int argc, char **argv)
         fe_cfg.max_tokens_limit = cl->max_tokens_limit;
         read_gen_defaults(cl->model_dir);
         fe_chat_init(cl->model_dir);
+        bool curve = cl->auth == KVR_AUTH_CURVE;
         kvr_cluster_free(cl);
+        if (curve && !(getenv("KVRAIL_ROUTER_KEY") && getenv("KVRAIL_CLIENT_KEY"))) {
+            /* the router would drop this client's handshakes without a word */
+            fprintf(stderr,
+                    "kvrail-frontend: %s has auth: curve; set KVRAIL_ROUTER_KEY (the router's "
+                    ".pub) and KVRAIL_CLIENT_KEY (a client's .key from kvrail keygen, "
+                    "docs/security.md)\n",
+                    config);
+            return 1;
+        }
     } else {
         fe_chat_init(NULL);
     }

@@ -23,9 +23,11 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
-from cluster_lib import (Bins, ClientCluster, Fail, add_bin_args, check, make_model, run,
-                         run_main, tokens_of, workdir)
+from cluster_lib import (Bins, ClientCluster, Fail, add_bin_args, check, free_port, make_model,
+                         run, run_main, spawn, stop_group, tokens_of, wait_for, workdir)
 
 
 def generate(bins, c, text, max_tokens, env=None):
@@ -111,10 +113,59 @@ def control(args, bins, model):
         c.stop()
 
 
+def frontend_leg(args, c, env_nokeys, wd):
+    """kvrail-frontend on the CURVE cluster: without the client keys it
+    refuses to start, naming them (the router would drop its handshakes
+    without a word); with them its default link (auto) is libzmq's, with
+    CURVE, and serves a completion; --router-link direct (no CURVE) is
+    refused at start-up."""
+    port = free_port()
+    fe_argv = [args.frontend, "--config", c.config, "--listen", "127.0.0.1:%d" % port]
+    r = run(fe_argv, timeout=20, env=env_nokeys)
+    check(r.returncode != 0 and "KVRAIL_CLIENT_KEY" in r.stderr and "auth: curve" in r.stderr,
+          "kvrail-frontend on an auth: curve cluster without keys: rc %d, %s" % (
+              r.returncode, r.stderr))
+    r = run(fe_argv + ["--router-link", "direct"], timeout=20)
+    check(r.returncode != 0 and "--router-link zmq" in r.stdout + r.stderr,
+          "kvrail-frontend --router-link direct with CURVE keys: rc %d, %s" % (
+              r.returncode, r.stdout + r.stderr))
+    log = os.path.join(wd, "frontend-curve.log")
+    fe = spawn(fe_argv, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    try:
+        base = "http://127.0.0.1:%d" % port
+
+        def complete():
+            if fe.poll() is not None:
+                raise Fail("kvrail-frontend exited: %s" % open(log).read()[-2000:])
+            try:
+                with urllib.request.urlopen(base + "/v1/models", timeout=10) as resp:
+                    model = json.loads(resp.read())["data"][0]["id"]
+                body = json.dumps({"model": model, "prompt": "Hello there, how are you today?",
+                                   "max_tokens": 6, "temperature": 0}).encode()
+                req = urllib.request.Request(base + "/v1/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    return json.loads(resp.read())
+            except (urllib.error.URLError, ConnectionError):
+                return None
+        out = wait_for("a completion through the frontend over CURVE", complete, timeout=60)
+        check(out["usage"]["completion_tokens"] == 6 and out["choices"][0]["text"],
+              "the frontend's completion over CURVE: %s" % out)
+        with open(log) as f:
+            text = f.read()
+        check("router link: zmq (libzmq DEALER: CURVE keys are set" in text,
+              "the frontend did not log its CURVE link:\n%s" % text[-2000:])
+    finally:
+        stop_group(fe)
+    print("kvrail-frontend: refused without client keys; auto takes the libzmq link with CURVE "
+          "and serves; --router-link direct refused")
+
+
 def main():
     ap = argparse.ArgumentParser()
     add_bin_args(ap)
     ap.add_argument("--rogue", required=True)
+    ap.add_argument("--frontend", required=True)
     args = ap.parse_args()
     bins = Bins(args)
     r = run([bins.kvrail, "keygen", "/nonexistent-dir-for-probe"], timeout=10)
@@ -171,6 +222,7 @@ def main():
                   r.returncode, r.stderr))
         print("kvrail-loadgen: 4 requests as a CURVE client (--router-key, --client-key); "
               "without a key nothing is served; half a key pair is refused at start")
+        frontend_leg(args, c, env, wd)
 
         cases = [
             ("no key, as decode0", dict(name="decode0", role="decode")),

@@ -6,8 +6,9 @@ frontend.  For every one the frontend must answer the request with a clear
 error naming what was wrong (and answer a heartbeat PING with its PONG) (5xx, the link's reason in the message), keep
 serving (/health), and not grow (RSS after all of them within a bound of
 RSS after the first: the link's buffers are bounded, nothing is kept per
-broken connection).  Then: with CURVE keys set the frontend refuses the
-direct link at start-up, naming --router-link zmq.  The real router over
+broken connection).  Then: with CURVE keys set the frontend refuses
+--router-link direct at start-up, naming --router-link zmq, and its
+default (auto) takes libzmq's link.  The real router over
 the direct link is frontend_openai's part (the default link).
 """
 import argparse
@@ -211,15 +212,23 @@ def main():
             fr.close()
         with open(log) as f:
             check("router link: direct" in f.read(), "%s: the frontend did not log its link" % name)
-    # CURVE keys set: the direct link is refused at start-up, naming the way out
+    # CURVE keys set: --router-link direct is refused at start-up, naming the
+    # way out; the default (auto) takes libzmq's link, which reads the keys
+    # (auth_curve serves through it on a real CURVE cluster)
     env = dict(os.environ, KVRAIL_ROUTER_KEY="/nonexistent/router.pub",
                KVRAIL_CLIENT_KEY="/nonexistent/client.key")
-    r = cl.run([a.frontend, "--router", "tcp://127.0.0.1:1", "--model-name", "m", "--listen",
-                "127.0.0.1:%d" % cl.free_port()], timeout=20, env=env)
+    argv = [a.frontend, "--router", "tcp://127.0.0.1:1", "--model-name", "m", "--listen",
+            "127.0.0.1:%d" % cl.free_port()]
+    r = cl.run(argv + ["--router-link", "direct"], timeout=20, env=env)
     out = r.stdout + r.stderr
     check(r.returncode != 0 and "--router-link zmq" in out,
           "CURVE keys with the direct link: rc %d, output %s" % (r.returncode, out))
-    print("CURVE keys: refused (%s)" % out.strip().splitlines()[-1][:200])
+    print("CURVE keys, --router-link direct: refused (%s)" % out.strip().splitlines()[-1][:200])
+    r = cl.run(argv, timeout=20, env=env)
+    out = r.stdout + r.stderr
+    check(r.returncode != 0 and "/nonexistent/router.pub" in out and "--router-link" not in out,
+          "CURVE keys with the default link: rc %d, output %s" % (r.returncode, out))
+    print("CURVE keys, auto: libzmq's link reads the keys (%s)" % out.strip().splitlines()[0][:200])
     print("PASS")
 
 
