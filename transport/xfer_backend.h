@@ -143,11 +143,11 @@ struct kvr_xfer_ops {
     /* the connection's rails (kvr_xfer_peer_rails).  optional: default none */
     size_t (*peer_rails)(const kvr_xfer_peer_t *p, struct kvr_xfer_rail_stats *rails, size_t cap);
     /* token was revoked (no longer in the engine's table): marks every
-     * inbound connection admitted under it to be closed on the next
-     * progress (counted in stats.revoked_connections then) and returns how
-     * many.  Called outside the backend's callbacks or inside the
-     * notification callback: closes nothing itself.  optional: default
-     * none (a backend that checks every notification as it comes) */
+     * inbound connection admitted under it refused, to be closed by a later
+     * progress (counted in stats.revoked_connections then; UCX: once it
+     * speaks again, ucx_hello.c says why) and returns how many.  Called outside the backend's
+     * callbacks or inside the notification callback: closes nothing itself.  optional: default none
+     * (a backend that checks every notification as it comes) */
     size_t (*token_revoked)(kvr_xfer_engine_t *e, const uint8_t *token);
 };
 

@@ -118,7 +118,7 @@ void kvr_xfer_token_revoke(kvr_xfer_engine_t *e, const uint8_t token[KVR_XFER_TO
     if (n)
         KVR_LOG_WARN(COMP,
                      "%s: transfer token of %s revoked: the %zu inbound connection(s) admitted "
-                     "under it are closed",
+                     "under it are refused and closed (UCX: at their next message)",
                      e->name, who, n);
     else
         KVR_LOG_DEBUG(COMP, "%s: transfer token of %s revoked (no connection admitted under it)",

@@ -139,6 +139,7 @@ static struct ucx_inbound *inbound_get(struct ucx_engine *e, ucp_ep_h ep, const 
     if (e->n_in < e->in_max && (token || e->n_in - e->n_admitted < e->in_max / 2)) {
         in = &e->in[e->n_in++];
     } else if ((in = inbound_oldest(e, UCX_IN_CLOSED, NULL)) ||
+               (in = inbound_oldest(e, UCX_IN_REVOKED, NULL)) ||
                (token && (in = inbound_oldest(e, UCX_IN_ADMITTED, token)))) {
         inbound_uncount(e, in);
     } else {
@@ -225,6 +226,12 @@ ucs_status_t ucx_am_hello_cb(void *arg, const void *header, size_t header_length
     }
     struct ucx_inbound *in = inbound_find(e, ep);
     bool valid = token && !kvr_xfer_token_is_zero(token) && kvr_xfer_token_allowed(&e->base, token);
+    if (in && in->state == UCX_IN_REVOKED && !valid) {
+        /* (its endpoint never says HELLO twice: a new one at its address) */
+        in->state = UCX_IN_CLOSED; /* forgets the old endpoint's revocation */
+        in->seen_ns = kvr_now_ns();
+        inbound_count(e, in);
+    }
     if (in && (in->state == UCX_IN_REFUSED || (in->state == UCX_IN_CLOSED && !valid))) {
         /* (a closed one's address taken by a new endpoint is admitted by a
          * valid HELLO; an invalid one is dropped: it may be the old one's) */
@@ -272,6 +279,11 @@ bool ucx_inbound_notif(struct ucx_engine *e, const ucp_am_recv_param_t *param, c
             drop(e, "a notification on a new endpoint, the inbound endpoint table full");
             return false;
         }
+    }
+    if (in->state == UCX_IN_REVOKED) { /* it is alive: it spoke.  Closed now */
+        drop(e, "a notification under a revoked token");
+        inbound_refuse(e, in, KVR_UCX_BYE_REVOKED);
+        return false;
     }
     if (in->state != UCX_IN_ADMITTED) {
         drop(e, in->state == UCX_IN_PENDING ? "a notification before its endpoint's HELLO"
@@ -425,14 +437,23 @@ int ucx_inbound_progress(struct ucx_engine *e)
     return n + (int)waiting;
 }
 
+/* The endpoints admitted under the token are refused, and closed (with a
+ * BYE) at their next message, not at once: UCX 1.13 destroys an inbound
+ * endpoint on its own when its peer closes it, with no callback, so an
+ * entry may name a freed endpoint, and one that has just spoken is the
+ * only one known alive (a peer that reconnected with its new token has
+ * already left its old endpoint).  What comes on one is dropped; a valid
+ * HELLO at its address is a new endpoint, admitted. */
 size_t ucx_token_revoked(kvr_xfer_engine_t *base, const uint8_t *token)
 {
     struct ucx_engine *e = ue(base);
     size_t n = 0;
     for (size_t i = 0; i < e->n_in; i++) {
         struct ucx_inbound *in = &e->in[i];
-        if (in->state == UCX_IN_ADMITTED && kvr_xfer_token_equal(in->token, token))
-            n += inbound_refuse(e, in, KVR_UCX_BYE_REVOKED);
+        if (in->state == UCX_IN_ADMITTED && kvr_xfer_token_equal(in->token, token)) {
+            inbound_set(e, in, UCX_IN_REVOKED);
+            n++;
+        }
     }
     return n;
 }

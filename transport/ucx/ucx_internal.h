@@ -62,7 +62,13 @@ struct ucx_notif {
 };
 
 /* an inbound endpoint, as its HELLO left it (ucx_hello.c) */
-enum ucx_in_state { UCX_IN_PENDING = 0, UCX_IN_ADMITTED, UCX_IN_REFUSED, UCX_IN_CLOSED };
+enum ucx_in_state {
+    UCX_IN_PENDING = 0,
+    UCX_IN_ADMITTED,
+    UCX_IN_REFUSED,
+    UCX_IN_CLOSED,
+    UCX_IN_REVOKED, /* admitted under a token revoked since: closed at its next message */
+};
 struct ucx_inbound {
     ucp_ep_h ep; /* the target's endpoint of the connection (the reply endpoint) */
     enum ucx_in_state state;
