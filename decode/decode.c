@@ -658,7 +658,7 @@ static void token_allow(struct decode *d, const Kvrail__Reserve *m)
         snprintf(d->ptokens[i].name, sizeof d->ptokens[i].name, "%s", pn);
     }
     memcpy(d->ptokens[i].token, tok, KVR_XFER_TOKEN_LEN);
-    kvr_status_t s = kvr_xfer_token_allow(d->node.xfer, tok);
+    kvr_status_t s = kvr_xfer_token_allow_for(d->node.xfer, tok, pn);
     if (s != KVR_OK)
         KVR_LOG_ERROR(COMP,
                       "transfer token of prefill node '%s' not taken (%s): its transfers are "

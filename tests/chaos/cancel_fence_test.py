@@ -208,6 +208,12 @@ def main():
               "the expired reservation's blocks were not fenced: %s" % d)
         check(d.get("quarantines_fenced", 0) + d.get("quarantines_expired", 0) == 2,
               "two quarantines, not both ended: %s" % d)
+        # a fence that ran out revokes the writer's token; a revocation the
+        # engine logs names the node the token was given to
+        with open(os.path.join(c.dir, dname + ".log")) as f:
+            text = f.read()
+        check("a peer not named at allow" not in text,
+              "the decode node gave a transfer token without naming its prefill node")
         # and the router's status shows both (from the heartbeats)
         wait_for("kvrail status to show the prefill node's self-fence and the ended quarantines",
                  lambda: node_status(c, pname).get("self_fenced", 0) >= 1 and
