@@ -92,6 +92,28 @@ def quantile_bound(b0, b1, q):
     return "+Inf"
 
 
+def cpu_list(text):
+    """{cpus} of a list like 0,2-3"""
+    out = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def cpu_str(cpus):
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def sched_str():
+    """this process's scheduling policy (its children's, unless they change it)"""
+    pol = os.sched_getscheduler(0)
+    names = {os.SCHED_OTHER: "SCHED_OTHER (CFS)", os.SCHED_FIFO: "SCHED_FIFO",
+             os.SCHED_RR: "SCHED_RR"}
+    prio = os.sched_getparam(0).sched_priority
+    return names.get(pol, str(pol)) + (" priority %d" % prio if prio else "")
+
+
 def strace_counts(path):
     """{syscall: calls} from an strace -c summary"""
     out = {}
@@ -143,6 +165,17 @@ def main():
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--mkmodel-args", default="", help="extra kvrail-mkmodel arguments")
+    ap.add_argument("--placement", choices=("shared", "split"), default="shared",
+                    help="shared (default): every process on every CPU, as the scheduler "
+                         "places them; split: the cluster (router, prefill, decode) on "
+                         "--cluster-cpus and the client side (every kvrail-loadgen and the "
+                         "frontends) on --client-cpus, the same in both arms - a frontend on "
+                         "its own host or cores beside its clients, as deployments run it")
+    ap.add_argument("--cluster-cpus", default="",
+                    help="CPUs of the cluster with --placement split (e.g. 0 or 0-3; default "
+                         "the first half of this process's CPUs)")
+    ap.add_argument("--client-cpus", default="",
+                    help="CPUs of the client side with --placement split (default the rest)")
     ap.add_argument("--perf-record", metavar="FILE",
                     help="record the frontend's profile (perf record -g) over the rounds")
     ap.add_argument("--strace", metavar="DIR",
@@ -152,6 +185,17 @@ def main():
     a = ap.parse_args()
     if a.frontend_b_args and not a.frontend_b:
         a.frontend_b = a.frontend
+    all_cpus = sorted(os.sched_getaffinity(0))
+    cluster_cpus = client_cpus = set(all_cpus)
+    if a.placement == "split":
+        half = max(1, len(all_cpus) // 2)
+        cluster_cpus = cpu_list(a.cluster_cpus) if a.cluster_cpus else set(all_cpus[:half])
+        client_cpus = cpu_list(a.client_cpus) if a.client_cpus else set(all_cpus[half:])
+        if not client_cpus or cluster_cpus & client_cpus:
+            sys.exit("--placement split needs two disjoint sets of CPUs (cluster %s, client %s; "
+                     "this process may use %s): give --cluster-cpus and --client-cpus"
+                     % (sorted(cluster_cpus), sorted(client_cpus), all_cpus))
+    load0 = os.getloadavg()
     bins = cl.Bins(a)
     work = tempfile.mkdtemp(prefix="kvr-fe-bench-")
     try:
@@ -159,7 +203,11 @@ def main():
         with open(os.path.join(model, "config.json")) as f:
             vocab = json.load(f)["vocab_size"]
         c = cl.Cluster(bins, work, model, n_prefill=1, n_decode=1, pool_blocks=8192)
+        # children inherit this process's CPUs: the cluster starts on its own,
+        # the frontends and every kvrail-loadgen run after the switch on theirs
+        os.sched_setaffinity(0, cluster_cpus)
         c.start()
+        os.sched_setaffinity(0, client_cpus)
         port = cl.free_port()
         base = "http://127.0.0.1:%d" % port
         fe = cl.spawn([a.frontend, "--config", c.config, "--listen", "127.0.0.1:%d" % port]
@@ -278,6 +326,10 @@ def main():
         print("%d concurrent streams, %d requests per run, prompt %d, output %d tokens, "
               "median of %d alternating rounds" % (a.concurrency, a.requests, a.prompt_len,
                                                    a.output_len, a.rounds))
+        print("placement: %s; scheduling: %s" % (
+            "shared (every process on CPUs %s)" % cpu_str(all_cpus) if a.placement == "shared"
+            else "split (router, prefill, decode on CPUs %s; kvrail-loadgen and the frontends "
+                 "on CPUs %s)" % (cpu_str(cluster_cpus), cpu_str(client_cpus)), sched_str()))
         print("| path | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | e2e p99 ms | output tok/s |")
         print("|---|---:|---:|---:|---:|---:|")
         names = {"protobuf": "kvrail-loadgen (protobuf)", "http": "kvrail-frontend (HTTP+SSE)",
@@ -316,7 +368,8 @@ def main():
                                  ", ".join(x[name + "_us"]["p50_le"] for x in rows["http"]),
                                  ", ".join(x[name + "_us"]["p99_le"] for x in rows["http"])))
         la = os.getloadavg()
-        print("load average at the end: %.2f %.2f %.2f" % la)
+        print("load average at the start: %.2f %.2f %.2f; at the end: %.2f %.2f %.2f"
+              % (load0 + la))
         print("raw rounds: " + json.dumps(rows))
     finally:
         cl.reap_all()
