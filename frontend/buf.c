@@ -73,6 +73,22 @@ void fe_buf_printf(struct fe_buf *b, const char *fmt, ...)
 
 void fe_buf_json_str(struct fe_buf *b, const char *s, size_t n)
 {
+    /* the common case (a token's text, printable ASCII with nothing to
+     * escape) in one pass and one copy; anything else as kvr_json_escape has it */
+    size_t k = 0;
+    while (k < n && (unsigned char)s[k] >= 0x20 && (unsigned char)s[k] < 0x7f && s[k] != '"' &&
+           s[k] != '\\')
+        k++;
+    if (k == n) {
+        if (!reserve(b, n + 2))
+            return;
+        b->p[b->len] = '"';
+        memcpy(b->p + b->len + 1, s, n);
+        b->p[b->len + 1 + n] = '"';
+        b->len += n + 2;
+        b->p[b->len] = 0;
+        return;
+    }
     size_t need = kvr_json_escape(NULL, 0, s, n);
     if (!reserve(b, need))
         return;

@@ -172,6 +172,9 @@ struct fe_run {
     char id[40];
     long long created;
     size_t max_stop;
+    /* streaming: every event's start, "data: {...,\"choices\":[{\"index\":",
+     * built once at the run's first event instead of formatted per token */
+    struct fe_buf sse_head;
 };
 
 static const char *finish_name(enum kvr_finish f)
@@ -684,6 +687,18 @@ kvr_status_t fe_run_finish_json(struct fe_run *run, struct fe_buf *out, unsigned
     return KVR_OK;
 }
 
+/* Appends ",<i>," -- a choice's index in an event, without printf (per token). */
+static void put_index(struct fe_buf *b, size_t i)
+{
+    char d[24];
+    size_t n = sizeof(d);
+    d[--n] = ',';
+    do
+        d[--n] = (char)('0' + i % 10);
+    while ((i /= 10) && n > 0);
+    fe_buf_put(b, d + n, sizeof(d) - n);
+}
+
 /* Streams what choice i may send now: its text up to the hold-back, and its
  * finish once its text is all out. */
 static void sse_choice(struct fe_run *run, size_t i, struct fe_buf *out)
@@ -697,9 +712,15 @@ static void sse_choice(struct fe_run *run, size_t i, struct fe_buf *out)
     if (upto <= c->emitted && !over && !(run->req->logprobs >= 0 && has_tok))
         return;
     bool chat = run->req->chat;
-    fe_buf_puts(out, "data: ");
-    put_head(out, run, true);
-    fe_buf_printf(out, ",\"choices\":[{\"index\":%zu,", i);
+    if (!run->sse_head.len) {
+        fe_buf_puts(&run->sse_head, "data: ");
+        put_head(&run->sse_head, run, true);
+        fe_buf_puts(&run->sse_head, ",\"choices\":[{\"index\":");
+        if (run->sse_head.oom)
+            out->oom = true;
+    }
+    fe_buf_put(out, run->sse_head.p, run->sse_head.len);
+    put_index(out, i);
     if (chat)
         fe_buf_puts(out, c->role_sent ? "\"delta\":{\"content\":"
                                       : "\"delta\":{\"role\":\"assistant\",\"content\":");
@@ -714,7 +735,8 @@ static void sse_choice(struct fe_run *run, size_t i, struct fe_buf *out)
         fe_buf_puts(out, "null");
     c->emitted = upto;
     if (over) {
-        fe_buf_printf(out, ",\"finish_reason\":\"%s\"}]}\n\n", finish_name(c->finish));
+        fe_buf_puts(out, c->finish == KVR_FINISH_LENGTH ? ",\"finish_reason\":\"length\"}]}\n\n"
+                                                        : ",\"finish_reason\":\"stop\"}]}\n\n");
         c->final_sent = true;
     } else {
         fe_buf_puts(out, ",\"finish_reason\":null}]}\n\n");
@@ -781,6 +803,7 @@ void fe_run_free(struct fe_run *run)
         free(c->toks);
         free(c->top);
     }
+    fe_buf_free(&run->sse_head);
     free(run->ch);
     free(run);
 }

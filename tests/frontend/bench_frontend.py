@@ -176,6 +176,11 @@ def main():
                          "the first half of this process's CPUs)")
     ap.add_argument("--client-cpus", default="",
                     help="CPUs of the client side with --placement split (default the rest)")
+    ap.add_argument("--client-fifo", type=int, metavar="PRIO",
+                    help="run the client side (every kvrail-loadgen and the frontends) SCHED_FIFO "
+                         "at PRIO, the same in both arms; with the cluster under chrt -f at a "
+                         "lower priority, a woken client preempts the nodes' compute at once "
+                         "instead of waiting for it to block")
     ap.add_argument("--perf-record", metavar="FILE",
                     help="record the frontend's profile (perf record -g) over the rounds")
     ap.add_argument("--strace", metavar="DIR",
@@ -208,6 +213,9 @@ def main():
         os.sched_setaffinity(0, cluster_cpus)
         c.start()
         os.sched_setaffinity(0, client_cpus)
+        cluster_sched = sched_str()
+        if a.client_fifo:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(a.client_fifo))
         port = cl.free_port()
         base = "http://127.0.0.1:%d" % port
         fe = cl.spawn([a.frontend, "--config", c.config, "--listen", "127.0.0.1:%d" % port]
@@ -329,7 +337,8 @@ def main():
         print("placement: %s; scheduling: %s" % (
             "shared (every process on CPUs %s)" % cpu_str(all_cpus) if a.placement == "shared"
             else "split (router, prefill, decode on CPUs %s; kvrail-loadgen and the frontends "
-                 "on CPUs %s)" % (cpu_str(cluster_cpus), cpu_str(client_cpus)), sched_str()))
+                 "on CPUs %s)" % (cpu_str(cluster_cpus), cpu_str(client_cpus)),
+            "cluster %s, client side %s" % (cluster_sched, sched_str())))
         print("| path | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | e2e p99 ms | output tok/s |")
         print("|---|---:|---:|---:|---:|---:|")
         names = {"protobuf": "kvrail-loadgen (protobuf)", "http": "kvrail-frontend (HTTP+SSE)",
