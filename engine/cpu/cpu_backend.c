@@ -388,6 +388,24 @@ static inline __attribute__((always_inline)) void
 mm_store(const struct mm_job *j, const float *tmp, int R, int C, int32_t m, int32_t n, int32_t rs)
 {
     const size_t N = (size_t)j->w->rows;
+    if (R == 4 && rs == 1) { /* 4 adjacent outputs a row: the same adds, 4 lanes at once */
+        v4f b = {0};
+        if (j->bias)
+            memcpy(&b, j->bias + n, 16);
+        for (int c = 0; c < C; c++) {
+            v4f v;
+            memcpy(&v, tmp + c * 4, 16);
+            v += b;
+            float *yp = &j->y[(size_t)(m + c) * N + (size_t)n];
+            if (j->accumulate) {
+                v4f o;
+                memcpy(&o, yp, 16);
+                v = o + v;
+            }
+            memcpy(yp, &v, 16);
+        }
+        return;
+    }
     for (int c = 0; c < C; c++) {
         for (int r = 0; r < R; r++) {
             int32_t nr = n + r * rs;
@@ -947,23 +965,49 @@ attn_rows(const struct attn_job *j, int ith, int nth, int tid, const int32_t dt,
             o[r] = j->out + ((size_t)(r0 + r) * (size_t)H + (size_t)h) * (size_t)hd;
         }
         const int32_t t_lo = lo[0], t_hi = hi[g - 1];
-        /* scores, 16 keys at a time */
+        /* scores, 16 keys at a time; (kb, ks): key t0's block and slot,
+         * stepped on without a division a key */
+        int32_t kb = t_lo / bs, ks = t_lo % bs;
         for (int32_t t0 = t_lo; t0 <= t_hi; t0 += 16) {
             int32_t nk = t_hi - t0 + 1 < 16 ? t_hi - t0 + 1 : 16;
             const void *kp[16];
-            for (int32_t k = 0; k < 16; k++) {
-                int32_t t = k < nk ? t0 + k : t0;
-                kp[k] = kvr_kv_ptr(l, a->layer_base, bt[t / bs], 0, kvh, t % bs);
+            for (int32_t k = 0; k < nk; k++) {
+                kp[k] = kvr_kv_ptr(l, a->layer_base, bt[kb], 0, kvh, ks);
+                if (++ks == bs)
+                    ks = 0, kb++;
+            }
+            for (int32_t k = nk; k < 16; k++)
+                kp[k] = kp[0];
+            /* a full group: each key's vectors loaded once for its 4 rows,
+             * each (row, key) the same FMA chain over c as below */
+            v16f A[ATTN_RQ][16];
+            const bool shared = HDV && g == ATTN_RQ;
+            if (shared) {
+                for (int k = 0; k < 16; k++) {
+                    v16f kv[8]; /* HDV <= 8 */
+                    for (int32_t c = 0; c < HDV; c++)
+                        kv[c] = ld16x(kp[k], dt, (size_t)c * 16);
+                    for (int32_t r = 0; r < ATTN_RQ; r++) {
+                        const float *qp = qpad + (size_t)r * (size_t)hdv * 16;
+                        v16f s1 = (v16f){0};
+                        for (int32_t c = 0; c < HDV; c++)
+                            s1 += ldx(qp + c * 16) * kv[c];
+                        A[r][k] = s1;
+                    }
+                }
             }
             for (int32_t r = 0; r < g; r++) {
                 if (t0 + nk - 1 < lo[r] || t0 > hi[r])
                     continue;
                 const float *qp = qpad + (size_t)r * (size_t)hdv * 16;
                 v16f acc[16];
-                for (int k = 0; k < 16; k++)
-                    acc[k] = (v16f){0};
-                if (HDV) {      /* q in registers, one key pointer live at a time:
-                                   each acc[k] the same FMA chain over c */
+                if (shared) {
+                    for (int k = 0; k < 16; k++)
+                        acc[k] = A[r][k];
+                } else if (HDV) { /* q in registers, one key pointer live at a time:
+                                     each acc[k] the same FMA chain over c */
+                    for (int k = 0; k < 16; k++)
+                        acc[k] = (v16f){0};
                     v16f qv[8]; /* HDV <= 8 */
                     for (int32_t c = 0; c < HDV; c++)
                         qv[c] = ldx(qp + c * 16);
@@ -973,6 +1017,8 @@ attn_rows(const struct attn_job *j, int ith, int nth, int tid, const int32_t dt,
                             acc[k] += qv[c] * ld16x(p, dt, (size_t)c * 16);
                     }
                 } else {
+                    for (int k = 0; k < 16; k++)
+                        acc[k] = (v16f){0};
                     for (int32_t c = 0; c < hdv; c++) {
                         v16f qc = ldx(qp + c * 16);
                         for (int k = 0; k < 16; k++)
@@ -980,6 +1026,10 @@ attn_rows(const struct attn_job *j, int ith, int nth, int tid, const int32_t dt,
                     }
                 }
                 v16f sv = hsum16(acc) * a->scale;
+                if (nk == 16 && t0 >= lo[r] && t0 + 15 <= hi[r]) {
+                    memcpy(&sc[r][t0 - lo[r]], &sv, 64);
+                    continue;
+                }
                 float sf[16];
                 memcpy(sf, &sv, 64);
                 for (int32_t k = 0; k < nk; k++)
@@ -1003,6 +1053,8 @@ attn_rows(const struct attn_job *j, int ith, int nth, int tid, const int32_t dt,
             int32_t f_lo = lo[ATTN_RQ - 1], f_hi = hi[0];
             if (!(HDV && g == ATTN_RQ && f_lo <= f_hi))
                 f_lo = t_hi + 1, f_hi = t_hi;
+            /* (vb, vs): key t's block and slot, stepped on with t */
+            int32_t vb = t_lo / bs, vs = t_lo % bs;
             for (int32_t t = t_lo; t <= t_hi; t++) {
                 if (t == f_lo) {
                     v16f fa[ATTN_RQ][4];
@@ -1011,7 +1063,9 @@ attn_rows(const struct attn_job *j, int ith, int nth, int tid, const int32_t dt,
                         for (int c = 0; c < NV; c++)
                             fa[r][c] = acc[r][c];
                     for (; t <= f_hi; t++) {
-                        const void *vv = kvr_kv_ptr(l, a->layer_base, bt[t / bs], 1, kvh, t % bs);
+                        const void *vv = kvr_kv_ptr(l, a->layer_base, bt[vb], 1, kvh, vs);
+                        if (++vs == bs)
+                            vs = 0, vb++;
                         v16f vc[4];
                         for (int c = 0; c < NV; c++)
                             vc[c] = ld16x(vv, dt, (size_t)(c0 + c) * 16);
@@ -1027,7 +1081,9 @@ attn_rows(const struct attn_job *j, int ith, int nth, int tid, const int32_t dt,
                     if (t > t_hi)
                         break;
                 }
-                const void *vv = kvr_kv_ptr(l, a->layer_base, bt[t / bs], 1, kvh, t % bs);
+                const void *vv = kvr_kv_ptr(l, a->layer_base, bt[vb], 1, kvh, vs);
+                if (++vs == bs)
+                    vs = 0, vb++;
                 v16f vc[4];
                 for (int32_t c = 0; c < nv; c++)
                     vc[c] = ldkv(vv, dt, (c0 + c) * 16, hd - (c0 + c) * 16);

@@ -10,6 +10,8 @@
  *
  * KVR_NUMERICS=f32|bf16dot in the environment: the contexts' numerics mode
  * (kvr_ctx_opts.numerics; bf16dot fails on a CPU without AVX512-BF16).
+ * KVR_KV_DTYPE=f32|bf16|f16: the KV pool's dtype (default f32; llama.cpp's
+ * KV cache is f16 by default).
  * Prefill and decode also print cpu_s / tok_cpu_s: the process CPU time of
  * the best repetition (by CPU time), which a process descheduled on a
  * loaded machine does not inflate (one thread: the comparable figure).
@@ -60,7 +62,13 @@ static kvr_ctx_t *ctx_new(kvr_model_t *m, int threads, int batch, int tokens)
 
 static void pool_new(kvr_model_t *m, int n_blocks, struct kvr_kv_pool *p)
 {
-    kvr_kv_layout_init(m, BS, KVR_KV_F32, &p->layout);
+    int32_t dt = KVR_KV_F32;
+    const char *kvd = getenv("KVR_KV_DTYPE");
+    if (kvd && kvd[0] && kvr_kv_dtype_parse(kvd, &dt) != KVR_OK) {
+        fprintf(stderr, "kvrail-engine-bench: KVR_KV_DTYPE=%s is not f32, bf16 or f16\n", kvd);
+        exit(1);
+    }
+    kvr_kv_layout_init(m, BS, dt, &p->layout);
     p->n_blocks = n_blocks;
     int L = kvr_model_n_layers(m);
     p->layer_base = calloc((size_t)L, sizeof(*p->layer_base));
