@@ -701,19 +701,10 @@ kvr_status_t fe_http_start(void)
         return KVR_ERR_INVALID;
     }
     started_at = (long long)time(NULL);
-    /* the request loop's link (--router-link): the direct one wakes this
-     * thread itself, no ZeroMQ I/O thread between; it has no CURVE, so
-     * with CURVE keys auto takes libzmq's and an explicit direct is refused */
+    /* the request loop's link (--router-link): the direct one (auto) wakes
+     * this thread itself, no ZeroMQ I/O thread between; both links take
+     * CURVE keys from the environment */
     bool curve = getenv("KVRAIL_ROUTER_KEY") || getenv("KVRAIL_CLIENT_KEY");
-    if (curve && fe_cfg.router_direct) {
-        KVR_LOG_ERROR(FE_COMP, "CURVE keys are set (KVRAIL_ROUTER_KEY / KVRAIL_CLIENT_KEY) and the "
-                               "direct router link has no CURVE: start with --router-link zmq "
-                               "(or auto)");
-        freeaddrinfo(ai);
-        return KVR_ERR_UNSUPPORTED;
-    }
-    if (curve)
-        fe_cfg.router_zmq = true;
     kvr_status_t cst = fe_cfg.router_zmq ? kvr_client_connect(fe_cfg.router, &router_)
                                          : kvr_client_connect_direct(fe_cfg.router, &router_);
     if (cst != KVR_OK) {
@@ -722,11 +713,10 @@ kvr_status_t fe_http_start(void)
         freeaddrinfo(ai);
         return cst;
     }
-    KVR_LOG_INFO(FE_COMP, "router link: %s",
-                 !fe_cfg.router_zmq ? "direct (ZMTP 3.1 NULL on the loop's own socket)"
-                 : curve            ? "zmq (libzmq DEALER: CURVE keys are set, the direct link "
-                                      "has no CURVE)"
-                                    : "zmq (libzmq DEALER, --router-link zmq)");
+    KVR_LOG_INFO(FE_COMP, "router link: %s%s",
+                 !fe_cfg.router_zmq ? "direct (ZMTP 3.1 on the loop's own socket)"
+                                    : "zmq (libzmq DEALER, --router-link zmq)",
+                 curve ? ", CURVE" : ", NULL (no CURVE keys)");
     epfd_ = epoll_create1(EPOLL_CLOEXEC);
     if (epfd_ < 0) {
         KVR_LOG_ERROR(FE_COMP, "epoll_create1: %s", strerror(errno));

@@ -188,11 +188,14 @@ kvr_status_t kvr_proto_curve_client(void *sock, const kvr_cluster_t *cl, const c
     return st;
 }
 
-kvr_status_t kvr_proto_curve_client_env(void *sock, char *err, size_t err_len)
+kvr_status_t kvr_proto_curve_env_keys(struct kvr_curve_env_keys *keys_p, bool *set_p, char *err,
+                                      size_t err_len)
 {
     const char *rk = getenv("KVRAIL_ROUTER_KEY"), *ck = getenv("KVRAIL_CLIENT_KEY");
-    if (!rk && !ck)
+    if (!rk && !ck) {
+        *set_p = false;
         return KVR_OK;
+    }
     if (!rk || !ck) {
         kvr_proto_set_err(
             err, err_len,
@@ -201,14 +204,36 @@ kvr_status_t kvr_proto_curve_client_env(void *sock, char *err, size_t err_len)
             rk ? "KVRAIL_CLIENT_KEY" : "KVRAIL_ROUTER_KEY");
         return KVR_ERR_INVALID;
     }
-    kvr_status_t st = kvr_proto_curve_available(err, err_len);
-    if (st != KVR_OK)
+    struct kvr_curve_env_keys k;
+    kvr_status_t st = read_lines(rk, false, k.server, NULL, err, err_len);
+    if (st == KVR_OK)
+        st = read_lines(ck, true, k.pub, k.sec, err, err_len);
+    if (st == KVR_OK &&
+        (!zmq_z85_decode(keys_p->server_bin, k.server) || !zmq_z85_decode(keys_p->pub_bin, k.pub) ||
+         !zmq_z85_decode(keys_p->sec_bin, k.sec))) {
+        kvr_proto_set_err(err, err_len, "%s / %s: not Z85 keys", rk, ck);
+        st = KVR_ERR_INVALID;
+    }
+    if (st == KVR_OK) {
+        memcpy(keys_p->server, k.server, sizeof(k.server));
+        memcpy(keys_p->pub, k.pub, sizeof(k.pub));
+        memcpy(keys_p->sec, k.sec, sizeof(k.sec));
+        *set_p = true;
+    }
+    explicit_bzero(&k, sizeof(k));
+    return st;
+}
+
+kvr_status_t kvr_proto_curve_client_env(void *sock, char *err, size_t err_len)
+{
+    struct kvr_curve_env_keys k;
+    bool set = false;
+    kvr_status_t st = kvr_proto_curve_env_keys(&k, &set, err, err_len);
+    if (st != KVR_OK || !set)
         return st;
-    char spub[KVR_CURVE_Z85_LEN + 1], pub[KVR_CURVE_Z85_LEN + 1], sec[KVR_CURVE_Z85_LEN + 1];
-    st = read_lines(rk, false, spub, NULL, err, err_len);
+    st = kvr_proto_curve_available(err, err_len);
     if (st == KVR_OK)
-        st = read_lines(ck, true, pub, sec, err, err_len);
-    if (st == KVR_OK)
-        st = kvr_proto_curve_client_keys(sock, spub, pub, sec, err, err_len);
+        st = kvr_proto_curve_client_keys(sock, k.server, k.pub, k.sec, err, err_len);
+    explicit_bzero(&k, sizeof(k));
     return st;
 }

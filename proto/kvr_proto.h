@@ -174,9 +174,21 @@ kvr_status_t kvr_proto_curve_server(void *sock, const kvr_cluster_t *cl, const c
  *          KVR_ERR_UNSUPPORTED (no CURVE in libzmq). */
 kvr_status_t kvr_proto_curve_client(void *sock, const kvr_cluster_t *cl, const char *name,
                                     char *err, size_t err_len);
-/** A client's CURVE keys from the environment: KVRAIL_ROUTER_KEY (path of
- *  the router's .pub) and KVRAIL_CLIENT_KEY (path of this client's .key);
- *  neither set: nothing (auth: none).  @return KVR_OK; KVR_ERR_INVALID (one
+/** A client's CURVE keys, Z85 and binary (kvr_proto_curve_env_keys). */
+struct kvr_curve_env_keys {
+    char server[KVR_CURVE_Z85_LEN + 1], pub[KVR_CURVE_Z85_LEN + 1], sec[KVR_CURVE_Z85_LEN + 1];
+    uint8_t server_bin[32], pub_bin[32], sec_bin[32];
+};
+/** The one place that reads a client's CURVE keys from the environment:
+ *  KVRAIL_ROUTER_KEY (path of the router's .pub) and KVRAIL_CLIENT_KEY
+ *  (path of this client's .key) into *keys_p, *set_p true; neither set:
+ *  *set_p false (auth: none).  The caller zeroes *keys_p after use.
+ *  @return KVR_OK; KVR_ERR_INVALID (one without the other, a bad file);
+ *          KVR_ERR_NOT_FOUND. */
+kvr_status_t kvr_proto_curve_env_keys(struct kvr_curve_env_keys *keys_p, bool *set_p, char *err,
+                                      size_t err_len);
+/** A client's CURVE keys from the environment (kvr_proto_curve_env_keys)
+ *  set on sock; neither set: nothing (auth: none).  @return KVR_OK; KVR_ERR_INVALID (one
  *  without the other, a bad file); KVR_ERR_NOT_FOUND; KVR_ERR_UNSUPPORTED. */
 kvr_status_t kvr_proto_curve_client_env(void *sock, char *err, size_t err_len);
 /** The same with keys given (Z85): the router's public key, this side's pair. */

@@ -7,7 +7,7 @@
 set -e
 PKGS="build-essential meson ninja-build pkg-config
       libucx-dev ucx-utils libibverbs-dev rdma-core ibverbs-providers
-      libzmq3-dev protobuf-c-compiler libprotobuf-c-dev
+      libzmq3-dev libsodium-dev protobuf-c-compiler libprotobuf-c-dev
       libopenblas-dev libxxhash-dev libyaml-dev python3 python3-yaml
       libmicrohttpd-dev
       libutf8proc-dev libonig-dev"

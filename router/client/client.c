@@ -7,7 +7,8 @@
  * waited on are queued on that stream.  Every wait is zmq_poll with the time
  * left to its deadline.  A client made by kvr_client_connect_direct has no
  * DEALER: its router link is zmtp.c's (ZMTP spoken on its own TCP socket in
- * the caller's thread), reached through link_send and pump_direct, and its
+ * the caller's thread, CURVE when the environment gives keys, as for
+ * kvr_client_connect), reached through link_send and pump_direct, and its
  * waits are poll(2) on the link's one descriptor.
  */
 #include <errno.h>
@@ -205,21 +206,34 @@ kvr_status_t kvr_client_connect_direct(const char *endpoint, kvr_client_t **clie
 {
     if (!endpoint || !client_p)
         return KVR_ERR_INVALID;
-    if (getenv("KVRAIL_ROUTER_KEY") || getenv("KVRAIL_CLIENT_KEY")) {
-        /* never a silent plain connection when keys are asked for */
-        fprintf(stderr, "libkvrail-client: the direct router link speaks ZMTP's NULL mechanism "
-                        "only, and CURVE keys are set (KVRAIL_ROUTER_KEY / KVRAIL_CLIENT_KEY): "
-                        "use the libzmq link (kvr_client_connect) with CURVE\n");
-        return KVR_ERR_UNSUPPORTED;
+    /* the keys as kvr_client_connect takes them; set and unusable: never a
+     * silent plain connection */
+    struct kvr_curve_env_keys ek;
+    bool curve = false;
+    char err[512];
+    kvr_status_t st = kvr_proto_curve_env_keys(&ek, &curve, err, sizeof(err));
+    if (st != KVR_OK) {
+        fprintf(stderr, "libkvrail-client: %s\n", err);
+        return KVR_ERR_INVALID;
+    }
+    struct kvr_zmtp_curve_keys keys;
+    if (curve) {
+        memcpy(keys.server, ek.server_bin, sizeof(keys.server));
+        memcpy(keys.pub, ek.pub_bin, sizeof(keys.pub));
+        memcpy(keys.sec, ek.sec_bin, sizeof(keys.sec));
+        explicit_bzero(&ek, sizeof(ek));
     }
     kvr_client_t *c = calloc(1, sizeof(*c));
-    if (!c)
+    if (!c) {
+        explicit_bzero(&keys, sizeof(keys));
         return KVR_ERR_NO_MEMORY;
-    char err[256];
-    kvr_status_t st = kvr_zmtp_open(endpoint, KVR_PROTO_MAX_PAYLOAD + KVR_PROTO_HDR_LEN, &c->zl,
-                                    err, sizeof(err));
+    }
+    err[0] = 0;
+    st = kvr_zmtp_open(endpoint, KVR_PROTO_MAX_PAYLOAD + KVR_PROTO_HDR_LEN, curve ? &keys : NULL,
+                       &c->zl, err, sizeof(err));
+    explicit_bzero(&keys, sizeof(keys));
     if (st != KVR_OK) {
-        fprintf(stderr, "libkvrail-client: %s\n", st == KVR_ERR_INVALID ? err : kvr_status_str(st));
+        fprintf(stderr, "libkvrail-client: %s\n", err[0] ? err : kvr_status_str(st));
         free(c);
         return st;
     }

@@ -146,14 +146,15 @@ kvr_status_t kvr_client_connect_ctx(void *zmq_ctx, const char *endpoint, kvr_cli
  *  (zmtp.c): ZMTP 3.1 spoken as a DEALER on one non-blocking TCP socket,
  *  driven by the caller's thread, with no ZeroMQ context or I/O thread, so
  *  a frame from the router wakes the caller directly.  The router sees an
- *  ordinary DEALER.  tcp://HOST:PORT endpoints and ZMTP's NULL mechanism
- *  only: with CURVE keys set (KVRAIL_ROUTER_KEY / KVRAIL_CLIENT_KEY) it
- *  refuses, as it does a router that asks for CURVE, rather than connect
- *  in the clear; use kvr_client_connect then.  Reconnects as a DEALER does
+ *  ordinary DEALER.  tcp://HOST:PORT endpoints.  With CURVE keys in the
+ *  environment (KVRAIL_ROUTER_KEY / KVRAIL_CLIENT_KEY, as for
+ *  kvr_client_connect) the link speaks CURVE (CurveZMQ, libsodium), else
+ *  ZMTP's NULL mechanism; a router using the other mechanism is refused
+ *  with the reason, never met in the clear.  Reconnects as a DEALER does
  *  (100 ms, doubling to 2 s).  kvr_client_fds gives one descriptor (no
  *  monitor), level-triggered: a send takes no wake-up.  Added in .so.2.
- *  @return KVR_OK; KVR_ERR_INVALID (endpoint: the reason on stderr);
- *          KVR_ERR_UNSUPPORTED (CURVE keys set); KVR_ERR_NO_MEMORY; KVR_ERR_IO. */
+ *  @return KVR_OK; KVR_ERR_INVALID (endpoint, or keys set and unusable:
+ *          the reason on stderr); KVR_ERR_NO_MEMORY; KVR_ERR_IO. */
 kvr_status_t kvr_client_connect_direct(const char *endpoint, kvr_client_t **client_p);
 void kvr_client_close(kvr_client_t *c);
 /** The last error message of this client ("" when none). */

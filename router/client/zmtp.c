@@ -1,7 +1,7 @@
 /*
  * zmtp.c - libkvrail-client's direct router link (zmtp.h): a DEALER peer
- * speaking ZMTP 3.1 (RFC 37), NULL mechanism, on one non-blocking TCP
- * socket driven by the caller's loop, so a frame from the router wakes the
+ * speaking ZMTP 3.1 (RFC 37), NULL or CURVE mechanism, on one non-blocking
+ * TCP socket driven by the caller's loop, so a frame from the router wakes the
  * caller's thread directly instead of going through ZeroMQ's I/O thread
  * first (one cross-thread wake-up less per direction).
  *
@@ -11,7 +11,25 @@
  * version 3 or later, mechanism NULL) -> READY (the peer's READY command:
  * its properties parsed within its size, Socket-Type ROUTER, DEALER or
  * REP; an ERROR command's reason is kept) -> OPEN.  Messages sent before
- * OPEN wait in the output queue, as a DEALER's do.  Received bytes go into
+ * OPEN wait in the output queue, as a DEALER's do.
+ *
+ * CURVE (keys given; zmtp_curve.c does the cryptography): the greeting
+ * names CURVE and a HELLO follows it; the peer's greeting must name CURVE;
+ * GREETING -> WELCOME (its WELCOME checked, our INITIATE queued
+ * behind the HELLO) -> READY (its box opened, its metadata checked as
+ * above) -> OPEN.  Every frame is then a MESSAGE command's body in a frame
+ * with no flags, as libzmq sends it: the MORE and COMMAND flags travel
+ * inside the box.  Sending seals each part into the output queue (frames
+ * queued before OPEN wait plain and are sealed at OPEN; the queue's bound
+ * counts their growth).  Receiving, unseal() opens each whole MESSAGE
+ * frame in the input buffer in place and moves its data down into a plain
+ * frame, so kvr_zmtp_recv parses the same frames either way: `in` holds
+ * [in_r, in_p) opened frames and [in_x, in_w) sealed ones, the gap between
+ * closed when the buffer is compacted.  A box that does not open, a nonce
+ * not above the last (a replay), a wrong size, a WELCOME the router's key
+ * did not seal, drop the connection with that reason; the router closing
+ * it after our HELLO (a server that cannot open it) or INITIATE (a client
+ * key it does not take) is reported as such.  Received bytes go into
  * one input buffer; kvr_zmtp_recv parses whole messages from it in place:
  * a flags byte (MORE 1, LONG 2, COMMAND 4; other bits refused), a 1- or
  * 8-byte size, the body; a frame larger than max_frame, a message larger
@@ -43,6 +61,7 @@
 #include <unistd.h>
 
 #include "zmtp.h"
+#include "zmtp_curve.h"
 
 #define GREETING_LEN 64
 #define MAX_COMMAND  4096        /* a handshake or control command */
@@ -55,7 +74,7 @@
 #define F_LONG    2u
 #define F_COMMAND 4u
 
-enum state { ST_DOWN, ST_CONNECTING, ST_GREETING, ST_READY, ST_OPEN };
+enum state { ST_DOWN, ST_CONNECTING, ST_GREETING, ST_WELCOME, ST_READY, ST_OPEN };
 
 struct kvr_zmtp {
     int ep, sock, tfd;
@@ -66,11 +85,16 @@ struct kvr_zmtp {
     uint32_t sock_events; /* what sock is registered for in ep */
     size_t max_frame, in_max;
     uint8_t *in;
-    size_t in_cap, in_r, in_w;
-    bool deliver; /* whole messages in `in` are the router's (OPEN, or left from it) */
+    /* [in_r, in_p): frames for kvr_zmtp_recv; [in_x, in_w): CURVE MESSAGEs
+     * not opened yet (NULL, or before OPEN: in_p == in_x == in_w) */
+    size_t in_cap, in_r, in_p, in_x, in_w;
+    size_t msg_plain; /* CURVE: bytes opened so far of a message not yet whole */
+    bool deliver;     /* whole messages in `in` are the router's (OPEN, or left from it) */
     uint8_t *out;
     size_t out_cap, out_r, out_w;
-    uint8_t hs[GREETING_LEN + 64]; /* our greeting and READY */
+    size_t seal_extra;    /* CURVE before OPEN: what the queued frames grow by once sealed */
+    kvr_zmtp_curve_t *cv; /* CURVE (keys given), or NULL: the NULL mechanism */
+    uint8_t hs[KVR_CURVE_INITIATE_MAX + 16]; /* our greeting and READY (CURVE: HELLO, INITIATE) */
     size_t hs_len, hs_off;
     unsigned retry_ms;
     unsigned pending; /* KVR_ZMTP_EV_* not yet returned by kvr_zmtp_io */
@@ -110,9 +134,14 @@ static void drop(kvr_zmtp_t *z, bool keep, const char *fmt, ...)
     else /* never up: the host's next address next time */
         z->addr_i = (z->addr_i + 1) % (z->n_addr ? z->n_addr : 1);
     if (!keep || z->st != ST_OPEN) {
-        z->in_r = z->in_w = 0;
+        z->in_r = z->in_p = z->in_x = z->in_w = 0;
         z->deliver = false;
+    } else {
+        z->in_x = z->in_w = z->in_p; /* what was not opened is not the router's */
     }
+    z->msg_plain = 0;
+    if (z->cv)
+        kvr_zmtp_curve_end(z->cv);
     if (z->sock >= 0) {
         epoll_ctl(z->ep, EPOLL_CTL_DEL, z->sock, NULL);
         close(z->sock);
@@ -122,14 +151,36 @@ static void drop(kvr_zmtp_t *z, bool keep, const char *fmt, ...)
      * written is lost, as a DEALER's pipe to a peer is; before that, nothing
      * was written and the queue waits for the next connection */
     if (z->st == ST_OPEN)
-        z->out_r = z->out_w = 0;
+        z->out_r = z->out_w = z->seal_extra = 0;
     z->st = ST_DOWN;
     arm_retry(z);
 }
 
-/* Our greeting (signature, version 3.1, mechanism NULL, as-server 0,
- * filler) and READY command with Socket-Type DEALER, into z->hs. */
-static void build_handshake(kvr_zmtp_t *z)
+/* Appends a frame header (flags, size) at p; returns its length. */
+static size_t put_header(uint8_t *p, unsigned flags, size_t size)
+{
+    if (size <= 255) {
+        p[0] = (uint8_t)flags;
+        p[1] = (uint8_t)size;
+        return 2;
+    }
+    p[0] = (uint8_t)(flags | F_LONG);
+    for (int k = 0; k < 8; k++)
+        p[1 + k] = (uint8_t)((uint64_t)size >> (56 - 8 * k));
+    return 9;
+}
+
+/* The bytes of a frame of n bytes (header and body). */
+static size_t frame_len(size_t n)
+{
+    return (n <= 255 ? 2 : 9) + n;
+}
+
+/* Our greeting (signature, version 3.1, mechanism NULL or CURVE, as-server
+ * 0, filler) and first command, into z->hs: NULL's READY with Socket-Type
+ * DEALER, or CURVE's HELLO (a fresh short-term key pair).  False: the
+ * router's key is unusable. */
+static bool build_handshake(kvr_zmtp_t *z)
 {
     uint8_t *p = z->hs;
     memset(p, 0, GREETING_LEN);
@@ -137,8 +188,17 @@ static void build_handshake(kvr_zmtp_t *z)
     p[9] = 0x7f;
     p[10] = 3;
     p[11] = 1;
-    memcpy(p + 12, "NULL", 4);
+    memcpy(p + 12, z->cv ? "CURVE" : "NULL", z->cv ? 5 : 4);
     p += GREETING_LEN;
+    if (z->cv) {
+        p += put_header(p, F_COMMAND, KVR_CURVE_HELLO_LEN);
+        if (kvr_zmtp_curve_hello(z->cv, p) != KVR_OK)
+            return false;
+        p += KVR_CURVE_HELLO_LEN;
+        z->hs_len = (size_t)(p - z->hs);
+        z->hs_off = 0;
+        return true;
+    }
     static const char body[] = "\x05READY\x0bSocket-Type\x00\x00\x00\x06"
                                "DEALER";
     *p++ = F_COMMAND;
@@ -147,11 +207,13 @@ static void build_handshake(kvr_zmtp_t *z)
     p += sizeof(body) - 1;
     z->hs_len = (size_t)(p - z->hs);
     z->hs_off = 0;
+    return true;
 }
 
 static void start_connect(kvr_zmtp_t *z)
 {
-    z->in_r = z->in_w = 0;
+    z->in_r = z->in_p = z->in_x = z->in_w = 0;
+    z->msg_plain = 0;
     z->deliver = false;
     z->sock = socket(z->addr[z->addr_i].ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (z->sock < 0) {
@@ -166,7 +228,11 @@ static void start_connect(kvr_zmtp_t *z)
         drop(z, false, "epoll_ctl: %s", strerror(errno));
         return;
     }
-    build_handshake(z);
+    if (!build_handshake(z)) {
+        drop(z, false,
+             "the router's key in KVRAIL_ROUTER_KEY is not a usable Curve25519 public key");
+        return;
+    }
     if (connect(z->sock, (struct sockaddr *)&z->addr[z->addr_i], z->addr_len[z->addr_i]) == 0)
         z->st = ST_GREETING;
     else if (errno == EINPROGRESS)
@@ -210,17 +276,45 @@ static void flush(kvr_zmtp_t *z)
     set_sock_events(z, EPOLLIN | (waiting ? EPOLLOUT : 0u));
 }
 
+static void unseal(kvr_zmtp_t *z);
+
+/* Why the router closed the connection, by how far the handshake got. */
+static const char *closed_reason(const kvr_zmtp_t *z)
+{
+    /* a CURVE server that cannot open a HELLO closes at once, often before
+     * the rest of its greeting is out */
+    bool hello_out = z->st == ST_GREETING && z->hs_off == z->hs_len && z->in_w > z->in_r;
+    if (z->cv && (z->st == ST_WELCOME || hello_out))
+        return "the router closed the connection after our CURVE HELLO: its key is not the one "
+               "in KVRAIL_ROUTER_KEY (a CURVE server drops a HELLO it cannot open)";
+    if (z->cv && z->st == ST_READY)
+        return "the router closed the connection after our CURVE INITIATE: it did not accept "
+               "this client's key (KVRAIL_CLIENT_KEY; the router takes the keys in its "
+               "KEYS/clients/)";
+    return "the router closed the connection";
+}
+
+/* Moves what kvr_zmtp_recv has not taken, and the CURVE bytes not yet
+ * opened, to the start of `in` (closing the gap between them). */
+static void compact(kvr_zmtp_t *z)
+{
+    size_t p = z->in_p - z->in_r, x = z->in_w - z->in_x;
+    memmove(z->in, z->in + z->in_r, p);
+    memmove(z->in + p, z->in + z->in_x, x);
+    z->in_r = 0;
+    z->in_p = z->in_x = p;
+    z->in_w = p + x;
+}
+
 /* Reads what the socket has, into `in` (grown up to in_max). */
 static void fill(kvr_zmtp_t *z)
 {
     while (z->sock >= 0) {
         if (z->in_r == z->in_w)
-            z->in_r = z->in_w = 0;
+            z->in_r = z->in_p = z->in_x = z->in_w = 0;
         if (z->in_w == z->in_cap) {
-            if (z->in_r > 0) {
-                memmove(z->in, z->in + z->in_r, z->in_w - z->in_r);
-                z->in_w -= z->in_r;
-                z->in_r = 0;
+            if (z->in_r > 0 || z->in_x > z->in_p) {
+                compact(z);
             } else if (z->in_cap < z->in_max) {
                 size_t cap = z->in_cap * 2 > z->in_max ? z->in_max : z->in_cap * 2;
                 uint8_t *b = realloc(z->in, cap);
@@ -238,6 +332,8 @@ static void fill(kvr_zmtp_t *z)
         ssize_t r = recv(z->sock, z->in + z->in_w, room, 0);
         if (r > 0) {
             z->in_w += (size_t)r;
+            if (!z->cv || z->st != ST_OPEN)
+                z->in_p = z->in_x = z->in_w; /* plaintext (NULL, a handshake command) */
             if ((size_t)r < room)
                 return; /* drained: more would wake the (level-triggered) set again */
             continue;
@@ -246,8 +342,11 @@ static void fill(kvr_zmtp_t *z)
             continue;
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return;
+        unseal(z); /* what the router sent before it left is its */
+        if (z->sock < 0)
+            return;
         if (r == 0)
-            drop(z, true, "the router closed the connection");
+            drop(z, true, "%s", closed_reason(z));
         else
             drop(z, true, "read from the router: %s", strerror(errno));
         return;
@@ -257,10 +356,10 @@ static void fill(kvr_zmtp_t *z)
 /* The frame at `in` + pos: its flags, header and body sizes.  Returns 2
  * (whole), 1 (its header here, not all its body), 0 (not even its
  * header), -1 (a protocol error: z->err set). */
-static int frame_at(kvr_zmtp_t *z, size_t pos, size_t limit, unsigned *flags, size_t *hl,
-                    size_t *size)
+static int frame_at(kvr_zmtp_t *z, size_t pos, size_t end, size_t limit, unsigned *flags,
+                    size_t *hl, size_t *size)
 {
-    size_t avail = z->in_w - pos;
+    size_t avail = end - pos;
     if (avail < 1)
         return 0;
     *flags = z->in[pos];
@@ -337,39 +436,53 @@ static bool take_greeting(kvr_zmtp_t *z)
     }
     if (avail < GREETING_LEN)
         return false;
-    static const uint8_t null_mech[20] = {'N', 'U', 'L', 'L'};
-    if (memcmp(g + 12, null_mech, sizeof(null_mech)) != 0) {
+    uint8_t mech[20] = {0};
+    memcpy(mech, z->cv ? "CURVE" : "NULL", z->cv ? 5 : 4);
+    if (memcmp(g + 12, mech, sizeof(mech)) != 0) {
         char m[21];
         printable(m, sizeof(m), g + 12, strnlen((const char *)g + 12, 20));
-        drop(z, false,
-             "the router uses the %s mechanism; the direct link speaks NULL only (for CURVE "
-             "use the libzmq link)",
-             m);
+        if (z->cv)
+            drop(z, false,
+                 "the router uses the %s mechanism, not CURVE, and this client has CURVE keys "
+                 "(KVRAIL_ROUTER_KEY / KVRAIL_CLIENT_KEY): unset them for an auth: none "
+                 "cluster",
+                 m);
+        else
+            drop(z, false,
+                 "the router uses the %s mechanism and this client has no CURVE keys: set "
+                 "KVRAIL_ROUTER_KEY and KVRAIL_CLIENT_KEY (docs/security.md)",
+                 m);
         return false;
     }
+    /* as-server (byte 32) is not checked: libzmq sends 0 whatever the role */
     z->in_r += GREETING_LEN;
-    z->st = ST_READY;
+    z->st = z->cv ? ST_WELCOME : ST_READY;
     return true;
 }
 
-/* The peer's READY (or ERROR); returns false when not all here or dropped. */
-static bool take_ready(kvr_zmtp_t *z)
+/* The next handshake command, checked: a command frame, named stage (an
+ * ERROR: the router's reason).  Returns 1 (here: *b_p, *size_p, *hl_p
+ * set: its body, size and header length), 0 (not all here yet),
+ * -1 (dropped).  stage: the command due ("READY", "WELCOME"). */
+static int take_command(kvr_zmtp_t *z, const char *stage, uint8_t **b_p, size_t *size_p,
+                        size_t *hl_p)
 {
     unsigned flags;
     size_t hl, size;
-    int r = frame_at(z, z->in_r, MAX_COMMAND, &flags, &hl, &size);
+    int r = frame_at(z, z->in_r, z->in_p, MAX_COMMAND, &flags, &hl, &size);
     if (r < 0) {
         char why[sizeof(z->err)];
         snprintf(why, sizeof(why), "%s", z->err);
         drop(z, false, "handshake: %s", why);
-        return false;
+        return -1;
     }
     if (r < 2)
-        return false;
-    const uint8_t *b = z->in + z->in_r + hl, *end = b + size;
+        return 0;
+    uint8_t *b = z->in + z->in_r + hl, *end = b + size;
     if (!(flags & F_COMMAND) || (flags & F_MORE) || size < 1 || b[0] + 1u > size) {
-        drop(z, false, "handshake: the peer sent no READY command after its greeting");
-        return false;
+        drop(z, false, "handshake: the peer sent no %s command after its %s", stage,
+             z->st == ST_READY && z->cv ? "WELCOME" : "greeting");
+        return -1;
     }
     size_t nl = b[0];
     const uint8_t *name = b + 1, *props = b + 1 + nl;
@@ -377,14 +490,76 @@ static bool take_ready(kvr_zmtp_t *z)
         char why[256];
         size_t rl = props < end ? *props : 0;
         printable(why, sizeof(why), props + 1, rl <= (size_t)(end - props - 1) ? rl : 0);
-        drop(z, false, "the router refused the connection: %s", why);
-        return false;
+        if (z->cv && z->st == ST_READY)
+            drop(z, false,
+                 "the router refused the connection: %s (after our CURVE INITIATE: it did "
+                 "not accept this client's key, KVRAIL_CLIENT_KEY)",
+                 why);
+        else
+            drop(z, false, "the router refused the connection: %s", why);
+        return -1;
     }
-    if (nl != 5 || memcmp(name, "READY", 5) != 0) {
+    if (nl != strlen(stage) || memcmp(name, stage, nl) != 0) {
         char c[64];
         printable(c, sizeof(c), name, nl);
-        drop(z, false, "handshake: the peer sent a '%s' command, not READY", c);
+        drop(z, false, "handshake: the peer sent a '%s' command, not %s", c, stage);
+        return -1;
+    }
+    *b_p = b;
+    *size_p = size;
+    *hl_p = hl;
+    return 1;
+}
+
+/* CURVE: the router's WELCOME, answered with our INITIATE (queued behind
+ * the HELLO in hs); returns false when not all here or dropped. */
+static bool take_welcome(kvr_zmtp_t *z)
+{
+    uint8_t *b;
+    size_t size, hl;
+    if (take_command(z, "WELCOME", &b, &size, &hl) <= 0)
         return false;
+    uint8_t init[KVR_CURVE_INITIATE_MAX];
+    char why[200];
+    size_t n = kvr_zmtp_curve_welcome(z->cv, b, size, init, why, sizeof(why));
+    if (n == 0) {
+        drop(z, false, "%s", why);
+        return false;
+    }
+    if (z->hs_off == z->hs_len) /* the greeting and HELLO are out (the WELCOME says so) */
+        z->hs_off = z->hs_len = 0;
+    if (z->hs_len + frame_len(n) > sizeof(z->hs)) {
+        drop(z, false, "handshake: the router sent its WELCOME before our HELLO was out");
+        return false;
+    }
+    z->hs_len += put_header(z->hs + z->hs_len, F_COMMAND, n);
+    memcpy(z->hs + z->hs_len, init, n);
+    z->hs_len += n;
+    z->in_r += hl + size;
+    z->st = ST_READY;
+    flush(z);
+    return z->sock >= 0;
+}
+
+static bool seal_queue(kvr_zmtp_t *z);
+
+/* The peer's READY (or ERROR); returns false when not all here or dropped.
+ * CURVE: its box opened, its metadata checked alike. */
+static bool take_ready(kvr_zmtp_t *z)
+{
+    uint8_t *b;
+    size_t size, hl;
+    if (take_command(z, "READY", &b, &size, &hl) <= 0)
+        return false;
+    const uint8_t *props = b + 6, *end = b + size;
+    if (z->cv) {
+        size_t ml;
+        char why[200];
+        if (kvr_zmtp_curve_ready(z->cv, b, size, &props, &ml, why, sizeof(why)) != KVR_OK) {
+            drop(z, false, "%s", why);
+            return false;
+        }
+        end = props + ml;
     }
     const uint8_t *v;
     size_t vl;
@@ -400,12 +575,69 @@ static bool take_ready(kvr_zmtp_t *z)
         return false;
     }
     z->in_r += hl + size;
+    if (z->cv)
+        z->in_p = z->in_x = z->in_r; /* what follows is sealed */
     z->st = ST_OPEN;
+    if (z->cv && !seal_queue(z)) {
+        drop(z, false, "out of memory sealing the queued messages");
+        return false;
+    }
     z->deliver = true;
     z->retry_ms = RETRY_MIN_MS;
     z->err[0] = 0;
     z->pending |= KVR_ZMTP_EV_CONNECTED;
     return true;
+}
+
+/* CURVE, OPEN: opens the MESSAGE frames whole in [in_x, in_w) into plain
+ * frames at in_p (the MORE and COMMAND flags from inside the box), for
+ * kvr_zmtp_recv.  A frame too large, a message too large, a MORE flag
+ * outside the box, a box that does not open or a replayed nonce drop the
+ * connection. */
+static void unseal(kvr_zmtp_t *z)
+{
+    while (z->cv && z->st == ST_OPEN) {
+        unsigned flags;
+        size_t hl, size;
+        int r = frame_at(z, z->in_x, z->in_w, z->max_frame + KVR_CURVE_MSG_OVERHEAD, &flags, &hl,
+                         &size);
+        if (r < 0) {
+            char why[sizeof(z->err)];
+            snprintf(why, sizeof(why), "%s", z->err);
+            drop(z, false, "bad data from the router: %s", why);
+            return;
+        }
+        if (r == 0)
+            return;
+        if (z->msg_plain + hl + size > z->in_max - 64) {
+            drop(z, false, "bad data from the router: a message of more than %d parts or %zu bytes",
+                 KVR_ZMTP_MAX_PARTS, z->in_max - 64);
+            return;
+        }
+        if (r == 1)
+            return;
+        if (flags & F_MORE) {
+            drop(z, false, "bad data from the router: a CURVE frame with MORE set outside its box");
+            return;
+        }
+        unsigned inner;
+        const uint8_t *data;
+        size_t len;
+        char why[200];
+        if (kvr_zmtp_curve_open(z->cv, z->in + z->in_x + hl, size, &inner, &data, &len, why,
+                                sizeof(why)) != KVR_OK) {
+            drop(z, false, "bad data from the router: %s", why);
+            return;
+        }
+        size_t ph = put_header(z->in + z->in_p,
+                               ((inner & KVR_CURVE_F_MORE) ? F_MORE : 0u) |
+                                   ((inner & KVR_CURVE_F_COMMAND) ? F_COMMAND : 0u),
+                               len);
+        memmove(z->in + z->in_p + ph, data, len);
+        z->in_p += ph + len;
+        z->in_x += hl + size;
+        z->msg_plain = (inner & KVR_CURVE_F_MORE) ? z->msg_plain + ph + len : 0;
+    }
 }
 
 unsigned kvr_zmtp_io(kvr_zmtp_t *z)
@@ -427,26 +659,15 @@ unsigned kvr_zmtp_io(kvr_zmtp_t *z)
         fill(z);
         if (z->st == ST_GREETING)
             take_greeting(z);
+        if (z->st == ST_WELCOME)
+            take_welcome(z);
         if (z->st == ST_READY && take_ready(z))
             flush(z); /* what waited for the connection */
+        unseal(z);
     }
     unsigned ev = z->pending;
     z->pending = 0;
     return ev;
-}
-
-/* Appends a frame header (flags, size) to out. */
-static size_t put_header(uint8_t *p, unsigned flags, size_t size)
-{
-    if (size <= 255) {
-        p[0] = (uint8_t)flags;
-        p[1] = (uint8_t)size;
-        return 2;
-    }
-    p[0] = (uint8_t)(flags | F_LONG);
-    for (int k = 0; k < 8; k++)
-        p[1 + k] = (uint8_t)((uint64_t)size >> (56 - 8 * k));
-    return 9;
 }
 
 /* Makes room for n more bytes in out (within OUT_MAX). */
@@ -459,7 +680,7 @@ static bool out_room(kvr_zmtp_t *z, size_t n)
         z->out_w -= z->out_r;
         z->out_r = 0;
     }
-    if (z->out_w + n > OUT_MAX)
+    if (z->out_w + z->seal_extra + n > OUT_MAX)
         return false;
     if (z->out_w + n <= z->out_cap)
         return true;
@@ -475,22 +696,76 @@ static bool out_room(kvr_zmtp_t *z, size_t n)
     return true;
 }
 
+/* The bytes a frame of n bytes takes queued: sealed (CURVE, OPEN), or
+ * plain (NULL; CURVE before OPEN, sealed then). */
+static size_t queued_len(const kvr_zmtp_t *z, size_t n)
+{
+    return z->cv && z->st == ST_OPEN ? frame_len(KVR_CURVE_MSG_OVERHEAD + n) : frame_len(n);
+}
+
+/* Appends a frame (flags: F_MORE, F_COMMAND) to out, room made: CURVE's
+ * once OPEN as a MESSAGE with the flags inside its box and none outside
+ * (as libzmq sends it), else as it is. */
+static void put_frame(kvr_zmtp_t *z, unsigned flags, const void *data, size_t len)
+{
+    if (z->cv && z->st == ST_OPEN) {
+        z->out_w += put_header(z->out + z->out_w, 0, KVR_CURVE_MSG_OVERHEAD + len);
+        kvr_zmtp_curve_seal(z->cv, z->out + z->out_w,
+                            ((flags & F_MORE) ? KVR_CURVE_F_MORE : 0u) |
+                                ((flags & F_COMMAND) ? KVR_CURVE_F_COMMAND : 0u),
+                            data, len);
+        z->out_w += KVR_CURVE_MSG_OVERHEAD + len;
+        return;
+    }
+    z->out_w += put_header(z->out + z->out_w, flags, len);
+    if (len)
+        memcpy(z->out + z->out_w, data, len);
+    z->out_w += len;
+    if (z->cv) /* sealed at OPEN */
+        z->seal_extra += frame_len(KVR_CURVE_MSG_OVERHEAD + len) - frame_len(len);
+}
+
+/* CURVE, at OPEN: the frames queued before it, sealed in order (the
+ * queue's bound counted their growth: seal_extra). */
+static bool seal_queue(kvr_zmtp_t *z)
+{
+    if (z->out_r == z->out_w) {
+        z->out_r = z->out_w = z->seal_extra = 0;
+        return true;
+    }
+    size_t cap = z->out_w - z->out_r + z->seal_extra;
+    uint8_t *b = malloc(cap), *old = z->out;
+    if (!b)
+        return false;
+    size_t r = z->out_r, end = z->out_w;
+    z->out = b;
+    z->out_cap = cap;
+    z->out_r = z->out_w = z->seal_extra = 0;
+    while (r < end) {
+        unsigned flags = old[r];
+        size_t hl = (flags & F_LONG) ? 9 : 2, n = old[r + 1];
+        if (flags & F_LONG)
+            for (size_t k = 2; k < 9; k++)
+                n = n << 8 | old[r + k];
+        put_frame(z, flags & (F_MORE | F_COMMAND), old + r + hl, n);
+        r += hl + n;
+    }
+    free(old);
+    return true;
+}
+
 kvr_status_t kvr_zmtp_send(kvr_zmtp_t *z, const struct iovec *parts, size_t n)
 {
     if (n == 0 || n > KVR_ZMTP_MAX_PARTS)
         return KVR_ERR_INVALID;
     size_t total = 0;
     for (size_t i = 0; i < n; i++)
-        total += 9 + parts[i].iov_len;
+        total += queued_len(z, parts[i].iov_len);
     bool was_empty = z->out_r == z->out_w;
     if (!out_room(z, total))
         return KVR_ERR_NO_RESOURCE;
-    for (size_t i = 0; i < n; i++) {
-        z->out_w += put_header(z->out + z->out_w, i + 1 < n ? F_MORE : 0, parts[i].iov_len);
-        if (parts[i].iov_len)
-            memcpy(z->out + z->out_w, parts[i].iov_base, parts[i].iov_len);
-        z->out_w += parts[i].iov_len;
-    }
+    for (size_t i = 0; i < n; i++)
+        put_frame(z, i + 1 < n ? F_MORE : 0, parts[i].iov_base, parts[i].iov_len);
     if (z->st == ST_OPEN && was_empty) /* else EPOLLOUT is armed, or not connected yet */
         flush(z);
     return KVR_OK;
@@ -501,11 +776,10 @@ static void command(kvr_zmtp_t *z, const uint8_t *b, size_t size)
 {
     if (size >= 7 && b[0] == 4 && !memcmp(b + 1, "PING", 4)) {
         size_t ctx = size - 7 > 16 ? 16 : size - 7;
-        uint8_t pong[2 + 5 + 16] = {F_COMMAND, (uint8_t)(5 + ctx), 4, 'P', 'O', 'N', 'G'};
-        memcpy(pong + 7, b + 7, ctx);
-        if (out_room(z, 7 + ctx)) {
-            memcpy(z->out + z->out_w, pong, 7 + ctx);
-            z->out_w += 7 + ctx;
+        uint8_t pong[5 + 16] = {4, 'P', 'O', 'N', 'G'};
+        memcpy(pong + 5, b + 7, ctx);
+        if (out_room(z, queued_len(z, 5 + ctx))) {
+            put_frame(z, F_COMMAND, pong, 5 + ctx);
             flush(z);
         }
     }
@@ -519,7 +793,7 @@ kvr_status_t kvr_zmtp_recv(kvr_zmtp_t *z, struct kvr_zmtp_msg *m)
         for (;;) {
             unsigned flags;
             size_t hl, size;
-            int r = frame_at(z, pos, z->max_frame, &flags, &hl, &size);
+            int r = frame_at(z, pos, z->in_p, z->max_frame, &flags, &hl, &size);
             if (r < 0) {
                 char why[sizeof(z->err)];
                 snprintf(why, sizeof(why), "%s", z->err);
@@ -602,7 +876,8 @@ static kvr_status_t resolve(kvr_zmtp_t *z, const char *endpoint, char *err, size
     return KVR_OK;
 }
 
-kvr_status_t kvr_zmtp_open(const char *endpoint, size_t max_frame, kvr_zmtp_t **z_p, char *err,
+kvr_status_t kvr_zmtp_open(const char *endpoint, size_t max_frame,
+                           const struct kvr_zmtp_curve_keys *curve, kvr_zmtp_t **z_p, char *err,
                            size_t err_len)
 {
     kvr_zmtp_t *z = calloc(1, sizeof(*z));
@@ -610,11 +885,13 @@ kvr_status_t kvr_zmtp_open(const char *endpoint, size_t max_frame, kvr_zmtp_t **
         return KVR_ERR_NO_MEMORY;
     z->sock = z->tfd = z->ep = -1;
     z->max_frame = max_frame;
-    z->in_max = max_frame + 4096 + 9 * KVR_ZMTP_MAX_PARTS;
+    z->in_max = max_frame + 4096 + (9 + KVR_CURVE_MSG_OVERHEAD) * KVR_ZMTP_MAX_PARTS;
     z->in_cap = 65536 < z->in_max ? 65536 : z->in_max;
     z->in = malloc(z->in_cap);
     z->retry_ms = RETRY_MIN_MS;
     kvr_status_t st = z->in ? resolve(z, endpoint, err, err_len) : KVR_ERR_NO_MEMORY;
+    if (st == KVR_OK && curve && (st = kvr_zmtp_curve_create(curve, &z->cv)) != KVR_OK)
+        snprintf(err, err_len, "libsodium: %s", kvr_status_str(st));
     if (st == KVR_OK) {
         z->ep = epoll_create1(EPOLL_CLOEXEC);
         z->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
@@ -643,6 +920,7 @@ void kvr_zmtp_close(kvr_zmtp_t *z)
         close(z->tfd);
     if (z->ep >= 0)
         close(z->ep);
+    kvr_zmtp_curve_destroy(z->cv); /* the keys zeroed */
     free(z->in);
     free(z->out);
     free(z);

@@ -1,9 +1,9 @@
 /*
  * zmtp.h - libkvrail-client's direct router link (zmtp.c): a ZeroMQ DEALER
- * peer spoken by the library itself, ZMTP 3.1 (RFC 37) with the NULL
- * mechanism over one non-blocking TCP socket, with no ZeroMQ context and no
- * I/O thread: the caller's own loop reads and writes the socket.  Internal
- * to the library (not installed).
+ * peer spoken by the library itself, ZMTP 3.1 (RFC 37) with the NULL or the
+ * CURVE mechanism (zmtp_curve.c) over one non-blocking TCP socket, with no
+ * ZeroMQ context and no I/O thread: the caller's own loop reads and writes
+ * the socket.  Internal to the library (not installed).
  *
  * kvr_zmtp_fd() is an epoll descriptor that stays the same across
  * reconnects; it is readable (level-triggered) whenever kvr_zmtp_io() has
@@ -22,6 +22,7 @@
 #include <sys/uio.h>
 
 #include "kvr_status.h"
+#include "zmtp_curve.h"
 
 typedef struct kvr_zmtp kvr_zmtp_t;
 
@@ -40,10 +41,13 @@ struct kvr_zmtp_msg {
 };
 
 /** Opens a link to endpoint ("tcp://HOST:PORT"; HOST resolved now) and
- *  starts connecting; max_frame bounds a frame from the peer.
+ *  starts connecting; max_frame bounds a frame from the peer.  curve: the
+ *  keys of a CURVE client (copied; zeroed when the link is closed), or NULL
+ *  for the NULL mechanism; the peer must use the same mechanism.
  *  @return KVR_OK; KVR_ERR_INVALID (endpoint: err says why);
- *          KVR_ERR_NO_MEMORY; KVR_ERR_IO. */
-kvr_status_t kvr_zmtp_open(const char *endpoint, size_t max_frame, kvr_zmtp_t **z_p, char *err,
+ *          KVR_ERR_NO_MEMORY; KVR_ERR_IO (err says why). */
+kvr_status_t kvr_zmtp_open(const char *endpoint, size_t max_frame,
+                           const struct kvr_zmtp_curve_keys *curve, kvr_zmtp_t **z_p, char *err,
                            size_t err_len);
 void kvr_zmtp_close(kvr_zmtp_t *z);
 /** The descriptor to wait on (see above). */

@@ -13,7 +13,9 @@ same tokens afterwards.  The transfer engines too: a peer that no router
 introduced (kvr-rogue-peer --xfer-connect to the address decode0 publishes,
 with no token and with a made-up one) has its notifications refused and
 counted (decode0's transfer_refused), while the real prefill node's, with
-the token the router made for the pair, are not.  With `auth: none` (the control) the same rogue
+the token the router made for the pair, are not.  kvrail-frontend serves
+over CURVE on both router links (its default, the direct link, speaking
+CurveZMQ itself), and a wrong KVRAIL_ROUTER_KEY is named in its 503.  With `auth: none` (the control) the same rogue
 registers: the test would fail if the refusals came from anything but the
 keys; and the router warns at start.
 """
@@ -113,52 +115,95 @@ def control(args, bins, model):
         c.stop()
 
 
-def frontend_leg(args, c, env_nokeys, wd):
+def fe_complete(base, fe, log, max_tokens=6):
+    """A completion through the frontend: (status, body as text)."""
+    if fe.poll() is not None:
+        raise Fail("kvrail-frontend exited: %s" % open(log).read()[-2000:])
+    body = json.dumps({"model": "m", "prompt": "Hello there, how are you today?",
+                       "max_tokens": max_tokens, "temperature": 0}).encode()
+    req = urllib.request.Request(base + "/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode("utf-8", "replace")
+
+
+def frontend_serves(args, c, wd, name, extra, env=None):
+    """Starts kvrail-frontend on the CURVE cluster (extra: its link
+    arguments), waits for a completion of 6 tokens, returns its log."""
+    port = free_port()
+    base = "http://127.0.0.1:%d" % port
+    log = os.path.join(wd, "frontend-%s.log" % name)
+    fe = spawn([args.frontend, "--config", c.config, "--listen", "127.0.0.1:%d" % port,
+                "--model-name", "m"] + extra, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+               env=env)
+    try:
+        def complete():
+            try:
+                st, text = fe_complete(base, fe, log)
+            except (urllib.error.URLError, ConnectionError):
+                return None
+            if st != 200:
+                print("%s: %d %s" % (name, st, text.strip()[:300]))
+                return None
+            return json.loads(text)
+        out = wait_for("a completion through the frontend over CURVE (%s)" % name, complete,
+                       timeout=60)
+        check(out["usage"]["completion_tokens"] == 6 and out["choices"][0]["text"],
+              "the frontend's completion over CURVE (%s): %s" % (name, out))
+    finally:
+        stop_group(fe)
+    with open(log) as f:
+        return f.read()
+
+
+def frontend_leg(args, c, env_nokeys, wd, keys):
     """kvrail-frontend on the CURVE cluster: without the client keys it
     refuses to start, naming them (the router would drop its handshakes
-    without a word); with them its default link (auto) is libzmq's, with
-    CURVE, and serves a completion; --router-link direct (no CURVE) is
-    refused at start-up."""
+    without a word); with them its default link (auto) is the direct one,
+    speaking CURVE itself, and serves a completion, as libzmq's link
+    (--router-link zmq) does; with a wrong router key (another key's .pub
+    in KVRAIL_ROUTER_KEY) the direct link's requests fail with a 503 that
+    names the key mismatch, and the frontend keeps serving /health."""
     port = free_port()
     fe_argv = [args.frontend, "--config", c.config, "--listen", "127.0.0.1:%d" % port]
     r = run(fe_argv, timeout=20, env=env_nokeys)
     check(r.returncode != 0 and "KVRAIL_CLIENT_KEY" in r.stderr and "auth: curve" in r.stderr,
           "kvrail-frontend on an auth: curve cluster without keys: rc %d, %s" % (
               r.returncode, r.stderr))
-    r = run(fe_argv + ["--router-link", "direct"], timeout=20)
-    check(r.returncode != 0 and "--router-link zmq" in r.stdout + r.stderr,
-          "kvrail-frontend --router-link direct with CURVE keys: rc %d, %s" % (
-              r.returncode, r.stdout + r.stderr))
-    log = os.path.join(wd, "frontend-curve.log")
-    fe = spawn(fe_argv, stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    try:
-        base = "http://127.0.0.1:%d" % port
+    text = frontend_serves(args, c, wd, "curve-auto", [])
+    check("router link: direct (ZMTP 3.1 on the loop's own socket), CURVE" in text,
+          "the frontend's default link on a CURVE cluster is not the direct one with CURVE:\n%s"
+          % text[-2000:])
+    text = frontend_serves(args, c, wd, "curve-zmq", ["--router-link", "zmq"])
+    check("router link: zmq (libzmq DEALER, --router-link zmq), CURVE" in text,
+          "the frontend did not log its libzmq CURVE link:\n%s" % text[-2000:])
 
-        def complete():
-            if fe.poll() is not None:
-                raise Fail("kvrail-frontend exited: %s" % open(log).read()[-2000:])
+    # a wrong router key: the router cannot open our HELLO and drops it
+    env = dict(os.environ, KVRAIL_ROUTER_KEY=os.path.join(keys, "prefill0.pub"))
+    log = os.path.join(wd, "frontend-wrongkey.log")
+    base = "http://127.0.0.1:%d" % port
+    fe = spawn(fe_argv + ["--model-name", "m", "--router-link", "direct"], env=env,
+               stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    try:
+        def health():
             try:
-                with urllib.request.urlopen(base + "/v1/models", timeout=10) as resp:
-                    model = json.loads(resp.read())["data"][0]["id"]
-                body = json.dumps({"model": model, "prompt": "Hello there, how are you today?",
-                                   "max_tokens": 6, "temperature": 0}).encode()
-                req = urllib.request.Request(base + "/v1/completions", data=body,
-                                             headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(req, timeout=30) as resp:
-                    return json.loads(resp.read())
-            except (urllib.error.URLError, ConnectionError):
-                return None
-        out = wait_for("a completion through the frontend over CURVE", complete, timeout=60)
-        check(out["usage"]["completion_tokens"] == 6 and out["choices"][0]["text"],
-              "the frontend's completion over CURVE: %s" % out)
-        with open(log) as f:
-            text = f.read()
-        check("router link: zmq (libzmq DEALER: CURVE keys are set" in text,
-              "the frontend did not log its CURVE link:\n%s" % text[-2000:])
+                return urllib.request.urlopen(base + "/health", timeout=2).status == 200
+            except OSError:
+                check(fe.poll() is None, "kvrail-frontend exited: %s" % open(log).read()[-2000:])
+                return False
+        wait_for("the frontend's /health (wrong router key)", health, timeout=20)
+        st, text = fe_complete(base, fe, log)
+        print("wrong KVRAIL_ROUTER_KEY over the direct link: %d %s" % (st, text.strip()[:300]))
+        check(st >= 500 and "not the one in KVRAIL_ROUTER_KEY" in text,
+              "a wrong router key: %d %s (want a 5xx naming KVRAIL_ROUTER_KEY)" % (st, text))
+        check(fe.poll() is None and health(), "the frontend stopped serving after a wrong key")
     finally:
         stop_group(fe)
-    print("kvrail-frontend: refused without client keys; auto takes the libzmq link with CURVE "
-          "and serves; --router-link direct refused")
+    print("kvrail-frontend: refused without client keys; auto takes the direct link with CURVE "
+          "and serves, as --router-link zmq does; a wrong router key is named in a 503")
 
 
 def main():
@@ -222,7 +267,7 @@ def main():
                   r.returncode, r.stderr))
         print("kvrail-loadgen: 4 requests as a CURVE client (--router-key, --client-key); "
               "without a key nothing is served; half a key pair is refused at start")
-        frontend_leg(args, c, env, wd)
+        frontend_leg(args, c, env, wd, keys)
 
         cases = [
             ("no key, as decode0", dict(name="decode0", role="decode")),
