@@ -282,16 +282,16 @@ static void unseal(kvr_zmtp_t *z);
 static const char *closed_reason(const kvr_zmtp_t *z)
 {
     /* a CURVE server that cannot open a HELLO closes at once, often before
-     * the rest of its greeting is out */
-    bool hello_out = z->st == ST_GREETING && z->hs_off == z->hs_len && z->in_w > z->in_r;
+     * any of its greeting is out */
+    bool hello_out = z->st == ST_GREETING && z->hs_off == z->hs_len;
     if (z->cv && (z->st == ST_WELCOME || hello_out))
-        return "the router closed the connection after our CURVE HELLO: its key is not the one "
-               "in KVRAIL_ROUTER_KEY (a CURVE server drops a HELLO it cannot open)";
+        return "the router closed the connection after our CURVE HELLO: most likely its key is "
+               "not the one in KVRAIL_ROUTER_KEY (a CURVE server drops a HELLO it cannot open)";
     if (z->cv && z->st == ST_READY)
         return "the router closed the connection after our CURVE INITIATE: it did not accept "
-               "this client's key (KVRAIL_CLIENT_KEY; the router takes the keys in its "
+               "this client's key, KVRAIL_CLIENT_KEY (the router takes the keys in its "
                "KEYS/clients/)";
-    return "the router closed the connection";
+    return NULL;
 }
 
 /* Moves what kvr_zmtp_recv has not taken, and the CURVE bytes not yet
@@ -345,8 +345,9 @@ static void fill(kvr_zmtp_t *z)
         unseal(z); /* what the router sent before it left is its */
         if (z->sock < 0)
             return;
-        if (r == 0)
-            drop(z, true, "%s", closed_reason(z));
+        const char *why = closed_reason(z);
+        if (r == 0 || (why && errno == ECONNRESET))
+            drop(z, true, "%s", why ? why : "the router closed the connection");
         else
             drop(z, true, "read from the router: %s", strerror(errno));
         return;

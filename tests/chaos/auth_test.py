@@ -181,29 +181,38 @@ def frontend_leg(args, c, env_nokeys, wd, keys):
     check("router link: zmq (libzmq DEALER, --router-link zmq), CURVE" in text,
           "the frontend did not log its libzmq CURVE link:\n%s" % text[-2000:])
 
-    # a wrong router key: the router cannot open our HELLO and drops it
-    env = dict(os.environ, KVRAIL_ROUTER_KEY=os.path.join(keys, "prefill0.pub"))
-    log = os.path.join(wd, "frontend-wrongkey.log")
+    # a wrong router key (the router cannot open our HELLO and drops it),
+    # a client key the router does not take (a node's, not in KEYS/clients/)
     base = "http://127.0.0.1:%d" % port
-    fe = spawn(fe_argv + ["--model-name", "m", "--router-link", "direct"], env=env,
-               stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    try:
-        def health():
-            try:
-                return urllib.request.urlopen(base + "/health", timeout=2).status == 200
-            except OSError:
-                check(fe.poll() is None, "kvrail-frontend exited: %s" % open(log).read()[-2000:])
-                return False
-        wait_for("the frontend's /health (wrong router key)", health, timeout=20)
-        st, text = fe_complete(base, fe, log)
-        print("wrong KVRAIL_ROUTER_KEY over the direct link: %d %s" % (st, text.strip()[:300]))
-        check(st >= 500 and "not the one in KVRAIL_ROUTER_KEY" in text,
-              "a wrong router key: %d %s (want a 5xx naming KVRAIL_ROUTER_KEY)" % (st, text))
-        check(fe.poll() is None and health(), "the frontend stopped serving after a wrong key")
-    finally:
-        stop_group(fe)
+    for what, var, path, want in [
+            ("router", "KVRAIL_ROUTER_KEY", os.path.join(keys, "prefill0.pub"),
+             "not the one in KVRAIL_ROUTER_KEY"),
+            ("client", "KVRAIL_CLIENT_KEY", os.path.join(keys, "decode1.key"),
+             "did not accept this client's key, KVRAIL_CLIENT_KEY")]:
+        log = os.path.join(wd, "frontend-wrong-%s-key.log" % what)
+        fe = spawn(fe_argv + ["--model-name", "m", "--router-link", "direct"],
+                   env=dict(os.environ, **{var: path}), stdout=open(log, "w"),
+                   stderr=subprocess.STDOUT)
+        try:
+            def health():
+                try:
+                    return urllib.request.urlopen(base + "/health", timeout=2).status == 200
+                except OSError:
+                    check(fe.poll() is None,
+                          "kvrail-frontend exited: %s" % open(log).read()[-2000:])
+                    return False
+            wait_for("the frontend's /health (wrong %s key)" % what, health, timeout=20)
+            st, text = fe_complete(base, fe, log)
+            print("wrong %s over the direct link: %d %s" % (var, st, text.strip()[:400]))
+            check(st >= 500 and want in text,
+                  "a wrong %s key: %d %s (want a 5xx saying '%s')" % (what, st, text, want))
+            check(fe.poll() is None and health(),
+                  "the frontend stopped serving after a wrong %s key" % what)
+        finally:
+            stop_group(fe)
     print("kvrail-frontend: refused without client keys; auto takes the direct link with CURVE "
-          "and serves, as --router-link zmq does; a wrong router key is named in a 503")
+          "and serves, as --router-link zmq does; a wrong router or client key is named in a "
+          "503")
 
 
 def main():
