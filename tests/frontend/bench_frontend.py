@@ -53,9 +53,10 @@ def ctx_switches(pid):
 
 
 def child_ctx_switches():
-    """context switches of the reaped children so far (kvrail-loadgen's runs)"""
+    """context switches of the reaped children so far (kvrail-loadgen's runs),
+    and their CPU time (user + system, s)"""
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_nvcsw, r.ru_nivcsw
+    return r.ru_nvcsw, r.ru_nivcsw, r.ru_utime + r.ru_stime
 
 
 FINE = ("added_ttft", "to_router", "to_client")
@@ -286,6 +287,7 @@ def main():
                 rows["protobuf"].append(json.load(f))
             k1 = child_ctx_switches()
             rows["protobuf"][-1]["client_cs"] = [k1[0] - k0[0], k1[1] - k0[1]]
+            rows["protobuf"][-1]["client_cpu_s"] = k1[2] - k0[2]
             if a.frontend_b and rnd % 2 == 1:  # B before A in odd rounds, after in even
                 run_b(rnd, seed)
             c0 = cpu_s(fe.pid)
@@ -305,6 +307,7 @@ def main():
             rows["http"][-1]["frontend_cpu_s"] = cpu_s(fe.pid) - c0
             f1, k1 = ctx_switches(fe.pid), child_ctx_switches()
             rows["http"][-1]["client_cs"] = [k1[0] - k0[0], k1[1] - k0[1]]
+            rows["http"][-1]["client_cpu_s"] = k1[2] - k0[2]
             rows["http"][-1]["frontend_cs"] = [f1[0] - f0[0], f1[1] - f0[1]]
             a1 = fine_hists(base)
             for name in FINE:
@@ -362,6 +365,9 @@ def main():
             print("kvrail-frontend%s CPU time: %.0f us per request (%d output tokens), warm-up "
                   "included" % (" B" if k == "http-b" else "", fcpu * 1e6, a.output_len))
         n = a.requests + 8
+        print("kvrail-loadgen CPU time per request, medians: protobuf %.0f us, HTTP %.0f us" % tuple(
+            statistics.median(x["client_cpu_s"] for x in rows[k]) / n * 1e6
+            for k in ("protobuf", "http")))
         print("context switches per request, voluntary (a thread blocked and was woken) + "
               "involuntary, medians: kvrail-loadgen (protobuf) %.1f + %.1f; kvrail-loadgen "
               "(HTTP) %.1f + %.1f; kvrail-frontend %.1f + %.1f" % tuple(
