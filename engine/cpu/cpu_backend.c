@@ -686,6 +686,87 @@ micro_dp(const int R, const int C, const uint16_t *w, size_t ldw, const uint16_t
             out[(size_t)c * ldo + (size_t)r] = hsum((v16f)acc[r][c]);
 }
 
+/* micro_dp() for a prefill tile of 8 weight rows x C (1..3) x rows: each
+ * output is the same single accumulator of vdpbf16ps steps over K in
+ * order (and the same masked tail), then hsum16() (hsum()'s adds), so the
+ * bits are micro_dp()'s; 24 accumulators in registers, so that each x
+ * vector (streamed from L2) serves 8 weight rows instead of 4: half the L2
+ * reads a product.  out[c * 8 + r]. */
+DP_TARGET static inline __attribute__((always_inline)) void
+micro_dp8(const int C, const uint16_t *w, size_t ldw, const uint16_t *x, size_t ldx_, size_t K,
+          float *out)
+{
+    __m512 acc[8][3];
+    for (int r = 0; r < 8; r++)
+        for (int c = 0; c < 3; c++)
+            acc[r][c] = _mm512_setzero_ps();
+    size_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        __m512bh xv[3];
+        for (int c = 0; c < C; c++)
+            xv[c] = (__m512bh)_mm512_loadu_si512(x + (size_t)c * ldx_ + k);
+        for (int r = 0; r < 8; r++) {
+            __m512bh wv = (__m512bh)_mm512_loadu_si512(w + (size_t)r * ldw + k);
+            for (int c = 0; c < C; c++)
+                acc[r][c] = _mm512_dpbf16_ps(acc[r][c], wv, xv[c]);
+        }
+    }
+    if (k < K) { /* weights under a mask (never past the row), x zero-padded */
+        __mmask32 mk = (__mmask32)((1ull << (K - k)) - 1);
+        __m512bh xv[3];
+        for (int c = 0; c < C; c++)
+            xv[c] = (__m512bh)_mm512_loadu_si512(x + (size_t)c * ldx_ + k);
+        for (int r = 0; r < 8; r++) {
+            __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mk, w + (size_t)r * ldw + k);
+            for (int c = 0; c < C; c++)
+                acc[r][c] = _mm512_dpbf16_ps(acc[r][c], wv, xv[c]);
+        }
+    }
+    v16f a32[32];
+    for (int i = 0; i < 32; i++)
+        a32[i] = (v16f){0};
+    for (int c = 0; c < C; c++)
+        for (int r = 0; r < 8; r++)
+            a32[c * 8 + r] = (v16f)acc[r][c];
+    v16f s0 = hsum16(a32), s1 = hsum16(a32 + 16);
+    memcpy(out, &s0, 64);
+    memcpy(out + 16, &s1, 64);
+}
+
+/* Weight rows n..n+7 (adjacent) of y for x rows m0..m1, in 8 x 3 tiles;
+ * mm_store()'s adds, 8 lanes at once. */
+DP_TARGET static inline __attribute__((always_inline)) void
+mm_panel_dp8(const struct mm_job *j, const uint16_t *wp, int32_t n, int32_t m0, int32_t m1)
+{
+    const size_t K = (size_t)j->w->cols, ld = j->c->xbf_ld, N = (size_t)j->w->rows;
+    v8f b = {0};
+    if (j->bias)
+        memcpy(&b, j->bias + n, 32);
+    float out[32];
+    for (int32_t m = m0; m < m1; m += 3) {
+        int C = m1 - m < 3 ? m1 - m : 3;
+        const uint16_t *xr = j->c->xbf + (size_t)m * ld;
+        if (C == 3)
+            micro_dp8(3, wp, K, xr, ld, K, out);
+        else if (C == 2)
+            micro_dp8(2, wp, K, xr, ld, K, out);
+        else
+            micro_dp8(1, wp, K, xr, ld, K, out);
+        for (int c = 0; c < C; c++) {
+            v8f v;
+            memcpy(&v, out + c * 8, 32);
+            v += b;
+            float *yp = &j->y[(size_t)(m + c) * N + (size_t)n];
+            if (j->accumulate) {
+                v8f o;
+                memcpy(&o, yp, 32);
+                v = o + v;
+            }
+            memcpy(yp, &v, 32);
+        }
+    }
+}
+
 /* mm_panel() for bf16dot */
 DP_TARGET static inline __attribute__((always_inline)) void mm_panel_dp(const struct mm_job *j,
                                                                         const uint16_t *wp, int R,
@@ -718,7 +799,11 @@ DP_TARGET static void mm_task_dp(void *arg, int ith, int nth, int tid)
         mb = 4;
     for (int32_t m0 = 0; m0 < j->M; m0 += mb) {
         int32_t m1 = j->M - m0 < mb ? j->M : m0 + mb;
-        struct mm_walk wk = mm_walk_init(n0, n1, j->M <= MM_DECODE_ROWS);
+        int32_t nn = n0;
+        if (j->M > MM_DECODE_ROWS) /* prefill: 8-row panels, then the walk */
+            for (; nn + 8 <= n1; nn += 8)
+                mm_panel_dp8(j, W + (size_t)nn * K, nn, m0, m1);
+        struct mm_walk wk = mm_walk_init(nn, n1, j->M <= MM_DECODE_ROWS);
         int32_t n, rs;
         int R;
         while ((R = mm_walk_next(&wk, &n, &rs)) != 0) {
