@@ -189,14 +189,20 @@ static void free_buf(void *data, void *hint)
     free(data);
 }
 
+kvr_status_t kvr_proto_pack_parts(const kvr_proto_hdr_t *hdr, const ProtobufCMessage *msg,
+                                  uint8_t env[KVR_PROTO_HDR_LEN], uint8_t **buf_p, size_t *len_p)
+{
+    kvr_proto_hdr_pack(hdr, env);
+    return kvr_proto_pack(msg, buf_p, len_p);
+}
+
 kvr_status_t kvr_proto_send(void *sock, const void *route, size_t route_len,
                             const kvr_proto_hdr_t *hdr, const ProtobufCMessage *msg)
 {
     uint8_t env[KVR_PROTO_HDR_LEN];
-    kvr_proto_hdr_pack(hdr, env);
     uint8_t *buf = NULL;
     size_t len = 0;
-    kvr_status_t st = kvr_proto_pack(msg, &buf, &len);
+    kvr_status_t st = kvr_proto_pack_parts(hdr, msg, env, &buf, &len);
     if (st != KVR_OK)
         return st;
 
@@ -250,15 +256,53 @@ void kvr_proto_frame_clear(kvr_proto_frame_t *frame)
     memset(frame, 0, sizeof(*frame));
 }
 
+kvr_status_t kvr_proto_frame_parts(kvr_proto_frame_t *frame, size_t nparts, const void *env,
+                                   size_t env_len, const void *payload, size_t payload_len,
+                                   char *err, size_t err_len)
+{
+    frame->nparts = nparts;
+    frame->have_hdr = false;
+    frame->payload = NULL;
+    frame->payload_len = 0;
+    kvr_status_t st = KVR_OK;
+    if (nparts >= 1) {
+        st = kvr_proto_hdr_unpack(env, env_len, &frame->hdr, err, err_len);
+        frame->have_hdr = st == KVR_OK || st == KVR_ERR_VERSION || st == KVR_ERR_UNSUPPORTED;
+    }
+    if (st == KVR_OK && nparts >= 2) {
+        if (payload_len > KVR_PROTO_MAX_PAYLOAD) {
+            kvr_proto_set_err(err, err_len, "payload of %zu bytes exceeds the %u-byte limit",
+                              payload_len, KVR_PROTO_MAX_PAYLOAD);
+            st = KVR_ERR_CORRUPT;
+        }
+    }
+    if (st == KVR_OK && nparts != 2) {
+        kvr_proto_set_err(err, err_len,
+                          "message has %zu frames after the routing id, want 2 (envelope, payload)",
+                          nparts);
+        st = KVR_ERR_CORRUPT;
+    }
+    if (st == KVR_OK && payload_len) {
+        frame->payload = malloc(payload_len);
+        if (!frame->payload)
+            return KVR_ERR_NO_MEMORY;
+        memcpy(frame->payload, payload, payload_len);
+        frame->payload_len = payload_len;
+    }
+    return st;
+}
+
 kvr_status_t kvr_proto_recv(void *sock, bool routed, kvr_proto_frame_t *frame_p, char *err,
                             size_t err_len)
 {
     memset(frame_p, 0, sizeof(*frame_p));
     frame_p->src_fd = -1;
-    kvr_status_t st = KVR_OK;
-    size_t part = 0;
+    size_t part = 0, nparts = 0;
     int more = 1;
-    bool have_env = false;
+    /* the envelope and the payload are kept open until the whole message
+     * is drained, then checked by kvr_proto_frame_parts; other parts are
+     * counted and closed */
+    zmq_msg_t kept[2];
     while (more) {
         zmq_msg_t m;
         zmq_msg_init(&m);
@@ -267,6 +311,8 @@ kvr_status_t kvr_proto_recv(void *sock, bool routed, kvr_proto_frame_t *frame_p,
         if (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) < 0) {
             int e = zmq_errno();
             zmq_msg_close(&m);
+            for (size_t k = 0; k < nparts && k < 2; k++)
+                zmq_msg_close(&kept[k]);
             if (part == 0)
                 return map_errno(e);
             kvr_proto_set_err(err, err_len, "message cut short after %zu parts", part);
@@ -282,53 +328,28 @@ kvr_status_t kvr_proto_recv(void *sock, bool routed, kvr_proto_frame_t *frame_p,
             if (uid)
                 snprintf(frame_p->user_id, sizeof(frame_p->user_id), "%s", uid);
         }
-        const uint8_t *data = zmq_msg_data(&m);
-        size_t len = zmq_msg_size(&m);
         if (routed && part == 0) {
+            size_t len = zmq_msg_size(&m);
             size_t n = len < KVR_PROTO_MAX_ROUTE ? len : KVR_PROTO_MAX_ROUTE;
-            memcpy(frame_p->route, data, n);
+            memcpy(frame_p->route, zmq_msg_data(&m), n);
             frame_p->route_len = n;
-        } else if (!have_env) {
-            have_env = true;
-            kvr_status_t hs = kvr_proto_hdr_unpack(data, len, &frame_p->hdr, err, err_len);
-            if (hs == KVR_OK || hs == KVR_ERR_VERSION || hs == KVR_ERR_UNSUPPORTED)
-                frame_p->have_hdr = true;
-            if (hs != KVR_OK && st == KVR_OK)
-                st = hs;
-            frame_p->nparts++;
+            zmq_msg_close(&m);
+        } else if (nparts < 2) {
+            zmq_msg_init(&kept[nparts]);
+            zmq_msg_move(&kept[nparts++], &m);
+            zmq_msg_close(&m);
         } else {
-            frame_p->nparts++;
-            if (frame_p->nparts == 2 && st == KVR_OK) {
-                if (len > KVR_PROTO_MAX_PAYLOAD) {
-                    kvr_proto_set_err(err, err_len,
-                                      "payload of %zu bytes exceeds the %u-byte limit", len,
-                                      KVR_PROTO_MAX_PAYLOAD);
-                    st = KVR_ERR_CORRUPT;
-                } else if (len) {
-                    frame_p->payload = malloc(len);
-                    if (!frame_p->payload) {
-                        st = KVR_ERR_NO_MEMORY;
-                    } else {
-                        memcpy(frame_p->payload, data, len);
-                        frame_p->payload_len = len;
-                    }
-                }
-            }
+            nparts++;
+            zmq_msg_close(&m);
         }
-        zmq_msg_close(&m);
         part++;
     }
-    if (st == KVR_OK && frame_p->nparts != 2) {
-        kvr_proto_set_err(err, err_len,
-                          "message has %zu frames after the routing id, want 2 (envelope, payload)",
-                          frame_p->nparts);
-        st = KVR_ERR_CORRUPT;
-    }
-    if (st != KVR_OK) {
-        free(frame_p->payload);
-        frame_p->payload = NULL;
-        frame_p->payload_len = 0;
-    }
+    kvr_status_t st = kvr_proto_frame_parts(
+        frame_p, nparts, nparts >= 1 ? zmq_msg_data(&kept[0]) : NULL,
+        nparts >= 1 ? zmq_msg_size(&kept[0]) : 0, nparts >= 2 ? zmq_msg_data(&kept[1]) : NULL,
+        nparts >= 2 ? zmq_msg_size(&kept[1]) : 0, err, err_len);
+    for (size_t k = 0; k < nparts && k < 2; k++)
+        zmq_msg_close(&kept[k]);
     return st;
 }
 

@@ -101,6 +101,11 @@ const ProtobufCMessageDescriptor *kvr_proto_method_reply_desc(unsigned method);
 kvr_status_t kvr_proto_send(void *sock, const void *route, size_t route_len,
                             const kvr_proto_hdr_t *hdr, const ProtobufCMessage *msg);
 
+/** The two parts kvr_proto_send sends: the envelope into env, the payload
+ *  packed into a malloc'd *buf_p (free it).  @return KVR_OK; KVR_ERR_NO_MEMORY. */
+kvr_status_t kvr_proto_pack_parts(const kvr_proto_hdr_t *hdr, const ProtobufCMessage *msg,
+                                  uint8_t env[KVR_PROTO_HDR_LEN], uint8_t **buf_p, size_t *len_p);
+
 /** Convenience: sends an error (flags END|ERROR, kvrail.Status payload). */
 kvr_status_t kvr_proto_send_error(void *sock, const void *route, size_t route_len, unsigned method,
                                   uint64_t call_id, kvr_status_t code, const char *fmt, ...)
@@ -116,6 +121,17 @@ kvr_status_t kvr_proto_send_error(void *sock, const void *route, size_t route_le
  *          err says what was wrong. */
 kvr_status_t kvr_proto_recv(void *sock, bool routed, kvr_proto_frame_t *frame_p, char *err,
                             size_t err_len);
+
+/** The checks and copy of kvr_proto_recv on a message's parts however they
+ *  arrived (libkvrail-client's direct link has its own): nparts parts after
+ *  any routing id, env and payload the first two (NULL past nparts).  Sets
+ *  frame's hdr / have_hdr, nparts and payload (copied); the caller has
+ *  zeroed it and set route, src_fd, user_id.
+ *  @return as kvr_proto_recv (KVR_OK; KVR_ERR_CORRUPT; KVR_ERR_VERSION;
+ *          KVR_ERR_UNSUPPORTED; KVR_ERR_NO_MEMORY). */
+kvr_status_t kvr_proto_frame_parts(kvr_proto_frame_t *frame, size_t nparts, const void *env,
+                                   size_t env_len, const void *payload, size_t payload_len,
+                                   char *err, size_t err_len);
 
 void kvr_proto_frame_clear(kvr_proto_frame_t *frame);
 

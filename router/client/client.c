@@ -388,35 +388,16 @@ static bool file_frame(kvr_client_t *c, kvr_proto_frame_t *f)
     return true;
 }
 
-/* A message from the direct link as kvr_proto_recv would give it: two
- * parts (envelope, payload), the same checks. */
+/* A message from the direct link as kvr_proto_recv would give it: the
+ * same checks (kvr_proto_frame_parts). */
 static kvr_status_t frame_of(const struct kvr_zmtp_msg *m, kvr_proto_frame_t *f, char *err,
                              size_t err_len)
 {
     memset(f, 0, sizeof(*f));
     f->src_fd = -1;
-    f->nparts = m->nparts;
-    if (m->nparts != 2) {
-        snprintf(err, err_len, "message has %zu frames, want 2 (envelope, payload)", m->nparts);
-        return KVR_ERR_CORRUPT;
-    }
-    kvr_status_t st = kvr_proto_hdr_unpack(m->part[0], m->len[0], &f->hdr, err, err_len);
-    f->have_hdr = st == KVR_OK || st == KVR_ERR_VERSION || st == KVR_ERR_UNSUPPORTED;
-    if (st != KVR_OK)
-        return st;
-    if (m->len[1] > KVR_PROTO_MAX_PAYLOAD) {
-        snprintf(err, err_len, "payload of %zu bytes exceeds the %u-byte limit", m->len[1],
-                 KVR_PROTO_MAX_PAYLOAD);
-        return KVR_ERR_CORRUPT;
-    }
-    if (m->len[1]) {
-        f->payload = malloc(m->len[1]);
-        if (!f->payload)
-            return KVR_ERR_NO_MEMORY;
-        memcpy(f->payload, m->part[1], m->len[1]);
-        f->payload_len = m->len[1];
-    }
-    return KVR_OK;
+    return kvr_proto_frame_parts(f, m->nparts, m->nparts >= 1 ? m->part[0] : NULL,
+                                 m->nparts >= 1 ? m->len[0] : 0, m->nparts >= 2 ? m->part[1] : NULL,
+                                 m->nparts >= 2 ? m->len[1] : 0, err, err_len);
 }
 
 /* The direct link's share of a pump: reads, writes and reconnects what it
@@ -484,10 +465,9 @@ static kvr_status_t link_send(kvr_client_t *c, const kvr_proto_hdr_t *h,
     if (!c->zl)
         return kvr_proto_send(c->sock, NULL, 0, h, msg);
     uint8_t env[KVR_PROTO_HDR_LEN];
-    kvr_proto_hdr_pack(h, env);
     uint8_t *buf = NULL;
     size_t len = 0;
-    kvr_status_t st = kvr_proto_pack(msg, &buf, &len);
+    kvr_status_t st = kvr_proto_pack_parts(h, msg, env, &buf, &len);
     if (st != KVR_OK)
         return st;
     struct iovec v[2] = {{env, sizeof(env)}, {buf, len}};
