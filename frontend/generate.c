@@ -352,8 +352,11 @@ kvr_status_t fe_run_start(struct fe_req *req, kvr_client_t *client, uint64_t t_a
     run->deadline = run->t0 + (uint64_t)fe_cfg.request_timeout_ms * 1000000u;
     run->created = (long long)time(NULL);
     static atomic_uint_fast64_t seq;
+    static unsigned pid; /* asked of the kernel once: a system call less per request */
+    if (!pid)
+        pid = (unsigned)getpid();
     uint64_t n_id = atomic_fetch_add_explicit(&seq, 1, memory_order_relaxed);
-    snprintf(run->id, sizeof(run->id), "cmpl-%08x%08" PRIx64, (unsigned)getpid(), n_id);
+    snprintf(run->id, sizeof(run->id), "cmpl-%08x%08" PRIx64, pid, n_id);
     for (size_t i = 0; i < req->n_stop; i++)
         if (strlen(req->stop[i]) > run->max_stop)
             run->max_stop = strlen(req->stop[i]);
