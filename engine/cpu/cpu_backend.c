@@ -785,8 +785,12 @@ DP_TARGET static inline __attribute__((always_inline)) void mm_panel_dp(const st
     }
 }
 
-/* mm_rows() for bf16dot: the same x blocks (of bf16 rows), panels and
- * decode prefetch; the weights are read as they are, never widened. */
+/* mm_rows() for bf16dot: the same x blocks (of bf16 rows) and decode
+ * walk; prefill takes the rows in 8-row panels (micro_dp8) while 8 are
+ * left, then as mm_rows() does; the weights are read as they are, never
+ * widened.  (The same 8 x 3 tile for the f32 kernel, micro() on widened or
+ * f32 rows, was slower: 0.81-0.89x at f32/bf16 prefill-128 and f16
+ * prefill-1024.) */
 DP_TARGET static void mm_task_dp(void *arg, int ith, int nth, int tid)
 {
     const struct mm_job *j = arg;
@@ -980,9 +984,10 @@ static void cpu_kv_store(struct kvr_compute_backend *be, const struct kvr_attn_a
  * zero-padded, then hsum()'s tree, done for 16 keys at once by hsum16())
  * times scale; then softmax_row() (the sum in 16 lanes over the row's
  * keys, an order fixed by its key count), and O = sum over keys in key order of (p_t / sum) v_t,
- * each lane one FMA chain from 0.  The group only shares each key's loads among its rows.  No split
- * of the key range, so a row's output is the same whatever the chunking, the batch or the cached
- * prefix. */
+ * each lane one FMA chain from 0.  The group only shares each key's loads among its rows (a full
+ * group of 4 loads a key's K vectors once for its 4 score chains, and its V vectors once for the 4
+ * rows' sums).  No split of the key range, so a row's output is the same whatever the chunking,
+ * the batch or the cached prefix. */
 #define ATTN_RQ 4
 
 struct attn_job {
