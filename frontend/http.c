@@ -25,7 +25,10 @@
  * Connections are counted as they open and close; one that opens past
  * --max-connections is still accepted, but every request on it is answered
  * 503 with Retry-After and the connection is closed (libmicrohttpd's own
- * limit, a quarter higher, refuses anything beyond at accept).  A request's
+ * limit, a quarter higher, refuses anything beyond at accept).  A
+ * connection whose request headers are not all in by --header-timeout-s
+ * (slowloris) is shut down by the tick: libmicrohttpd's own timeout counts
+ * only inactivity, which a byte a second resets.  A request's
  * body is gathered up to --max-body (413 past it, checked on Content-Length
  * before anything is read), must be application/json and parse as JSON
  * (common/kvr_json.h); every error is OpenAI's error object with the HTTP
@@ -72,7 +75,25 @@ static atomic_int ready_threads;
 static uint64_t last_ping_ns;
 static char zmq_tag[2]; /* epoll data of the router client's socket and monitor */
 
-enum { CONN_OK = 1, CONN_OVER = 2 };
+/* An open connection (its socket context): whether it opened past
+ * --max-connections, and the deadline of its next request's headers.
+ * libmicrohttpd's own timeout counts inactivity, so a client that sends its
+ * headers a byte at a time (slowloris) would keep its slot forever; the
+ * loop's tick shuts down a connection whose headers are not all in by their
+ * deadline: --header-timeout-s after it opened, or --idle-timeout-s +
+ * --header-timeout-s after its previous answer (keep-alive may wait idle). */
+struct hconn {
+    struct MHD_Connection *conn;
+    int fd;
+    bool over;       /* opened past --max-connections: every request gets 503 */
+    bool in_request; /* its request's headers are in: no header deadline */
+    bool cut;        /* shut down for missing its deadline */
+    uint64_t deadline;
+    struct hconn *prev, *next;
+};
+
+static struct hconn *conns_;                     /* every open connection */
+static struct hconn conn_nomem = {.over = true}; /* out of memory: answered 503 */
 
 /* a generation request: its JSON, parsed request, run and SSE buffer */
 struct gen {
@@ -533,7 +554,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         fe_metrics_inflight(1);
         const union MHD_ConnectionInfo *ci =
             MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-        if (ci && ci->socket_context == (void *)(uintptr_t)CONN_OVER) {
+        struct hconn *hc = ci ? ci->socket_context : NULL;
+        if (hc && hc != &conn_nomem)
+            hc->in_request = true;
+        if (!hc || hc->over) {
             char m[200];
             snprintf(m, sizeof(m),
                      "the frontend is at its bound of %u connections (--max-connections); retry "
@@ -646,6 +670,14 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
     struct hreq *h = *req_cls;
     if (!h)
         return;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    struct hconn *hc = ci ? ci->socket_context : NULL;
+    if (hc && hc != &conn_nomem) { /* its next request's headers: a new deadline */
+        hc->in_request = false;
+        hc->deadline = kvr_now_ns() +
+                       (uint64_t)(fe_cfg.idle_timeout_s + fe_cfg.header_timeout_s) * 1000000000u;
+    }
     unsigned status = h->responded ? h->status : 499;
     if (h->responded && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && status == 200)
         status = 499; /* the client left mid-answer */
@@ -667,10 +699,31 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 {
     if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
         int n = atomic_fetch_add(&n_conns, 1) + 1;
-        *socket_context =
-            (void *)(uintptr_t)(n > (int)fe_cfg.max_connections ? CONN_OVER : CONN_OK);
+        struct hconn *hc = calloc(1, sizeof(*hc));
+        if (hc) {
+            hc->conn = conn;
+            hc->fd = conn_fd(conn);
+            hc->over = n > (int)fe_cfg.max_connections;
+            hc->deadline = kvr_now_ns() + (uint64_t)fe_cfg.header_timeout_s * 1000000000u;
+            hc->next = conns_;
+            if (conns_)
+                conns_->prev = hc;
+            conns_ = hc;
+        }
+        *socket_context = hc ? hc : &conn_nomem;
         fe_metrics_connection(1, false);
     } else {
+        struct hconn *hc = *socket_context;
+        if (hc && hc != &conn_nomem) {
+            if (hc->prev)
+                hc->prev->next = hc->next;
+            else
+                conns_ = hc->next;
+            if (hc->next)
+                hc->next->prev = hc->prev;
+            free(hc);
+        }
+        *socket_context = NULL;
         atomic_fetch_sub(&n_conns, 1);
         fe_metrics_connection(-1, false);
     }
@@ -778,6 +831,24 @@ static void tick(uint64_t now)
         if (fe_run_tick(h->gen->run, now))
             wake(h);
     }
+    /* connections whose request headers are late: shut down, so libmicrohttpd
+     * reads the end and closes them (a timeout of 1 s as well, should it not) */
+    unsigned cut = 0;
+    for (struct hconn *hc = conns_; hc; hc = hc->next) {
+        if (hc->in_request || hc->cut || now < hc->deadline)
+            continue;
+        hc->cut = true;
+        cut++;
+        if (hc->fd >= 0)
+            shutdown(hc->fd, SHUT_RDWR);
+        MHD_set_connection_option(hc->conn, MHD_CONNECTION_OPTION_TIMEOUT, 1u);
+        fe_metrics_bad_http();
+    }
+    if (cut)
+        KVR_LOG_WARN(FE_COMP,
+                     "%u connection(s) closed: request headers not complete within %d s "
+                     "(--header-timeout-s)",
+                     cut, fe_cfg.header_timeout_s);
 }
 
 void fe_http_serve(volatile sig_atomic_t *stop)
@@ -790,7 +861,7 @@ void fe_http_serve(volatile sig_atomic_t *stop)
         if (MHD_get_timeout(daemon_, &mt) == MHD_YES && mt < (MHD_UNSIGNED_LONG_LONG)timeout)
             timeout = (int)mt;
         uint64_t now = kvr_now_ns();
-        if (active_) {
+        if (active_ || conns_) {
             int to_tick = now >= next_tick ? 0 : (int)((next_tick - now) / 1000000u);
             if (to_tick < timeout)
                 timeout = to_tick;

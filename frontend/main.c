@@ -37,6 +37,7 @@ struct fe_config fe_cfg = {
     .max_prompts = 64,
     .request_timeout_ms = 300000,
     .idle_timeout_s = 60,
+    .header_timeout_s = 10,
     .def_temperature = 1.0f,
     .def_top_p = 1.0f,
     .def_repetition_penalty = 1.0f,
@@ -72,6 +73,9 @@ static void usage(FILE *f)
             "  --max-n N                largest n (default 16)\n"
             "  --request-timeout-ms MS  a request's whole deadline (default 300000)\n"
             "  --idle-timeout-s S       an idle connection is closed after S s (default 60)\n"
+            "  --header-timeout-s S     a connection whose request headers are not all in\n"
+            "                           S s after it opened (after --idle-timeout-s + S\n"
+            "                           after its previous answer) is closed (default 10)\n"
             "  --version, --help\n");
 }
 
@@ -206,6 +210,7 @@ int main(int argc, char **argv)
         O_TIMEOUT,
         O_IDLE,
         O_LINK,
+        O_HDRTIMEOUT,
         O_VERSION,
         O_HELP
     };
@@ -221,6 +226,7 @@ int main(int argc, char **argv)
         {"request-timeout-ms", required_argument, 0, O_TIMEOUT},
         {"idle-timeout-s", required_argument, 0, O_IDLE},
         {"router-link", required_argument, 0, O_LINK},
+        {"header-timeout-s", required_argument, 0, O_HDRTIMEOUT},
         {"version", no_argument, 0, O_VERSION},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
@@ -268,6 +274,10 @@ int main(int argc, char **argv)
         case O_IDLE:
             ok = parse_uint(optarg, 1, 3600, &v);
             fe_cfg.idle_timeout_s = (int)v;
+            break;
+        case O_HDRTIMEOUT:
+            ok = parse_uint(optarg, 1, 3600, &v);
+            fe_cfg.header_timeout_s = (int)v;
             break;
         case O_LINK:
             ok = !strcmp(optarg, "auto") || !strcmp(optarg, "direct") || !strcmp(optarg, "zmq");
