@@ -47,18 +47,18 @@ sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 import cluster_lib as cl  # noqa: E402
 from cluster_lib import check  # noqa: E402
 
-MAX_CONN = 96
-SLOW = 64            # slowloris connections under the bound
+MAX_CONN = 256
+SLOW = 200           # slowloris connections under the bound
 HDR_S = 3            # --header-timeout-s
 TRICKLE_S = 0.5      # a byte this often
 MAX_BODY = 1 << 20   # --max-body
 BIG = 100 << 20      # the body really sent
 NEVER = 20           # clients that never read
 MIB = 1 << 20
-RSS_BODY_MAX = 16 * MIB   # RSS growth over the start after the 100 MB body
-RSS_STALL_MAX = 64 * MIB  # RSS growth while NEVER streams are backed up
-RSS_END_MAX = 32 * MIB    # RSS growth over the start at the end
-RSS_PEAK_MAX = 192 * MIB  # VmHWM over the whole test
+RSS_BODY_MAX = 8 * MIB    # RSS growth over the start after the 100 MB body
+RSS_STALL_MAX = 32 * MIB  # RSS growth while NEVER streams are backed up
+RSS_END_MAX = 16 * MIB    # RSS growth over the start at the end
+RSS_PEAK_MAX = 64 * MIB   # VmHWM over the whole test
 
 
 def proc_kb(pid, key):
