@@ -12,7 +12,10 @@ decode cluster on the generated tiny model, the real frontend, raw sockets.
      inactivity, which a trickle resets, so without the header deadline they
      would hold their slots for ever), none before about HDR_S.  Then
      MAX_CONN of them at once: a new client is refused (503, the slots are
-     theirs), and once they are cut a new client is served again;
+     theirs), and once they are cut a new client is served again.  A
+     keep-alive connection that trickles its second request's head (a second
+     frontend with --idle-timeout-s KA_IDLE_S) is closed too, not before
+     KA_IDLE_S + HDR_S after its first answer;
   3. a 100 MB body really sent (Content-Length: 104857600, then the bytes):
      413 naming --max-body, the connection closed before the body is all in,
      RSS bounded (RSS_BODY_MAX over the start), the frontend serving;
@@ -53,6 +56,7 @@ HDR_S = 3            # --header-timeout-s
 TRICKLE_S = 0.5      # a byte this often
 MAX_BODY = 1 << 20   # --max-body
 BIG = 100 << 20      # the body really sent
+KA_IDLE_S = 2        # the second frontend's --idle-timeout-s
 NEVER = 20           # clients that never read
 MIB = 1 << 20
 RSS_BODY_MAX = 8 * MIB    # RSS growth over the start after the 100 MB body
@@ -195,6 +199,12 @@ def main():
                 return False
         cl.wait_for("frontend /ready", ready, timeout=30)
         model_id = os.path.basename(model)
+
+        def probe(b):
+            try:
+                return http(b, "/health", timeout=5)[0] == 200
+            except OSError:
+                return False
         prompt = [(i * 37 + 11) % 200 + 3 for i in range(16)]
 
         def greedy():
@@ -271,6 +281,54 @@ def main():
         print("ok %d trickling connections (--max-connections): a new client 503 while they "
               "hold the bound, 200 once they are cut (%.1f-%.1f s)" % (
                   MAX_CONN, min(tr.closed), max(tr.closed)))
+
+        # a keep-alive connection that trickles its second request's head: a
+        # second frontend with short timeouts (the deadline of a request after
+        # the first is --idle-timeout-s + --header-timeout-s after its answer)
+        port2 = cl.free_port()
+        fe2 = cl.spawn([args.frontend, "--config", c.config, "--listen",
+                        "127.0.0.1:%d" % port2, "--idle-timeout-s", str(KA_IDLE_S),
+                        "--header-timeout-s", str(HDR_S)], stdout=flog, stderr=subprocess.STDOUT)
+        cl.wait_for("the second frontend's /health",
+                    lambda: fe2.poll() is None and probe("http://127.0.0.1:%d" % port2),
+                    timeout=30)
+        ka = socket.create_connection(("127.0.0.1", port2), timeout=10)
+        try:
+            ka.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = b""
+            while not got.endswith(b"}"):
+                b = ka.recv(4096)
+                check(b, "the keep-alive connection closed before its first answer: %r" % got)
+                got += b
+            check(b" 200 " in got.split(b"\r\n", 1)[0], "first answer: %r" % got)
+            t_ans = time.time()
+            head, sent, closed = tr.head, 0, None
+            while closed is None and time.time() < t_ans + KA_IDLE_S + HDR_S + 30:
+                try:
+                    ka.send(head[sent:sent + 1])
+                    sent += 1
+                except OSError:
+                    closed = time.time() - t_ans
+                    break
+                r, _, _ = select.select([ka], [], [], TRICKLE_S)
+                if r:
+                    try:
+                        b = ka.recv(4096)
+                    except OSError:
+                        b = b""
+                    check(not b, "an answer to a head never finished: %r" % b)
+                    closed = time.time() - t_ans
+        finally:
+            ka.close()
+        check(closed is not None, "a keep-alive connection trickling its second request's head "
+              "was never closed (%d bytes sent)" % sent)
+        check(closed >= (KA_IDLE_S + HDR_S) * 0.8, "the keep-alive trickler closed %.2f s after "
+              "its first answer, before --idle-timeout-s %d + --header-timeout-s %d" % (
+                  closed, KA_IDLE_S, HDR_S))
+        cl.stop_group(fe2)
+        print("ok keep-alive slowloris: the second request's head trickled, closed %.1f s after "
+              "the first answer (--idle-timeout-s %d + --header-timeout-s %d), %d bytes sent" % (
+                  closed, KA_IDLE_S, HDR_S, sent))
 
         # ---- 3. a 100 MB body really sent ----
         s = socket.create_connection(("127.0.0.1", port), timeout=20)
