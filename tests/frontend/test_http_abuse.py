@@ -52,7 +52,7 @@ from cluster_lib import check  # noqa: E402
 
 MAX_CONN = 256
 SLOW = 200           # slowloris connections under the bound
-HDR_S = 3            # --header-timeout-s
+HDR_S = 5            # --header-timeout-s (the time the test has to probe while they hold)
 TRICKLE_S = 0.5      # a byte this often
 MAX_BODY = 1 << 20   # --max-body
 BIG = 100 << 20      # the body really sent
@@ -273,7 +273,6 @@ def main():
                     new_client_refused, timeout=20)
         check("--max-connections" in refused[1].decode(errors="replace"),
               "the 503 names --max-connections: %r" % refused[1])
-        check(tr.open_count() > 0, "no trickler open when the new client was refused")
         cl.wait_for("the frontend closing %d trickling connections" % MAX_CONN,
                     lambda: tr.open_count() == 0, timeout=HDR_S + 30)
         tr.close()
