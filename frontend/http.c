@@ -81,12 +81,14 @@ static char zmq_tag[2]; /* epoll data of the router client's socket and monitor 
  * headers a byte at a time (slowloris) would keep its slot forever; the
  * loop's tick shuts down a connection whose headers are not all in by their
  * deadline: --header-timeout-s after it opened, or --idle-timeout-s +
- * --header-timeout-s after its previous answer (keep-alive may wait idle). */
+ * --header-timeout-s after its previous answer (keep-alive may wait idle).
+ * The deadline holds until the body is in too: a body sent a byte at a time
+ * is the same attack. */
 struct hconn {
     struct MHD_Connection *conn;
     int fd;
     bool over;       /* opened past --max-connections: every request gets 503 */
-    bool in_request; /* its request's headers are in: no header deadline */
+    bool in_request; /* its request (head and body) is in: no deadline */
     bool cut;        /* shut down for missing its deadline */
     uint64_t deadline;
     struct hconn *prev, *next;
@@ -555,8 +557,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         const union MHD_ConnectionInfo *ci =
             MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
         struct hconn *hc = ci ? ci->socket_context : NULL;
-        if (hc && hc != &conn_nomem)
-            hc->in_request = true;
         if (!hc || hc->over) {
             char m[200];
             snprintf(m, sizeof(m),
@@ -626,6 +626,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         fe_buf_put(&h->body, upload_data, n);
         return MHD_YES;
     }
+    /* the request is all in (head and body): its deadline is met */
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    struct hconn *hc = ci ? ci->socket_context : NULL;
+    if (hc && hc != &conn_nomem)
+        hc->in_request = true;
     if (h->responded)
         return MHD_YES;
     if (h->too_big) {
@@ -831,7 +837,7 @@ static void tick(uint64_t now)
         if (fe_run_tick(h->gen->run, now))
             wake(h);
     }
-    /* connections whose request headers are late: shut down, so libmicrohttpd
+    /* connections whose request (head and body) is late: shut down, so libmicrohttpd
      * reads the end and closes them (a timeout of 1 s as well, should it not) */
     unsigned cut = 0;
     for (struct hconn *hc = conns_; hc; hc = hc->next) {
@@ -846,8 +852,8 @@ static void tick(uint64_t now)
     }
     if (cut)
         KVR_LOG_WARN(FE_COMP,
-                     "%u connection(s) closed: request headers not complete within %d s "
-                     "(--header-timeout-s)",
+                     "%u connection(s) closed: request (head and body) not complete within "
+                     "%d s (--header-timeout-s)",
                      cut, fe_cfg.header_timeout_s);
 }
 

@@ -73,7 +73,7 @@ static void usage(FILE *f)
             "  --max-n N                largest n (default 16)\n"
             "  --request-timeout-ms MS  a request's whole deadline (default 300000)\n"
             "  --idle-timeout-s S       an idle connection is closed after S s (default 60)\n"
-            "  --header-timeout-s S     a connection whose request headers are not all in\n"
+            "  --header-timeout-s S     a connection whose request (head and body) is not in\n"
             "                           S s after it opened (after --idle-timeout-s + S\n"
             "                           after its previous answer) is closed (default 10)\n"
             "  --version, --help\n");

@@ -15,7 +15,9 @@ decode cluster on the generated tiny model, the real frontend, raw sockets.
      theirs), and once they are cut a new client is served again.  A
      keep-alive connection that trickles its second request's head (a second
      frontend with --idle-timeout-s KA_IDLE_S) is closed too, not before
-     KA_IDLE_S + HDR_S after its first answer;
+     KA_IDLE_S + HDR_S after its first answer.  SLOW_BODY connections that
+     send a complete head and then trickle the body are closed by the same
+     deadline (it holds until the body is in);
   3. a 100 MB body really sent (Content-Length: 104857600, then the bytes):
      413 naming --max-body, the connection closed before the body is all in,
      RSS bounded (RSS_BODY_MAX over the start), the frontend serving;
@@ -54,6 +56,7 @@ MAX_CONN = 256
 SLOW = 200           # slowloris connections under the bound
 HDR_S = 5            # --header-timeout-s (the time the test has to probe while they hold)
 TRICKLE_S = 0.5      # a byte this often
+SLOW_BODY = 20       # connections trickling a body after a complete head
 MAX_BODY = 1 << 20   # --max-body
 BIG = 100 << 20      # the body really sent
 KA_IDLE_S = 2        # the second frontend's --idle-timeout-s
@@ -103,13 +106,14 @@ class Trickle(threading.Thread):
     TRICKLE_S; records when the server closed each (EOF, reset, or a send
     that fails)."""
 
-    def __init__(self, port, n):
+    def __init__(self, port, n, prefix=b"", head=None):
         super().__init__(daemon=True)
-        self.head = (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100000)
+        self.head = head or (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100000)
         self.socks = []
         self.t0 = time.time()
         for _ in range(n):
             s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(prefix)  # at once (a slow body's complete head)
             s.setblocking(False)
             self.socks.append(s)
         self.sent = [0] * n
@@ -256,6 +260,26 @@ def main():
               "completion served meanwhile (%d of them still open then); all closed %.1f-%.1f s after opening "
               "(--header-timeout-s %d), %d-%d bytes of head sent" % (
                   SLOW, TRICKLE_S, open_then, early, max(tr.closed), HDR_S, min(tr.sent), max(tr.sent)))
+
+        # a body sent a byte at a time after a complete head: the same deadline
+        tr = Trickle(port, SLOW_BODY,
+                     prefix=b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: 100000\r\n\r\n",
+                     head=b"[" * 99999)
+        tricklers.append(tr)
+        tr.start()
+        cl.wait_for("the frontend closing every connection trickling its body", lambda:
+                    tr.open_count() == 0, timeout=HDR_S + 30)
+        tr.close()
+        check(min(tr.closed) >= HDR_S * 0.8, "a body trickler closed after %.2f s, before "
+              "--header-timeout-s %d" % (min(tr.closed), HDR_S))
+        check(not any(r for r in tr.reply), "a body trickler was answered: %r" %
+              [r for r in tr.reply if r][:1])
+        cl.wait_for("the frontend's connection gauge back down", lambda: conns() <= 1,
+                    timeout=10)
+        print("ok slow body: %d connections with a complete head trickling the body; all closed "
+              "%.1f-%.1f s after opening (--header-timeout-s %d), %d-%d bytes of body sent" % (
+                  SLOW_BODY, min(tr.closed), max(tr.closed), HDR_S, min(tr.sent), max(tr.sent)))
 
         # the bound taken by tricklers: refused while they hold it, served once cut
         tr = Trickle(port, MAX_CONN)
