@@ -40,7 +40,6 @@ struct fe_config {
     int port;
     char router[256];     /* router client endpoint */
     bool router_zmq;      /* libzmq's DEALER, not the direct link (--router-link, below) */
-    bool router_direct;   /* --router-link direct given (auto takes it too) */
     char model_name[256]; /* the id /v1/models and requests use */
     uint32_t context_len; /* 0 = unknown */
     uint32_t max_connections;

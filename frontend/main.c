@@ -282,7 +282,6 @@ int main(int argc, char **argv)
         case O_LINK:
             ok = !strcmp(optarg, "auto") || !strcmp(optarg, "direct") || !strcmp(optarg, "zmq");
             fe_cfg.router_zmq = !strcmp(optarg, "zmq");
-            fe_cfg.router_direct = !strcmp(optarg, "direct");
             break;
         case O_VERSION:
             kvr_version_print("kvrail-frontend");
