@@ -26,8 +26,8 @@
  * --max-connections is still accepted, but every request on it is answered
  * 503 with Retry-After and the connection is closed (libmicrohttpd's own
  * limit, a quarter higher, refuses anything beyond at accept).  A
- * connection whose request headers are not all in by --header-timeout-s
- * (slowloris) is shut down by the tick: libmicrohttpd's own timeout counts
+ * connection whose request (head and body) is not all in by
+ * --header-timeout-s (slowloris) is shut down by the tick: libmicrohttpd's own timeout counts
  * only inactivity, which a byte a second resets.  A request's
  * body is gathered up to --max-body (413 past it, checked on Content-Length
  * before anything is read), must be application/json and parse as JSON
@@ -76,11 +76,11 @@ static uint64_t last_ping_ns;
 static char zmq_tag[2]; /* epoll data of the router client's socket and monitor */
 
 /* An open connection (its socket context): whether it opened past
- * --max-connections, and the deadline of its next request's headers.
- * libmicrohttpd's own timeout counts inactivity, so a client that sends its
- * headers a byte at a time (slowloris) would keep its slot forever; the
- * loop's tick shuts down a connection whose headers are not all in by their
- * deadline: --header-timeout-s after it opened, or --idle-timeout-s +
+ * --max-connections, and the deadline of its next request.  libmicrohttpd's
+ * own timeout counts inactivity, so a client that sends its request a byte
+ * at a time (slowloris) would keep its slot forever; the loop's tick shuts
+ * down a connection whose request is not all in by its deadline: --header-timeout-s after it
+ * opened, or --idle-timeout-s +
  * --header-timeout-s after its previous answer (keep-alive may wait idle).
  * The deadline holds until the body is in too: a body sent a byte at a time
  * is the same attack. */
@@ -96,6 +96,15 @@ struct hconn {
 
 static struct hconn *conns_;                     /* every open connection */
 static struct hconn conn_nomem = {.over = true}; /* out of memory: answered 503 */
+
+/* conn's state (&conn_nomem when it could not be allocated; NULL only if
+ * libmicrohttpd has none) */
+static struct hconn *conn_state(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
 
 /* a generation request: its JSON, parsed request, run and SSE buffer */
 struct gen {
@@ -554,9 +563,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         h->fd = conn_fd(conn);
         *req_cls = h;
         fe_metrics_inflight(1);
-        const union MHD_ConnectionInfo *ci =
-            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-        struct hconn *hc = ci ? ci->socket_context : NULL;
+        struct hconn *hc = conn_state(conn);
         if (!hc || hc->over) {
             char m[200];
             snprintf(m, sizeof(m),
@@ -627,9 +634,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     /* the request is all in (head and body): its deadline is met */
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    struct hconn *hc = ci ? ci->socket_context : NULL;
+    struct hconn *hc = conn_state(conn);
     if (hc && hc != &conn_nomem)
         hc->in_request = true;
     if (h->responded)
@@ -676,10 +681,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
     struct hreq *h = *req_cls;
     if (!h)
         return;
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    struct hconn *hc = ci ? ci->socket_context : NULL;
-    if (hc && hc != &conn_nomem) { /* its next request's headers: a new deadline */
+    struct hconn *hc = conn_state(conn);
+    if (hc && hc != &conn_nomem) { /* its next request: a new deadline */
         hc->in_request = false;
         hc->deadline = kvr_now_ns() +
                        (uint64_t)(fe_cfg.idle_timeout_s + fe_cfg.header_timeout_s) * 1000000000u;

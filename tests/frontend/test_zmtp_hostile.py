@@ -102,6 +102,15 @@ def z85(b):
     return out
 
 
+def listen_local():
+    """A listening socket on 127.0.0.1 and a free port: (socket, port)."""
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(16)
+    return ls, ls.getsockname()[1]
+
+
 class Sodium:
     def __init__(self):
         self.lib = ctypes.CDLL(ctypes.util.find_library("sodium") or "libsodium.so.23")
@@ -154,11 +163,7 @@ class CurveFakeRouter:
 
     def __init__(self, na, server_pk, server_sk, mode):
         self.na, self.pk, self.sk, self.mode = na, server_pk, server_sk, mode
-        self.ls = socket.socket()
-        self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.ls.bind(("127.0.0.1", 0))
-        self.ls.listen(16)
-        self.port = self.ls.getsockname()[1]
+        self.ls, self.port = listen_local()
         self.conns = 0
         self.seen_pong = None
         self.initiate_ok = False
@@ -264,11 +269,7 @@ class FakeRouter:
 
     def __init__(self, first, later):
         self.first, self.later = first, later
-        self.ls = socket.socket()
-        self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.ls.bind(("127.0.0.1", 0))
-        self.ls.listen(16)
-        self.port = self.ls.getsockname()[1]
+        self.ls, self.port = listen_local()
         self.conns = 0
         self.seen = b""  # what the frontend wrote after its greeting and READY
         self.stop = False
