@@ -193,14 +193,15 @@ def case_basic(a, model, cfg, ep, work):
         raise Fail("temperature -3: rc %d, stderr %s" % (bad.returncode, bad.stderr))
     print("bad input: clear errors (%s)" % bad.stderr.strip())
 
-    def status_with_bytes():  # the KV byte counters arrive with a heartbeat
+    def status_with_bytes():  # the KV bytes and transfer time arrive with heartbeats
         st = run([a.kvrail, "status", "--router", ep, "--json"])
         if st.returncode:
             raise Fail("status: " + st.stderr)
         s = json.loads(st.stdout)
-        return s if s["router"]["kv_bytes_moved"] > 0 else None
+        r = s["router"]
+        return s if r["kv_bytes_moved"] > 0 and r["kv_transfer_ns"] > 0 else None
 
-    s = wait_for("KV bytes in status", status_with_bytes, timeout=10, step=0.1)
+    s = wait_for("KV bytes and transfer time in status", status_with_bytes, timeout=10, step=0.1)
     nodes = {n["name"]: n for n in s["nodes"]}
     if not (nodes["prefill0"]["alive"] and nodes["decode0"]["alive"]):
         raise Fail("nodes not alive: %s" % nodes)
