@@ -25,7 +25,8 @@ decode cluster on the generated tiny model, the real frontend, raw sockets.
      buffer and never read: once their streams back up /health is served and
      RSS is bounded (RSS_STALL_MAX over the start); when they close, every
      one of their requests ends (499 in the frontend's counters, canceled at
-     the router, nothing in flight), and both nodes go back to idle;
+     the router - or completed, had one run to its end before its client
+     left - nothing in flight), and both nodes go back to idle;
   5. at the end, every abusive connection closed: RSS under RSS_END_MAX
      over the start, peak (VmHWM) under RSS_PEAK_MAX, and the greedy
      completion served again, equal to the first.
@@ -407,7 +408,8 @@ def main():
         # ---- 4. clients that never read ----
         ok499 = metric(base, "kvrail_frontend_requests_total", 'endpoint="/v1/completions"',
                        'status="499"', need=False)
-        canceled0 = (c.status() or {}).get("router", {}).get("canceled", 0)
+        st0 = (c.status() or {}).get("router", {})
+        canceled0, completed0 = st0.get("canceled", 0), st0.get("completed", 0)
         body = json.dumps({"model": model_id, "prompt": prompt,
                            "max_tokens": ctx - len(prompt) - 1, "temperature": 0,
                            "stream": True, "ignore_eos": True}).encode()
@@ -444,13 +446,22 @@ def main():
         check(got499 == NEVER, "%d of %d unread streams counted 499 (client left)" %
               (got499, NEVER))
         c.wait_idle(timeout=30)
-        canceled = (c.status() or {}).get("router", {}).get("canceled", 0) - canceled0
-        # they left a few dozen tokens into ctx - 17 each: every one still ran
-        check(canceled == NEVER, "the router canceled %d of the %d unread streams' requests"
-              % (canceled, NEVER))
+        st1 = (c.status() or {}).get("router", {})
+        canceled = st1.get("canceled", 0) - canceled0
+        completed = st1.get("completed", 0) - completed0
+        # Each left a few dozen of its ~4,000 tokens behind, so the router
+        # cancels them all, unless this process stalled for as long as a
+        # whole generation between the check above and the close; a request
+        # that ran to its end is then counted completed.  Either way every
+        # one ended exactly once (cancel on disconnect is asserted
+        # request by request in test_frontend.py).
+        check(canceled + completed == NEVER and st1.get("active", 0) == 0,
+              "of the %d unread streams' requests the router canceled %d and completed %d "
+              "(%d still active)" % (NEVER, canceled, completed, st1.get("active", 0)))
         health()
         print("ok %d never-read streams: backed up, /health served, RSS %.1f MiB; closed: all "
-              "499, %d canceled at the router, nodes idle" % (NEVER, rss_stall / MIB, canceled))
+              "499, %d canceled at the router (%d had run to their end), nodes idle"
+              % (NEVER, rss_stall / MIB, canceled, completed))
 
         # ---- 5. the end ----
         cl.wait_for("every abusive connection closed", lambda: conns() <= 1, timeout=30)
