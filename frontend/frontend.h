@@ -49,6 +49,7 @@ struct fe_config {
     int request_timeout_ms;
     int idle_timeout_s;        /* HTTP connection idle timeout */
     int header_timeout_s;      /* a request's headers must be in within it (slowloris) */
+    unsigned busy_poll_us;     /* the loop looks without sleeping this long after a busy turn */
     uint32_t max_tokens_limit; /* the router's largest max_tokens (cluster file) */
     /* sampling defaults for fields a request leaves out: OpenAI's, or the
      * model's generation_config.json (as vLLM does) */

@@ -451,7 +451,8 @@ bool fe_run_tick(struct fe_run *run, uint64_t now)
     }
     /* nothing at all from the router since the request went out (and a PING
      * was sent then, when it had been quiet): it does not answer */
-    if (!all_first(run) && now - run->t_sent > (uint64_t)FE_PING_MS * 1000000u &&
+    if (!all_first(run) && now > run->t_sent &&
+        now - run->t_sent > (uint64_t)FE_PING_MS * 1000000u &&
         kvr_client_last_rx_ns(run->client) < run->t_sent) {
         char m[sizeof(run->err_msg)];
         /* the direct link knows why it is not up; libzmq's does not say */

@@ -7,17 +7,24 @@
  * socket carrying every request's streams, and its connection monitor:
  * ZeroMQ's ZMQ_FD, kvr_client_fds; with --router-link direct, the default,
  * the library's own ZMTP link and its one descriptor, so a router frame
- * wakes this thread with no ZeroMQ I/O thread between) and the sockets of
- * running requests.  A generation request, once
+ * wakes this thread with no ZeroMQ I/O thread between) and the HTTP
+ * connections' sockets.  A generation request, once
  * parsed, starts its streams and suspends its connection; the router's frames are handed to their
  * runs (generate.c), which resume the connection as soon as there is something to answer (the first
  * event of every choice, tokens to stream, the end), and libmicrohttpd runs in the same turn of the
  * loop, so a token crosses no thread of ours.  A streamed answer's reader suspends the connection
  * when it has nothing to send.  While a connection is suspended
- * libmicrohttpd does not watch it, so while a request runs its socket is in
- * the loop's epoll set for EPOLLRDHUP (one-shot, added once per request):
- * a client that leaves cancels every stream of its request at once (the
- * router cancels both halves).  Deadlines are looked at ten
+ * libmicrohttpd does not watch it, so every connection's socket is in the
+ * loop's epoll set for EPOLLRDHUP (edge-triggered, added once for the
+ * connection's life, not per request): a client that leaves cancels every
+ * stream of its running request at once (the router cancels both halves).
+ * libmicrohttpd runs only on a turn that has something for it (its
+ * descriptor, a resumed connection, a timeout), not on one that only took
+ * the router's frames, and again at once while it has work that needs no
+ * waiting (a streamed answer's first event after its headers, the closing
+ * chunk after its last event).  --busy-poll-us (off by default) keeps the
+ * loop looking for a while after a busy turn instead of sleeping.
+ * Deadlines are looked at ten
  * times a second, off the token path.  /ready's STATUS call runs on a
  * short-lived thread (at most READY_THREADS at once) that resumes its
  * connection when done.
@@ -46,6 +53,7 @@
 #include <errno.h>
 #include <netdb.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -87,9 +95,12 @@ static char zmq_tag[2]; /* epoll data of the router client's socket and monitor 
 struct hconn {
     struct MHD_Connection *conn;
     int fd;
-    bool over;       /* opened past --max-connections: every request gets 503 */
-    bool in_request; /* its request (head and body) is in: no deadline */
-    bool cut;        /* shut down for missing its deadline */
+    bool over;        /* opened past --max-connections: every request gets 503 */
+    bool in_request;  /* its request (head and body) is in: no deadline */
+    bool cut;         /* shut down for missing its deadline */
+    bool watched;     /* its socket is in the loop's epoll set (peer hang-ups) */
+    bool gone;        /* the peer hung up or half-closed */
+    struct hreq *run; /* its request whose run is in flight (cancel when it goes) */
     uint64_t deadline;
     struct hconn *prev, *next;
 };
@@ -125,8 +136,8 @@ struct hreq {
     uint64_t discarded;
     unsigned status;
     struct MHD_Connection *conn;
-    int fd;
-    bool suspended, watched;
+    struct hconn *hc; /* its connection's state (set while its run is in flight) */
+    bool suspended;
     struct gen *gen;          /* a generation (freed with the request) */
     struct hreq *prev, *next; /* the requests with a run (deadlines) */
     atomic_bool ready_done;   /* /ready: the probe thread finished */
@@ -135,7 +146,9 @@ struct hreq {
     struct fe_buf ready_body;
 };
 
-static struct hreq *active_; /* requests with a run */
+static struct hreq *active_;      /* requests with a run */
+static bool resumed_;             /* a connection was resumed: libmicrohttpd has work */
+static atomic_bool ready_resumed; /* a /ready probe thread resumed its connection */
 
 static void active_add(struct hreq *h)
 {
@@ -157,16 +170,6 @@ static void active_del(struct hreq *h)
     h->prev = h->next = NULL;
 }
 
-/* Watches h's socket, for as long as its request runs, for the peer leaving
- * (one-shot: one event is all it takes).  libmicrohttpd does not watch a
- * suspended connection, and a request waits suspended. */
-static void watch(struct hreq *h)
-{
-    struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLONESHOT, .data.ptr = h};
-    if (h->fd >= 0 && epoll_ctl(epfd_, EPOLL_CTL_ADD, h->fd, &ev) == 0)
-        h->watched = true;
-}
-
 static void suspend(struct hreq *h)
 {
     if (h->suspended || stopping)
@@ -182,6 +185,7 @@ static void wake(void *arg)
     if (!h->suspended)
         return;
     h->suspended = false;
+    resumed_ = true;
     MHD_resume_connection(h->conn);
 }
 
@@ -376,7 +380,10 @@ static void *ready_thread(void *arg)
     struct hreq *h = arg;
     ready_probe(h);
     atomic_store(&h->ready_done, true);
-    MHD_resume_connection(h->conn); /* thread-safe; wakes the loop through libmicrohttpd */
+    /* thread-safe; the loop runs libmicrohttpd on its next turn (at most a tick away: in
+     * external epoll mode libmicrohttpd has no channel to wake it) */
+    MHD_resume_connection(h->conn);
+    atomic_store(&ready_resumed, true);
     atomic_fetch_sub(&ready_threads, 1);
     return NULL;
 }
@@ -484,8 +491,14 @@ static enum MHD_Result start_completions(struct MHD_Connection *conn, struct hre
         return send_error(conn, h, status, "", msg);
     fe_metrics_to_router(kvr_now_ns() - t_body);
     active_add(h);
-    watch(h);
+    h->hc = conn_state(conn);
+    if (h->hc && h->hc != &conn_nomem)
+        h->hc->run = h;
     suspend(h);
+    if (h->hc && h->hc->gone) { /* it hung up or half-closed before the run started */
+        fe_run_cancel(g->run);
+        wake(h);
+    }
     return MHD_YES;
 }
 
@@ -560,7 +573,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         h->t0 = kvr_now_ns();
         h->ep = classify(url);
         h->conn = conn;
-        h->fd = conn_fd(conn);
         *req_cls = h;
         fe_metrics_inflight(1);
         struct hconn *hc = conn_state(conn);
@@ -573,6 +585,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             fe_metrics_connection(0, true);
             return send_error(conn, h, 503, "", m);
         }
+        if (!hc->watched) /* logged when it opened */
+            return send_error(conn, h, 503, "",
+                              "the frontend cannot watch this connection for hang-ups "
+                              "(epoll_ctl failed: see its log); retry");
         bool gen = h->ep == FE_EP_COMPLETIONS || h->ep == FE_EP_CHAT;
         if (h->ep == FE_EP_OTHER) {
             char m[400];
@@ -692,8 +708,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
         status = 499; /* the client left mid-answer */
     fe_metrics_request_done(h->ep, status, kvr_now_ns() - h->t0);
     fe_metrics_inflight(-1);
-    if (h->watched)
-        epoll_ctl(epfd_, EPOLL_CTL_DEL, h->fd, NULL);
+    if (h->hc && h->hc != &conn_nomem && h->hc->run == h)
+        h->hc->run = NULL;
     if (h->gen && h->gen->run)
         active_del(h);
     gen_free(h->gen);
@@ -714,6 +730,17 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
             hc->fd = conn_fd(conn);
             hc->over = n > (int)fe_cfg.max_connections;
             hc->deadline = kvr_now_ns() + (uint64_t)fe_cfg.header_timeout_s * 1000000000u;
+            /* its socket in the loop's set for the peer leaving, once for the connection's
+             * life (edge-triggered: one event per hang-up; the kernel drops it at close):
+             * libmicrohttpd does not watch a suspended connection, and a request waits
+             * suspended */
+            struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLET, .data.ptr = hc};
+            hc->watched = hc->fd >= 0 && epoll_ctl(epfd_, EPOLL_CTL_ADD, hc->fd, &ev) == 0;
+            if (!hc->watched)
+                KVR_LOG_WARN(FE_COMP,
+                             "cannot watch a new connection for hang-ups (epoll_ctl: %s): its "
+                             "requests are answered 503",
+                             strerror(errno));
             hc->next = conns_;
             if (conns_)
                 conns_->prev = hc;
@@ -724,6 +751,8 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
     } else {
         struct hconn *hc = *socket_context;
         if (hc && hc != &conn_nomem) {
+            if (hc->watched) /* its socket is still open here: no event for a freed hc */
+                epoll_ctl(epfd_, EPOLL_CTL_DEL, hc->fd, NULL);
             if (hc->prev)
                 hc->prev->next = hc->next;
             else
@@ -824,6 +853,11 @@ kvr_status_t fe_http_start(void)
         KVR_LOG_ERROR(FE_COMP, "the router client has no descriptor to wait on");
         return KVR_ERR_IO;
     }
+    if (fe_cfg.busy_poll_us)
+        KVR_LOG_INFO(FE_COMP,
+                     "--busy-poll-us %u: the loop looks for work without sleeping for up to "
+                     "%u us after a busy turn",
+                     fe_cfg.busy_poll_us, fe_cfg.busy_poll_us);
     KVR_LOG_INFO(FE_COMP,
                  "listening on http://%s:%d (router %s, model '%s', context %u, at most "
                  "%u connections)",
@@ -860,46 +894,95 @@ static void tick(uint64_t now)
                      cut, fe_cfg.header_timeout_s);
 }
 
+/* Runs libmicrohttpd, and again at once (up to twice more) while it has work
+ * left that needs no waiting: a streamed answer's first event is read only
+ * after its headers are written, and the closing chunk only after the last
+ * event, each one run later. */
+static void run_mhd(void)
+{
+    for (int i = 0; i < 3; i++) {
+        resumed_ = false;
+        MHD_run(daemon_);
+        MHD_UNSIGNED_LONG_LONG mt;
+        if (!resumed_ && (MHD_get_timeout(daemon_, &mt) != MHD_YES || mt > 0))
+            break;
+    }
+}
+
 void fe_http_serve(volatile sig_atomic_t *stop)
 {
-    uint64_t next_tick = 0;
+    uint64_t next_tick = 0, mhd_at = 0;
     unsigned again = KVR_CLIENT_POLL_SOCKET | KVR_CLIENT_POLL_MONITOR; /* look before sleeping */
+    bool worked = false; /* the last turn handled something (--busy-poll-us) */
+    const uint64_t busy_ns = (uint64_t)fe_cfg.busy_poll_us * 1000u;
     while (!*stop) {
         int timeout = 1000;
         MHD_UNSIGNED_LONG_LONG mt;
+        uint64_t now = kvr_now_ns();
         if (MHD_get_timeout(daemon_, &mt) == MHD_YES && mt < (MHD_UNSIGNED_LONG_LONG)timeout)
             timeout = (int)mt;
-        uint64_t now = kvr_now_ns();
+        mhd_at = now + (uint64_t)timeout * 1000000u; /* libmicrohttpd's next timeout, if any */
+        if (resumed_) /* resumed by the tick: run libmicrohttpd without waiting */
+            timeout = 0;
         if (active_ || conns_) {
             int to_tick = now >= next_tick ? 0 : (int)((next_tick - now) / 1000000u);
             if (to_tick < timeout)
                 timeout = to_tick;
         }
         struct epoll_event ev[64];
-        int n = epoll_wait(epfd_, ev, 64, again ? 0 : timeout);
+        int n;
+        if (!again && busy_ns && worked) {
+            /* --busy-poll-us: look without sleeping for a while after a busy turn (the
+             * next frame then finds this thread running, not a CPU to wake), yielding
+             * to whatever else is runnable on this CPU between looks */
+            uint64_t end = now + busy_ns;
+            while ((n = epoll_wait(epfd_, ev, 64, 0)) == 0 && kvr_now_ns() < end)
+                sched_yield();
+            if (n == 0)
+                n = epoll_wait(epfd_, ev, 64, timeout);
+        } else {
+            n = epoll_wait(epfd_, ev, 64, again ? 0 : timeout);
+        }
         unsigned what = again;
+        bool mhd_due = false;
         for (int i = 0; i < n; i++) {
-            struct hreq *h = ev[i].data.ptr;
-            if (ev[i].data.ptr == (void *)&zmq_tag[0])
+            void *p = ev[i].data.ptr;
+            if (!p) {
+                mhd_due = true; /* libmicrohttpd's descriptor */
+                continue;
+            }
+            if (p == (void *)&zmq_tag[0]) {
                 what |= KVR_CLIENT_POLL_SOCKET;
-            else if (ev[i].data.ptr == (void *)&zmq_tag[1])
+                continue;
+            }
+            if (p == (void *)&zmq_tag[1]) {
                 what |= KVR_CLIENT_POLL_MONITOR;
-            if (!h || (char *)h == &zmq_tag[0] || (char *)h == &zmq_tag[1])
-                continue; /* libmicrohttpd's: MHD_run below */
-            /* a running request's peer left (or half-closed) */
-            if (h->gen && h->gen->run)
-                fe_run_cancel(h->gen->run);
-            wake(h);
+                continue;
+            }
+            /* a connection's peer left (or half-closed): its running request is canceled */
+            struct hconn *hc = p;
+            hc->gone = true;
+            if (hc->run) {
+                fe_run_cancel(hc->run->gen->run);
+                wake(hc->run);
+            }
         }
         kvr_client_poll(router_, what);
         for (kvr_gen_stream_t *s; (s = kvr_client_next_ready(router_));)
             fe_run_on_stream(s);
-        MHD_run(daemon_);
         now = kvr_now_ns();
-        if (now >= next_tick) {
+        bool tick_due = now >= next_tick;
+        /* libmicrohttpd runs when it has something to do: its descriptor, a resumed
+         * connection, its timeout, a tick (not on a turn that only took frames) */
+        if (mhd_due || resumed_ || now >= mhd_at || tick_due ||
+            atomic_exchange(&ready_resumed, false))
+            run_mhd();
+        if (tick_due) {
+            now = kvr_now_ns(); /* after the requests run_mhd started (their t_sent) */
             tick(now);
             next_tick = now + (uint64_t)TICK_MS * 1000000u;
         }
+        worked = n > 0 || what;
         /* ZeroMQ's rule for waiting on its descriptors: receive last (a send
          * above - a request, a cancel - may have taken a frame's wake-up) */
         again = kvr_client_poll(router_, 0) == KVR_OK ? KVR_CLIENT_POLL_SOCKET : 0;

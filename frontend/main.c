@@ -76,6 +76,12 @@ static void usage(FILE *f)
             "  --header-timeout-s S     a connection whose request (head and body) is not in\n"
             "                           S s after it opened (after --idle-timeout-s + S\n"
             "                           after its previous answer) is closed (default 10)\n"
+            "  --busy-poll-us N         after a turn that handled something, look for more\n"
+            "                           without sleeping for up to N us (yielding the CPU\n"
+            "                           between looks) before blocking: a frame then finds\n"
+            "                           the loop running instead of an idle CPU to wake, for\n"
+            "                           up to N us of CPU per turn (default 0: off; at most\n"
+            "                           1000)\n"
             "  --version, --help\n");
 }
 
@@ -211,6 +217,7 @@ int main(int argc, char **argv)
         O_IDLE,
         O_LINK,
         O_HDRTIMEOUT,
+        O_BUSYPOLL,
         O_VERSION,
         O_HELP
     };
@@ -227,6 +234,7 @@ int main(int argc, char **argv)
         {"idle-timeout-s", required_argument, 0, O_IDLE},
         {"router-link", required_argument, 0, O_LINK},
         {"header-timeout-s", required_argument, 0, O_HDRTIMEOUT},
+        {"busy-poll-us", required_argument, 0, O_BUSYPOLL},
         {"version", no_argument, 0, O_VERSION},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
@@ -278,6 +286,10 @@ int main(int argc, char **argv)
         case O_HDRTIMEOUT:
             ok = parse_uint(optarg, 1, 3600, &v);
             fe_cfg.header_timeout_s = (int)v;
+            break;
+        case O_BUSYPOLL:
+            ok = parse_uint(optarg, 0, 1000, &v);
+            fe_cfg.busy_poll_us = (unsigned)v;
             break;
         case O_LINK:
             ok = !strcmp(optarg, "auto") || !strcmp(optarg, "direct") || !strcmp(optarg, "zmq");
