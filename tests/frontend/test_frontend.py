@@ -22,7 +22,9 @@ cluster on a generated tiny model, driven by the official OpenAI Node SDK
   6. the router killed mid-stream: the stream ends with an error event and
      [DONE]; restarted, the frontend (one router client) serves the same
      greedy text again;
-  7. a frontend whose router does not answer: 503 with the reason.
+  7. a frontend whose router does not answer: 503 with the reason;
+  8. a frontend with --busy-poll-us streams the same text with intact SSE
+     and chunked framing; a value out of range is refused.
 Every process is reaped on every exit path (cluster_lib's process groups).
 Exits 77 only when npm cannot fetch the SDK or node is missing.
 """
@@ -479,6 +481,52 @@ def main():
         check(st == 503 and hd.get("Retry-After") and "does not answer" in json.loads(body)["error"]["message"],
               "completion without router: %s %r" % (st, body))
         print("ok no router: /ready and completions 503 with the reason")
+
+        # ---- --busy-poll-us: the same answers, byte for byte; out of range refused ----
+        def sse_texts(p):
+            body = json.dumps({"model": spec["model"], "prompt": prompt, "max_tokens": 8,
+                               "temperature": 0, "stream": True}).encode()
+            resp = raw(p, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                       b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+                       + body)
+            head, _, chunked = resp.partition(b"\r\n\r\n")
+            check(status_line(resp).endswith("200 OK"), "SSE head: %r" % head)
+            data = b""
+            while chunked:
+                n, _, rest = chunked.partition(b"\r\n")
+                n = int(n, 16)
+                if n == 0:
+                    check(rest == b"\r\n", "the closing chunk: %r" % rest)
+                    break
+                data += rest[:n]
+                chunked = rest[n + 2:]
+            events = data.split(b"\n\n")
+            check(events[-1] == b"" and events[-2] == b"data: [DONE]", "SSE end: %r" % data)
+            return [json.loads(e[6:])["choices"][0]["text"] for e in events[:-2]]
+        port3 = cl.free_port()
+        fe3 = cl.spawn([args.frontend, "--config", c.config, "--listen", "127.0.0.1:%d" % port3,
+                        "--busy-poll-us", "200", "--router-link", args.router_link],
+                       stdout=flog, stderr=subprocess.STDOUT)
+        deadline = time.time() + 20
+        while True:
+            check(fe3.poll() is None, "the --busy-poll-us frontend exited")
+            try:
+                if http("http://127.0.0.1:%d" % port3, "/ready", timeout=5)[0] == 200:
+                    break
+            except OSError:
+                pass
+            check(time.time() < deadline, "the --busy-poll-us frontend not ready within 20 s")
+            time.sleep(0.1)
+        want = "".join(sse_texts(port))
+        for _ in range(3):
+            got = "".join(sse_texts(port3))
+            check(got == want, "--busy-poll-us 200 streamed %r, the default frontend %r" % (got, want))
+        r = cl.run([args.frontend, "--router", "tcp://127.0.0.1:1", "--model-name", "m",
+                    "--busy-poll-us", "1001"], timeout=30)
+        check(r.returncode == 2 and "busy-poll-us" in r.stderr,
+              "--busy-poll-us 1001: exit %s, %r" % (r.returncode, r.stderr))
+        print("ok --busy-poll-us 200: the same streamed text as the default, framing intact; "
+              "1001 refused")
         fe_alive()
         c.check_alive()
         ok = True
