@@ -129,6 +129,8 @@ def strace_counts(path):
 def print_syscalls(d, rounds, requests, out_len):
     """system calls per request of the frontend and of each loadgen path"""
     tables = {"kvrail-frontend": strace_counts(os.path.join(d, "frontend.txt"))}
+    if os.path.exists(os.path.join(d, "frontend-b.txt")):
+        tables["kvrail-frontend B"] = strace_counts(os.path.join(d, "frontend-b.txt"))
     for k in ("protobuf", "http"):
         tot = {}
         for rnd in range(rounds):
@@ -185,8 +187,8 @@ def main():
     ap.add_argument("--perf-record", metavar="FILE",
                     help="record the frontend's profile (perf record -g) over the rounds")
     ap.add_argument("--strace", metavar="DIR",
-                    help="count system calls (strace -f -c) of the frontend and of both "
-                         "kvrail-loadgen runs into DIR, and print them per request (slows "
+                    help="count system calls (strace -f -c) of the frontend (and of "
+                         "--frontend-b's) and of both kvrail-loadgen runs into DIR, and print them per request (slows "
                          "every process down: the timings of such a run do not count)")
     a = ap.parse_args()
     if a.frontend_b_args and not a.frontend_b:
@@ -242,12 +244,13 @@ def main():
             perf = cl.spawn(["perf", "record", "-g", "-o", a.perf_record, "-p", str(fe.pid)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1)  # perf attaches
-        strace = None
+        straces = []
         if a.strace:
             os.makedirs(a.strace, exist_ok=True)
-            strace = cl.spawn(["strace", "-f", "-c", "-o", os.path.join(a.strace, "frontend.txt"),
-                               "-p", str(fe.pid)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for name, p in [("frontend", fe)] + ([("frontend-b", fe_b)] if a.frontend_b else []):
+                straces.append(cl.spawn(["strace", "-f", "-c", "-o",
+                                         os.path.join(a.strace, name + ".txt"), "-p", str(p.pid)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             time.sleep(1)  # strace attaches
 
         def traced(cmd, name):
@@ -321,9 +324,10 @@ def main():
         if perf:
             perf.send_signal(2)
             perf.wait(timeout=60)
-        if strace:
-            strace.send_signal(2)
-            strace.wait(timeout=60)
+        for st in straces:
+            st.send_signal(2)
+            st.wait(timeout=60)
+        if straces:
             print_syscalls(a.strace, a.rounds, a.requests + 8, a.output_len)
         med = {}
         for k, rs in rows.items():
