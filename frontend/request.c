@@ -5,8 +5,10 @@
  * Every member of the body is looked at: a known field of the wrong type or
  * out of range is a 400 naming it; a field this server cannot honour
  * (echo, suffix, best_of other than n) is a 400 saying so; an unknown field is a 400 too, never
- * silently ignored.  A model other than the one served is a 404.  Strings stay in the JSON
- * document, which outlives the request.
+ * silently ignored, null or not.  A field given twice is a 400 (JSON allows duplicate names;
+ * the bounded lists, stop and logit_bias, would otherwise add up past their bounds).  A model
+ * other than the one served is a 404.  Strings stay in the JSON document, which outlives the
+ * request.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -189,6 +191,29 @@ static kvr_status_t parse_stop(struct ctx *c, const kvr_json_t *v, struct fe_req
     return KVR_OK;
 }
 
+/* The members of a request body fe_req_parse knows (each has its branch
+ * there), NUL-separated: both endpoints', then /v1/completions', then chat's. */
+static const char common_fields[] =
+    "model\0max_tokens\0temperature\0top_p\0top_k\0min_p\0repetition_penalty\0"
+    "presence_penalty\0frequency_penalty\0seed\0stop\0stop_token_ids\0ignore_eos\0n\0"
+    "logprobs\0logit_bias\0stream\0stream_options\0user\0";
+static const char completion_fields[] = "prompt\0best_of\0echo\0suffix\0";
+static const char chat_fields[] =
+    "messages\0chat_template_kwargs\0top_logprobs\0max_completion_tokens\0";
+
+static bool in_list(const char *k, const char *list)
+{
+    for (const char *p = list; *p; p += strlen(p) + 1)
+        if (!strcmp(k, p))
+            return true;
+    return false;
+}
+
+static bool known_field(const char *k, bool chat)
+{
+    return in_list(k, common_fields) || in_list(k, chat ? chat_fields : completion_fields);
+}
+
 /* a field accepted only at its default: anything else is named as unsupported */
 static kvr_status_t only_default(struct ctx *c, const char *key, const kvr_json_t *v, bool ok,
                                  const char *why)
@@ -260,13 +285,24 @@ kvr_status_t fe_req_parse(const kvr_json_t *root, bool chat, struct fe_req *r, u
         kvr_status_t st = KVR_OK;
         int64_t iv = 0;
         double dv = 0;
+        if (root->key_lens[i] != strlen(k) || !known_field(k, chat))
+            return fail(&c, 400, KVR_ERR_INVALID, k,
+                        "Unrecognized request argument supplied: %s (kvrail answers every field "
+                        "or refuses it)",
+                        k);
+        /* every member before this one is a known field, none twice: at most
+         * a few dozen to compare */
+        for (size_t j = 0; j < i; j++)
+            if (!strcmp(root->keys[j], k))
+                return fail(&c, 400, KVR_ERR_INVALID, k,
+                            "'%s' is given more than once in the request body", k);
         if (v->type == KVR_JSON_NULL && strcmp(k, "model") && strcmp(k, "prompt"))
             continue; /* null = the default, as the SDKs send it */
         if (!strcmp(k, "model")) {
             if (v->type != KVR_JSON_STRING)
                 return fail(&c, 400, KVR_ERR_INVALID, k, "'model' must be a string, not %s",
                             type_name(v));
-            if (strcmp(v->str, fe_cfg.model_name) != 0)
+            if (has_nul(v) || strcmp(v->str, fe_cfg.model_name) != 0)
                 return fail(&c, 404, KVR_ERR_NOT_FOUND, k,
                             "The model '%s' does not exist; this server serves '%s' (see "
                             "GET /v1/models)",
