@@ -11,7 +11,8 @@
 #
 #   tests/fuzz/libfuzzer.sh SRC BUILD [RUNS | SECONDSs] [TARGET...]
 #
-# Targets: router json decode cluster model tokenizer (default: all).  The
+# Targets: router json decode cluster model tokenizer zmtp openai (default:
+# all).  The
 # last line of each target's run says how many inputs it executed.
 #
 # Exits 77 (skip) when clang or its libFuzzer runtime is missing
@@ -21,7 +22,7 @@ SRC=$1
 BUILD=$2
 RUNS=${3:-20000}
 shift $(( $# >= 3 ? 3 : $# ))
-TARGETS=${*:-router json decode cluster model tokenizer}
+TARGETS=${*:-router json decode cluster model tokenizer zmtp openai}
 CC=${FUZZ_CC:-clang}
 OUT=${OUT:-$BUILD/fuzz-out}
 command -v "$CC" >/dev/null 2>&1 || { echo "skip: $CC not found (apt install clang)"; exit 77; }
@@ -35,8 +36,8 @@ fi
 CFLAGS="-g -O1 -std=gnu11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
 DATA="-DKVR_FUZZ_DATA=\"$SRC/tests/fuzz/data\""
 INC="-I$SRC/common -I$BUILD/common -I$SRC/proto -I$BUILD/proto -I$SRC/router -I$SRC/tokenizer -I$SRC/sample -I$BUILD
-     -I$SRC/engine -I$SRC/node -I$SRC/decode -I$SRC/transport"
-PKG=$(pkg-config --cflags --libs libprotobuf-c libzmq libxxhash yaml-0.1)
+     -I$SRC/engine -I$SRC/node -I$SRC/decode -I$SRC/transport -I$SRC/router/client -I$SRC/frontend"
+PKG=$(pkg-config --cflags --libs libprotobuf-c libzmq libxxhash yaml-0.1 libsodium)
 # the meson-built router core last: only what the instrumented sources do not
 # define comes from it (metrics hooks, and whatever module is added later)
 LIBS="$BUILD/router/libkvr_router_core.a $BUILD/common/libkvr_metrics_http.a
@@ -79,6 +80,11 @@ for t in $TARGETS; do
                  tokenizer_regex tokenizer_unigram; do
             srcs="$srcs $SRC/tokenizer/$f.c"
         done ;;
+    zmtp) # the direct router link, NULL and CURVE (fuzz_zmtp.c plays the router)
+        srcs="$SRC/tests/fuzz/fuzz_zmtp.c $SRC/router/client/zmtp.c $SRC/router/client/zmtp_curve.c" ;;
+    openai) # the frontend's request parser and chat prompts
+        srcs="$SRC/tests/fuzz/fuzz_openai.c $SRC/frontend/request.c $SRC/frontend/chat.c
+              $SRC/common/json.c" ;;
     *) echo "unknown target $t"; exit 2 ;;
     esac
     # shellcheck disable=SC2086
