@@ -31,13 +31,17 @@
  *       % 168 flipped
  *     3 NULL: ERROR, n + reason bytes;  CURVE: READY, nonce step (1 byte),
  *       n + metadata bytes, sealed
- *     4 frame: f (1 byte), n (as raw), n bytes.  NULL: flags f & 0x87
+ *     4 frame: f (1 byte), n (as raw), n bytes.  NULL: flags f & 0x85
  *       (0x80: a reserved bit), 8-byte size if f & 0x08.  CURVE: a MESSAGE,
  *       f & 3 inside its box (MORE, COMMAND; f & 4: a reserved bit), f >> 4
  *       the frame's own flags, then a nonce step (1 byte; 0: a replay)
  *     5 send: parts (1 byte, % 10), a length byte per part (x 37 bytes)
- *     6 close: the router shuts its side (the link reads the end)
- *     7 drive the link once more (nothing sent)
+ *     6 close: the router shuts its side (the link reads the end); with
+ *       chunk bits set, resets the connection instead
+ *     7 big frames: f as in 4, units (1 byte; x 512 bytes of a pattern),
+ *       count (1 byte; % 16 + 1 frames in one piece, so the link's buffer
+ *       grows and fills with whole messages), CURVE: a nonce step per
+ *       frame (1 byte); chunk in units of 4096 bytes
  * Built two ways: with libFuzzer (tests/fuzz/libfuzzer.sh) and as a plain
  * driver over the seed corpus (fuzz_main.c); mkseeds.py writes the seeds.
  */
@@ -369,6 +373,39 @@ static void reset_conn(void)
     }
 }
 
+/* Record 7: count frames of units x 512 pattern bytes, sent as one piece. */
+static void big_frames(const uint8_t *data, size_t size, size_t *pos, size_t chunk)
+{
+    uint8_t f = take_byte(data, size, pos);
+    size_t n = (size_t)take_byte(data, size, pos) * 512;
+    size_t count = take_byte(data, size, pos) % 16 + 1;
+    size_t each = 9 + 16 + 16 + 1 + n; /* a CURVE frame's most */
+    uint8_t *b = malloc(count * each), *plain = malloc(n + 1);
+    if (!b || !plain)
+        abort();
+    for (size_t i = 0; i < n; i++)
+        plain[1 + i] = (uint8_t)(i * 31 + (i >> 9));
+    size_t len = 0;
+    for (size_t k = 0; k < count; k++) {
+        if (!c.curve) {
+            len += frame_hdr(b + len, f & 0x85, n, f & 8);
+            memcpy(b + len, plain + 1, n);
+            len += n;
+            continue;
+        }
+        uint8_t step = take_byte(data, size, pos);
+        if (!c.have_key)
+            continue;
+        plain[0] = (uint8_t)(f & 7);
+        size_t hl = frame_hdr(b + len, f >> 4, 33 + n, false);
+        seal(b + len + hl, "MESSAGE", "CurveZMQMESSAGES", step, plain, n + 1);
+        len += hl + 33 + n;
+    }
+    put(b, len, chunk);
+    free(b);
+    free(plain);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     setup_once();
@@ -509,13 +546,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             break;
         }
         case 6:
-            if (!c.closed)
+            if (chunk) {
+                reset_conn(); /* RST: the link's next read or write fails */
+                drive();
+                reset_conn();
+            } else if (!c.closed) {
                 shutdown(c.fd, SHUT_WR);
+            }
             c.closed = true;
             drive();
             break;
         default:
-            drive();
+            big_frames(data, size, &pos, chunk * 4096);
             break;
         }
     }

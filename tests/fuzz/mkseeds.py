@@ -166,7 +166,14 @@ def zsend(*lens):
     return bytes([5, len(lens)]) + bytes(lens)
 
 
-ZCLOSE, ZDRIVE = bytes([6]), bytes([7])
+def zbig(flags, units, count, curve=False, chunk=0):
+    """count frames of units x 512 bytes in one piece (CURVE: a nonce step of 1 each)"""
+    if curve:
+        flags = (flags & ~4) | (2 if flags & 4 else 0)
+    return bytes([7 | chunk << 3, flags, units, count - 1]) + (b"\x01" * count if curve else b"")
+
+
+ZCLOSE, ZRESET, ZDRIVE = bytes([6]), bytes([6 | 1 << 3]), b"\x00\x00"  # ZDRIVE: 0 raw bytes
 ENVELOPE = bytes.fromhex("4b56523101000003") + (7).to_bytes(8, "big")  # magic, version, method, id
 
 
@@ -199,6 +206,12 @@ def zmtp_seeds():
             zframe(1, ENVELOPE, 1, bool(curve), chunk=7) + zframe(0, bytes(300), 1, bool(curve), chunk=31))
         put("zmtp", tag + "-closed-mid-message", cfg + hs + fr(1, ENVELOPE) + ZCLOSE + ZDRIVE)
         put("zmtp", tag + "-whole-then-close", cfg + hs + fr(0, ENVELOPE) + ZCLOSE)
+        put("zmtp", tag + "-reset", cfg + hs + fr(1, ENVELOPE) + ZRESET + zsend(1, 1))
+        big = bytes([curve | 6])  # max_frame 100000: the buffer grows from 64 KiB
+        put("zmtp", tag + "-big-whole", big + hs + zbig(0, 100, 3, bool(curve)) + zbig(1, 60, 2, bool(curve), chunk=3)
+            + fr(0, b"end"))
+        put("zmtp", tag + "-big-over-limit", big + hs + zbig(0, 255, 1, bool(curve)))
+        put("zmtp", tag + "-big-message", big + hs + zbig(1, 100, 3, bool(curve)))
         put("zmtp", tag + "-greeting-zmtp1", cfg + zraw(b"\xff" + bytes(8) + b"\x00"))
         put("zmtp", tag + "-greeting-v2", cfg + zraw(b"\xff" + bytes(8) + b"\x7f\x02"))
         put("zmtp", tag + "-not-zmq", cfg + zraw(b"HTTP/1.1 400 Bad Request\r\n\r\n"))
