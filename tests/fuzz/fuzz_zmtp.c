@@ -40,8 +40,9 @@
  *       chunk bits set, resets the connection instead
  *     7 big frames: f as in 4, units (1 byte; x 512 bytes of a pattern),
  *       count (1 byte; % 16 + 1 frames in one piece, so the link's buffer
- *       grows and fills with whole messages), CURVE: a nonce step per
- *       frame (1 byte); chunk in units of 4096 bytes
+ *       grows and fills with whole messages; 256 KiB a record, 1 MiB an
+ *       input at most), CURVE: a nonce step per frame (1 byte); chunk in
+ *       units of 4096 bytes
  * Built two ways: with libFuzzer (tests/fuzz/libfuzzer.sh) and as a plain
  * driver over the seed corpus (fuzz_main.c); mkseeds.py writes the seeds.
  */
@@ -90,6 +91,17 @@ static struct {
     uint64_t out_nonce;
     bool out_more;      /* a message's MORE part was last */
     size_t msgs, pongs; /* received whole, PONGs the link wrote */
+    /* the data frames sent, in order: what the link delivers must be
+     * these, whole messages of them (a prefix: a fault ends it); off once
+     * raw bytes have been sent (they may frame anything) */
+    struct sent {
+        uint64_t hash;
+        size_t len;
+        bool more;
+    } * sent;
+    size_t n_sent, cap_sent, next_sent;
+    bool unframed;
+    size_t big_bytes; /* sent by record 7 */
 } c;
 
 static void setup_once(void)
@@ -239,18 +251,42 @@ static void read_link(void)
 
 /* ---- the link driven ---- */
 
+static uint64_t fnv(const uint8_t *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* A data frame about to go out (commands are not delivered: not kept). */
+static void sent_frame(const uint8_t *p, size_t n, bool more)
+{
+    if (c.n_sent == c.cap_sent) {
+        c.cap_sent = c.cap_sent ? 2 * c.cap_sent : 64;
+        c.sent = realloc(c.sent, c.cap_sent * sizeof(*c.sent));
+        if (!c.sent)
+            abort();
+    }
+    c.sent[c.n_sent++] = (struct sent){fnv(p, n), n, more};
+}
+
 static void check_msg(const struct kvr_zmtp_msg *m)
 {
     if (m->nparts < 1 || m->nparts > KVR_ZMTP_MAX_PARTS)
         abort();
-    volatile uint8_t sum = 0;
     for (size_t i = 0; i < m->nparts; i++) {
         if (m->len[i] > c.max_frame)
             abort();
-        for (size_t j = 0; j < m->len[i]; j++) /* every byte readable (ASan) */
-            sum += m->part[i][j];
+        uint64_t h = fnv(m->part[i], m->len[i]); /* every byte read (ASan) */
+        if (c.unframed)
+            continue;
+        if (c.next_sent == c.n_sent)
+            abort(); /* a part that was never sent */
+        const struct sent *e = &c.sent[c.next_sent++];
+        if (e->hash != h || e->len != m->len[i] || e->more != (i + 1 < m->nparts))
+            abort(); /* not the frame sent, or not where it was */
     }
-    (void)sum;
     c.msgs++;
 }
 
@@ -379,6 +415,13 @@ static void big_frames(const uint8_t *data, size_t size, size_t *pos, size_t chu
     uint8_t f = take_byte(data, size, pos);
     size_t n = (size_t)take_byte(data, size, pos) * 512;
     size_t count = take_byte(data, size, pos) % 16 + 1;
+    /* at most 256 KiB a record, 1 MiB an input (enough to fill the largest
+     * buffer, ~100 KiB, several times over; more only costs runs) */
+    if (n * count > (256u << 10))
+        count = n ? (256u << 10) / n : count;
+    if (c.big_bytes + n * count > (1u << 20))
+        return;
+    c.big_bytes += n * count;
     size_t each = 9 + 16 + 16 + 1 + n; /* a CURVE frame's most */
     uint8_t *b = malloc(count * each), *plain = malloc(n + 1);
     if (!b || !plain)
@@ -391,11 +434,15 @@ static void big_frames(const uint8_t *data, size_t size, size_t *pos, size_t chu
             len += frame_hdr(b + len, f & 0x85, n, f & 8);
             memcpy(b + len, plain + 1, n);
             len += n;
+            if (!(f & 4))
+                sent_frame(plain + 1, n, f & 1);
             continue;
         }
         uint8_t step = take_byte(data, size, pos);
         if (!c.have_key)
             continue;
+        if (!(f & 2))
+            sent_frame(plain + 1, n, f & 1);
         plain[0] = (uint8_t)(f & 7);
         size_t hl = frame_hdr(b + len, f >> 4, 33 + n, false);
         seal(b + len + hl, "MESSAGE", "CurveZMQMESSAGES", step, plain, n + 1);
@@ -447,6 +494,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         switch (op & 7) {
         case 0:
             k = take_len(data, size, &pos);
+            c.unframed |= k > 0;
             put(data + pos, k, chunk);
             pos += k;
             break;
@@ -522,6 +570,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 n = frame_hdr(buf, f & 0x85, k, f & 8);
                 memcpy(buf + n, data + pos, k);
                 pos += k;
+                if (!(f & 4))
+                    sent_frame(buf + n, k, f & 1);
                 put(buf, n + k, chunk);
                 break;
             }
@@ -534,6 +584,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 size_t bl = seal(body, "MESSAGE", "CurveZMQMESSAGES", step, plain, k + 1);
                 n = frame_hdr(buf, f >> 4, bl, false);
                 memmove(buf + n, body, bl);
+                if (!(f & 2))
+                    sent_frame(pbuf + 1, k, f & 1);
                 put(buf, n + bl, chunk);
             }
             break;
@@ -569,6 +621,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 kvr_zmtp_up(c.z) ? "up" : "down", c.msgs, c.pongs, kvr_zmtp_error(c.z));
     reset_conn();
     kvr_zmtp_close(c.z);
+    free(c.sent);
     for (;;) { /* a reconnect the link's timer made (a slow run) */
         int fd = accept4(g.lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
