@@ -15,8 +15,9 @@ cluster on a generated tiny model, driven by the official OpenAI Node SDK
   2. HTTP abuse through raw sockets: garbage bytes, a bad HTTP version,
      truncated and invalid JSON, wrong content type, an oversized body, a
      huge Content-Length: each a clear error, and the frontend still serves;
-  3. a client that disconnects mid-stream: the router reports the request
-     canceled and both nodes go back to idle;
+  3. a client that disconnects mid-stream, or half-closes right after its
+     request: the router reports the request canceled and both nodes go
+     back to idle;
   4. past --max-connections a connection gets 503 with Retry-After;
   5. /health, /ready, /metrics (the counters the traffic above must have);
   6. the router killed mid-stream: the stream ends with an error event and
@@ -364,6 +365,34 @@ def main():
             time.sleep(0.1)
         c.wait_idle(timeout=15)
         print("ok disconnect mid-stream: router canceled, nodes idle")
+
+        # ---- a client that half-closes right after its request: taken as gone ----
+        # (the hang-up may reach the loop before the request is parsed or after its run
+        # started; either way the run is canceled at the router, not left to finish)
+        body = json.dumps({"model": spec["model"], "prompt": prompt,
+                           "max_tokens": ctx - len(prompt) - 1, "temperature": 0,
+                           "stream": True, "ignore_eos": True}).encode()
+        before = c.status()["router"]["canceled"]
+        s = socket.create_connection(("127.0.0.1", port), timeout=15)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                  b"Content-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        s.shutdown(socket.SHUT_WR)
+        got = b""
+        while True:
+            b = s.recv(65536)  # the socket's 15 s timeout fails the test on a hang
+            if not b:
+                break
+            got += b
+        s.close()
+        check(b"data: [DONE]" not in got, "a half-closed client's request ran to its end: %r"
+              % got[-300:])
+        deadline = time.time() + 15
+        while c.status()["router"]["canceled"] <= before:
+            check(time.time() < deadline, "the router never saw the half-closed request canceled")
+            time.sleep(0.1)
+        c.wait_idle(timeout=15)
+        print("ok half-close after the request: canceled at the router, nodes idle")
 
         # ---- 503 past the connection bound ----
         held = []
