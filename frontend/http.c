@@ -931,10 +931,11 @@ void fe_http_serve(volatile sig_atomic_t *stop)
         }
         struct epoll_event ev[64];
         int n;
-        if (!again && busy_ns && worked) {
-            /* --busy-poll-us: look without sleeping for a while after a busy turn (the
-             * next frame then finds this thread running, not a CPU to wake), yielding
-             * to whatever else is runnable on this CPU between looks */
+        if (!again && busy_ns && worked && active_) {
+            /* --busy-poll-us: look without sleeping for a while after a busy turn while
+             * requests run (their next frame then finds this thread running, not a CPU
+             * to wake), yielding to whatever else is runnable on this CPU between looks;
+             * with no request running the loop sleeps at once */
             uint64_t end = now + busy_ns;
             while ((n = epoll_wait(epfd_, ev, 64, 0)) == 0 && kvr_now_ns() < end)
                 sched_yield();

@@ -76,12 +76,13 @@ static void usage(FILE *f)
             "  --header-timeout-s S     a connection whose request (head and body) is not in\n"
             "                           S s after it opened (after --idle-timeout-s + S\n"
             "                           after its previous answer) is closed (default 10)\n"
-            "  --busy-poll-us N         after a turn that handled something, look for more\n"
-            "                           without sleeping for up to N us (yielding the CPU\n"
-            "                           between looks) before blocking: a frame then finds\n"
-            "                           the loop running instead of an idle CPU to wake, for\n"
-            "                           up to N us of CPU per turn (default 0: off; at most\n"
-            "                           1000)\n"
+            "  --busy-poll-us N         while requests run, after a turn that handled\n"
+            "                           something, look for more without sleeping for up to\n"
+            "                           N us (yielding the CPU between looks) before\n"
+            "                           blocking: a router frame then finds the loop running,\n"
+            "                           not a thread to wake, at up to N us of CPU per turn.\n"
+            "                           Only for a frontend with a CPU of its own (default 0:\n"
+            "                           off; at most 1000)\n"
             "  --version, --help\n");
 }
 
