@@ -978,16 +978,22 @@ static void cpu_kv_store(struct kvr_compute_backend *be, const struct kvr_attn_a
 }
 
 /* Attention.  Rows go in groups of up to ATTN_RQ consecutive positions of
- * one sequence (a prefill chunk; a decode step's rows are groups of one);
- * a task is one (group, head).  Each row is computed exactly as alone: its
- * score with key t is q.k (16 lanes over head_dim in order, the tail
- * zero-padded, then hsum()'s tree, done for 16 keys at once by hsum16())
- * times scale; then softmax_row() (the sum in 16 lanes over the row's
- * keys, an order fixed by its key count), and O = sum over keys in key order of (p_t / sum) v_t,
- * each lane one FMA chain from 0.  The group only shares each key's loads among its rows (a full
- * group of 4 loads a key's K vectors once for its 4 score chains, and its V vectors once for the 4
- * rows' sums).  No split of the key range, so a row's output is the same whatever the chunking,
- * the batch or the cached prefix. */
+ * one sequence (a prefill chunk; a decode step's rows are groups of one).
+ * A task is one unit: a group and one head, or for a group of fewer rows
+ * the group and up to ATTN_RQ / rows query heads of one KV head (a decode
+ * row: all the heads of its KV head, up to 4), which read the KV head's
+ * keys and values once between them (at batch 32, one query head at a
+ * time read them three times and attention was a third of the step).
+ * Each (row, head) is computed exactly as alone: its score with key t is
+ * q.k (16 lanes over head_dim in order, the tail zero-padded, then
+ * hsum()'s tree, done for 16 keys at once by hsum16()) times scale; then
+ * softmax_row() (the sum in 16 lanes over the row's keys, an order fixed
+ * by its key count), and O = sum over keys in key order of (p_t / sum)
+ * v_t, each lane one FMA chain from 0.  A unit only shares each key's
+ * loads among its items (a K vector loaded once for their score chains, a
+ * V vector once for their sums).  No split of the key range, so a row's
+ * output is the same whatever the chunking, the batch or the cached
+ * prefix. */
 #define ATTN_RQ 4
 
 struct attn_job {
@@ -1024,173 +1030,218 @@ static inline __attribute__((always_inline)) v16f ldkv(const void *p, int32_t dt
     return ld16x(h, dt, 0);
 }
 
-/* One attention task loop for KV elements of dtype dt (a constant). */
-static inline __attribute__((always_inline)) void
-attn_rows(const struct attn_job *j, int ith, int nth, int tid, const int32_t dt, const int32_t HDV)
+/* The query heads a unit of group size gr takes together: up to ATTN_RQ
+ * items (row, head) in all, never more than the heads sharing a KV head. */
+static inline int32_t attn_hpu(int32_t gr, int32_t group)
+{
+    int32_t hpu = gr >= ATTN_RQ ? 1 : ATTN_RQ / gr;
+    return hpu < group ? hpu : group;
+}
+
+/* One unit: the ni = rows x heads items (row-major) of rows r0.. and heads
+ * h0.. (all of KV head kvh, all of one sequence at consecutive positions).
+ * NI: ni as a constant where the items share each key's loads (HDV and
+ * 2..ATTN_RQ items), else 0 (each item its own loop). */
+static inline __attribute__((always_inline)) void attn_unit(const struct attn_job *j, int tid,
+                                                            const int32_t dt, const int32_t HDV,
+                                                            const int NI, int32_t r0, int32_t nrow,
+                                                            int32_t h0, int32_t nh, int32_t kvh)
 {
     const struct kvr_attn_args *a = j->a;
     const struct kvr_kv_layout *l = a->layout;
     const int32_t H = a->n_heads, hd = l->head_dim, bs = l->block_size;
-    /* HDV: head_dim / 16 as a constant (head_dim 64, 128), else 0 */
-    const int32_t group = H / l->n_kv_heads, hdv = HDV ? HDV : (hd + 15) / 16;
+    const int32_t hdv = HDV ? HDV : (hd + 15) / 16;
     const size_t msl = (size_t)j->c->p.max_seq_len;
     float *qpad = j->c->qpad + (size_t)tid * ATTN_RQ * (size_t)hdv * 16;
-    int32_t n_pairs = j->n_groups * H;
-    for (int32_t pi = ith; pi < n_pairs; pi += nth) {
-        int32_t h = pi / j->n_groups, gi = pi % j->n_groups, kvh = h / group;
-        int32_t r0 = j->grp[gi], g = j->grp[gi + 1] - r0;
-        const int32_t *bt = a->block_table[r0];
-        int32_t lo[ATTN_RQ] = {0}, hi[ATTN_RQ] = {0};
-        float *sc[ATTN_RQ];
-        float *o[ATTN_RQ];
+    const int32_t g = nrow * nh;
+    const int32_t *bt = a->block_table[r0];
+    int32_t lo[ATTN_RQ] = {0}, hi[ATTN_RQ] = {0};
+    float *sc[ATTN_RQ];
+    float *o[ATTN_RQ];
+    for (int32_t r = 0; r < g; r++) {
+        int32_t row = r0 + r / nh, h = h0 + r % nh;
+        int32_t p = a->pos[row];
+        lo[r] = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+        hi[r] = p;
+        sc[r] = j->c->scores + ((size_t)tid * ATTN_RQ + (size_t)r) * msl;
+        const float *qr = j->q + ((size_t)row * (size_t)H + (size_t)h) * (size_t)hd;
+        float *qp = qpad + (size_t)r * (size_t)hdv * 16;
+        memset(qp, 0, (size_t)hdv * 64);
+        memcpy(qp, qr, (size_t)hd * 4);
+        o[r] = j->out + ((size_t)row * (size_t)H + (size_t)h) * (size_t)hd;
+    }
+    /* the rows' positions rise with r (heads of a row share its range) */
+    const int32_t t_lo = lo[0], t_hi = hi[g - 1];
+    /* scores, 16 keys at a time; (kb, ks): key t0's block and slot,
+     * stepped on without a division a key */
+    int32_t kb = t_lo / bs, ks = t_lo % bs;
+    for (int32_t t0 = t_lo; t0 <= t_hi; t0 += 16) {
+        int32_t nk = t_hi - t0 + 1 < 16 ? t_hi - t0 + 1 : 16;
+        const void *kp[16];
+        for (int32_t k = 0; k < nk; k++) {
+            kp[k] = kvr_kv_ptr(l, a->layer_base, bt[kb], 0, kvh, ks);
+            if (++ks == bs)
+                ks = 0, kb++;
+        }
+        for (int32_t k = nk; k < 16; k++)
+            kp[k] = kp[0];
+        /* shared: each key's vectors loaded once for the NI items, each
+         * (item, key) the same FMA chain over c as below */
+        v16f A[ATTN_RQ][16];
+        if (NI) {
+            for (int k = 0; k < 16; k++) {
+                v16f kv[8]; /* HDV <= 8 */
+                for (int32_t c = 0; c < HDV; c++)
+                    kv[c] = ld16x(kp[k], dt, (size_t)c * 16);
+                for (int32_t r = 0; r < NI; r++) {
+                    const float *qp = qpad + (size_t)r * (size_t)hdv * 16;
+                    v16f s1 = (v16f){0};
+                    for (int32_t c = 0; c < HDV; c++)
+                        s1 += ldx(qp + c * 16) * kv[c];
+                    A[r][k] = s1;
+                }
+            }
+        }
         for (int32_t r = 0; r < g; r++) {
-            int32_t p = a->pos[r0 + r];
-            lo[r] = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
-            hi[r] = p;
-            sc[r] = j->c->scores + ((size_t)tid * ATTN_RQ + (size_t)r) * msl;
-            const float *qr = j->q + ((size_t)(r0 + r) * (size_t)H + (size_t)h) * (size_t)hd;
-            float *qp = qpad + (size_t)r * (size_t)hdv * 16;
-            memset(qp, 0, (size_t)hdv * 64);
-            memcpy(qp, qr, (size_t)hd * 4);
-            o[r] = j->out + ((size_t)(r0 + r) * (size_t)H + (size_t)h) * (size_t)hd;
-        }
-        const int32_t t_lo = lo[0], t_hi = hi[g - 1];
-        /* scores, 16 keys at a time; (kb, ks): key t0's block and slot,
-         * stepped on without a division a key */
-        int32_t kb = t_lo / bs, ks = t_lo % bs;
-        for (int32_t t0 = t_lo; t0 <= t_hi; t0 += 16) {
-            int32_t nk = t_hi - t0 + 1 < 16 ? t_hi - t0 + 1 : 16;
-            const void *kp[16];
-            for (int32_t k = 0; k < nk; k++) {
-                kp[k] = kvr_kv_ptr(l, a->layer_base, bt[kb], 0, kvh, ks);
-                if (++ks == bs)
-                    ks = 0, kb++;
-            }
-            for (int32_t k = nk; k < 16; k++)
-                kp[k] = kp[0];
-            /* a full group: each key's vectors loaded once for its 4 rows,
-             * each (row, key) the same FMA chain over c as below */
-            v16f A[ATTN_RQ][16];
-            const bool shared = HDV && g == ATTN_RQ;
-            if (shared) {
+            if (t0 + nk - 1 < lo[r] || t0 > hi[r])
+                continue;
+            const float *qp = qpad + (size_t)r * (size_t)hdv * 16;
+            v16f acc[16];
+            if (NI) {
+                for (int k = 0; k < 16; k++)
+                    acc[k] = A[r][k];
+            } else if (HDV) { /* q in registers, one key pointer live at a time:
+                                 each acc[k] the same FMA chain over c */
+                for (int k = 0; k < 16; k++)
+                    acc[k] = (v16f){0};
+                v16f qv[8]; /* HDV <= 8 */
+                for (int32_t c = 0; c < HDV; c++)
+                    qv[c] = ldx(qp + c * 16);
                 for (int k = 0; k < 16; k++) {
-                    v16f kv[8]; /* HDV <= 8 */
+                    const void *p = kp[k];
                     for (int32_t c = 0; c < HDV; c++)
-                        kv[c] = ld16x(kp[k], dt, (size_t)c * 16);
-                    for (int32_t r = 0; r < ATTN_RQ; r++) {
-                        const float *qp = qpad + (size_t)r * (size_t)hdv * 16;
-                        v16f s1 = (v16f){0};
-                        for (int32_t c = 0; c < HDV; c++)
-                            s1 += ldx(qp + c * 16) * kv[c];
-                        A[r][k] = s1;
-                    }
+                        acc[k] += qv[c] * ld16x(p, dt, (size_t)c * 16);
+                }
+            } else {
+                for (int k = 0; k < 16; k++)
+                    acc[k] = (v16f){0};
+                for (int32_t c = 0; c < hdv; c++) {
+                    v16f qc = ldx(qp + c * 16);
+                    for (int k = 0; k < 16; k++)
+                        acc[k] += qc * ldkv(kp[k], dt, c * 16, hd - c * 16);
                 }
             }
+            v16f sv = hsum16(acc) * a->scale;
+            if (nk == 16 && t0 >= lo[r] && t0 + 15 <= hi[r]) {
+                memcpy(&sc[r][t0 - lo[r]], &sv, 64);
+                continue;
+            }
+            float sf[16];
+            memcpy(sf, &sv, 64);
+            for (int32_t k = 0; k < nk; k++)
+                if (t0 + k >= lo[r] && t0 + k <= hi[r])
+                    sc[r][t0 + k - lo[r]] = sf[k];
+        }
+    }
+    /* softmax per item; sc becomes p_t / sum */
+    for (int32_t r = 0; r < g; r++)
+        softmax_row(sc[r], (size_t)(hi[r] - lo[r] + 1));
+    /* O = P V, 4 vectors of head_dim at a time held in registers */
+    for (int32_t c0 = 0; c0 < hdv; c0 += 4) {
+        int32_t nv = hdv - c0 < 4 ? hdv - c0 : 4;
+        v16f acc[ATTN_RQ][4];
+        for (int32_t r = 0; r < ATTN_RQ; r++)
+            for (int c = 0; c < 4; c++)
+                acc[r][c] = (v16f){0};
+        /* keys every item attends to, [f_lo, f_hi], in registers for the
+         * NI items (below); the others item by item.  Each acc[r][c] takes
+         * the keys in order either way: the same bits. */
+        int32_t f_lo = lo[g - 1], f_hi = hi[0];
+        if (!(NI && f_lo <= f_hi))
+            f_lo = t_hi + 1, f_hi = t_hi;
+        /* (vb, vs): key t's block and slot, stepped on with t */
+        int32_t vb = t_lo / bs, vs = t_lo % bs;
+        for (int32_t t = t_lo; t <= t_hi; t++) {
+            if (NI && t == f_lo) {
+                v16f fa[ATTN_RQ][4];
+                const int NV = HDV - c0 < 4 ? HDV - c0 : 4;
+                for (int32_t r = 0; r < NI; r++)
+                    for (int c = 0; c < NV; c++)
+                        fa[r][c] = acc[r][c];
+                for (; t <= f_hi; t++) {
+                    const void *vv = kvr_kv_ptr(l, a->layer_base, bt[vb], 1, kvh, vs);
+                    if (++vs == bs)
+                        vs = 0, vb++;
+                    v16f vc[4];
+                    for (int c = 0; c < NV; c++)
+                        vc[c] = ld16x(vv, dt, (size_t)(c0 + c) * 16);
+                    for (int32_t r = 0; r < NI; r++) {
+                        v16f pv = (v16f){0} + sc[r][t - lo[r]];
+                        for (int c = 0; c < NV; c++)
+                            fa[r][c] += pv * vc[c];
+                    }
+                }
+                for (int32_t r = 0; r < NI; r++)
+                    for (int c = 0; c < NV; c++)
+                        acc[r][c] = fa[r][c];
+                if (t > t_hi)
+                    break;
+            }
+            const void *vv = kvr_kv_ptr(l, a->layer_base, bt[vb], 1, kvh, vs);
+            if (++vs == bs)
+                vs = 0, vb++;
+            v16f vc[4];
+            for (int32_t c = 0; c < nv; c++)
+                vc[c] = ldkv(vv, dt, (c0 + c) * 16, hd - (c0 + c) * 16);
             for (int32_t r = 0; r < g; r++) {
-                if (t0 + nk - 1 < lo[r] || t0 > hi[r])
+                if (t < lo[r] || t > hi[r])
                     continue;
-                const float *qp = qpad + (size_t)r * (size_t)hdv * 16;
-                v16f acc[16];
-                if (shared) {
-                    for (int k = 0; k < 16; k++)
-                        acc[k] = A[r][k];
-                } else if (HDV) { /* q in registers, one key pointer live at a time:
-                                     each acc[k] the same FMA chain over c */
-                    for (int k = 0; k < 16; k++)
-                        acc[k] = (v16f){0};
-                    v16f qv[8]; /* HDV <= 8 */
-                    for (int32_t c = 0; c < HDV; c++)
-                        qv[c] = ldx(qp + c * 16);
-                    for (int k = 0; k < 16; k++) {
-                        const void *p = kp[k];
-                        for (int32_t c = 0; c < HDV; c++)
-                            acc[k] += qv[c] * ld16x(p, dt, (size_t)c * 16);
-                    }
-                } else {
-                    for (int k = 0; k < 16; k++)
-                        acc[k] = (v16f){0};
-                    for (int32_t c = 0; c < hdv; c++) {
-                        v16f qc = ldx(qp + c * 16);
-                        for (int k = 0; k < 16; k++)
-                            acc[k] += qc * ldkv(kp[k], dt, c * 16, hd - c * 16);
-                    }
-                }
-                v16f sv = hsum16(acc) * a->scale;
-                if (nk == 16 && t0 >= lo[r] && t0 + 15 <= hi[r]) {
-                    memcpy(&sc[r][t0 - lo[r]], &sv, 64);
-                    continue;
-                }
-                float sf[16];
-                memcpy(sf, &sv, 64);
-                for (int32_t k = 0; k < nk; k++)
-                    if (t0 + k >= lo[r] && t0 + k <= hi[r])
-                        sc[r][t0 + k - lo[r]] = sf[k];
-            }
-        }
-        /* softmax per row; sc becomes p_t / sum */
-        for (int32_t r = 0; r < g; r++)
-            softmax_row(sc[r], (size_t)(hi[r] - lo[r] + 1));
-        /* O = P V, 4 vectors of head_dim at a time held in registers */
-        for (int32_t c0 = 0; c0 < hdv; c0 += 4) {
-            int32_t nv = hdv - c0 < 4 ? hdv - c0 : 4;
-            v16f acc[ATTN_RQ][4];
-            for (int32_t r = 0; r < ATTN_RQ; r++)
-                for (int c = 0; c < 4; c++)
-                    acc[r][c] = (v16f){0};
-            /* keys every row of a full group attends to, [f_lo, f_hi],
-             * in registers (below); the others row by row.  Each acc[r][c]
-             * takes the keys in order either way: the same bits. */
-            int32_t f_lo = lo[ATTN_RQ - 1], f_hi = hi[0];
-            if (!(HDV && g == ATTN_RQ && f_lo <= f_hi))
-                f_lo = t_hi + 1, f_hi = t_hi;
-            /* (vb, vs): key t's block and slot, stepped on with t */
-            int32_t vb = t_lo / bs, vs = t_lo % bs;
-            for (int32_t t = t_lo; t <= t_hi; t++) {
-                if (t == f_lo) {
-                    v16f fa[ATTN_RQ][4];
-                    const int NV = HDV - c0 < 4 ? HDV - c0 : 4;
-                    for (int32_t r = 0; r < ATTN_RQ; r++)
-                        for (int c = 0; c < NV; c++)
-                            fa[r][c] = acc[r][c];
-                    for (; t <= f_hi; t++) {
-                        const void *vv = kvr_kv_ptr(l, a->layer_base, bt[vb], 1, kvh, vs);
-                        if (++vs == bs)
-                            vs = 0, vb++;
-                        v16f vc[4];
-                        for (int c = 0; c < NV; c++)
-                            vc[c] = ld16x(vv, dt, (size_t)(c0 + c) * 16);
-                        for (int32_t r = 0; r < ATTN_RQ; r++) {
-                            v16f pv = (v16f){0} + sc[r][t - lo[r]];
-                            for (int c = 0; c < NV; c++)
-                                fa[r][c] += pv * vc[c];
-                        }
-                    }
-                    for (int32_t r = 0; r < ATTN_RQ; r++)
-                        for (int c = 0; c < NV; c++)
-                            acc[r][c] = fa[r][c];
-                    if (t > t_hi)
-                        break;
-                }
-                const void *vv = kvr_kv_ptr(l, a->layer_base, bt[vb], 1, kvh, vs);
-                if (++vs == bs)
-                    vs = 0, vb++;
-                v16f vc[4];
+                v16f pv = (v16f){0} + sc[r][t - lo[r]];
                 for (int32_t c = 0; c < nv; c++)
-                    vc[c] = ldkv(vv, dt, (c0 + c) * 16, hd - (c0 + c) * 16);
-                for (int32_t r = 0; r < g; r++) {
-                    if (t < lo[r] || t > hi[r])
-                        continue;
-                    v16f pv = (v16f){0} + sc[r][t - lo[r]];
-                    for (int32_t c = 0; c < nv; c++)
-                        acc[r][c] += pv * vc[c];
-                }
+                    acc[r][c] += pv * vc[c];
             }
-            for (int32_t r = 0; r < g; r++)
-                for (int32_t c = 0; c < nv; c++) {
-                    int32_t i = (c0 + c) * 16, n = hd - i < 16 ? hd - i : 16;
-                    memcpy(o[r] + i, &acc[r][c], (size_t)n * 4);
-                }
         }
+        for (int32_t r = 0; r < g; r++)
+            for (int32_t c = 0; c < nv; c++) {
+                int32_t i = (c0 + c) * 16, n = hd - i < 16 ? hd - i : 16;
+                memcpy(o[r] + i, &acc[r][c], (size_t)n * 4);
+            }
+    }
+}
+
+/* One attention task loop for KV elements of dtype dt (a constant): task
+ * pi is (head h, group gi), head major (as each head's keys are read
+ * again by its next group); a group of fewer than ATTN_RQ rows takes
+ * attn_hpu() query heads of one KV head together (a decode step: the
+ * heads sharing a KV head read its keys once), the task of the first,
+ * and the tasks of the others are empty. */
+static inline __attribute__((always_inline)) void
+attn_rows(const struct attn_job *j, int ith, int nth, int tid, const int32_t dt, const int32_t HDV)
+{
+    const struct kvr_attn_args *a = j->a;
+    const int32_t group = a->n_heads / a->layout->n_kv_heads;
+    const int32_t n_pairs = j->n_groups * a->n_heads;
+    for (int32_t pi = ith; pi < n_pairs; pi += nth) {
+        int32_t h = pi / j->n_groups, gi = pi % j->n_groups, hk = h % group;
+        int32_t r0 = j->grp[gi], nrow = j->grp[gi + 1] - r0;
+        int32_t hpu = attn_hpu(nrow, group);
+        if (hk % hpu)
+            continue; /* taken with the unit's first head */
+        int32_t nh = group - hk < hpu ? group - hk : hpu, ni = nrow * nh, kvh = h / group;
+        /* the shapes as constants: a prefill group of 4 rows, a decode
+         * row's 2..4 heads */
+        if (HDV && nrow == 4)
+            attn_unit(j, tid, dt, HDV, 4, r0, 4, h, 1, kvh);
+        else if (HDV && nrow == 1 && nh == 4)
+            attn_unit(j, tid, dt, HDV, 4, r0, 1, h, 4, kvh);
+        else if (HDV && nrow == 1 && nh == 3)
+            attn_unit(j, tid, dt, HDV, 3, r0, 1, h, 3, kvh);
+        else if (HDV && nrow == 1 && nh == 2)
+            attn_unit(j, tid, dt, HDV, 2, r0, 1, h, 2, kvh);
+        else if (HDV && ni >= 2 && ni <= 4)
+            attn_unit(j, tid, dt, HDV, ni == 4 ? 4 : ni == 3 ? 3 : 2, r0, nrow, h, nh, kvh);
+        else
+            attn_unit(j, tid, dt, HDV, 0, r0, nrow, h, nh, kvh);
     }
 }
 
