@@ -7,6 +7,7 @@
  *   kvrail-engine-bench decode  MODEL BATCH CONTEXT STEPS [REPS] [THREADS]
  *   kvrail-engine-bench sgemm   M N K [REPS]
  *   kvrail-engine-bench readbw  MODEL [REPS]
+ *   kvrail-engine-bench peak    [REPS]
  *
  * KVR_NUMERICS=f32|bf16dot in the environment: the contexts' numerics mode
  * (kvr_ctx_opts.numerics; bf16dot fails on a CPU without AVX512-BF16).
@@ -18,7 +19,9 @@
  * Decode also prints weight_gb_s: the model's weight bytes (every matrix
  * is read once a step) per second of the best repetition.  readbw: one
  * thread summing a buffer of the model's weight bytes (the bandwidth a
- * decode step could reach), best of REPS, in GB/s.
+ * decode step could reach), best of REPS, in GB/s.  peak: one thread's
+ * f32 FMA and bf16 vdpbf16ps GFLOP/s from registers (the compute bound of
+ * prefill and batched decode; x86-64-v4 only).
  */
 #include <time.h>
 #include <cblas.h>
@@ -300,6 +303,90 @@ static int bench_matmul(int M, int N, int K, int reps, int threads, int gemv_max
     return 0;
 }
 
+/* peak: one thread's arithmetic bound from registers, no memory: f32 FMA
+ * on 16-lane vectors (12 independent accumulators, more than the FMA
+ * latency times the pipes) and, where the CPU has AVX512-BF16, vdpbf16ps
+ * (32 products and 32 adds an instruction, 12 accumulators).  GFLOP/s per
+ * CPU second and wall, best of REPS. */
+#define PEAK_ACC 12
+typedef float v16p __attribute__((vector_size(64)));
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+__attribute__((target("arch=x86-64-v4"))) static float peak_fma(long iters, float m, float c)
+{
+    v16p acc[PEAK_ACC];
+    for (int i = 0; i < PEAK_ACC; i++)
+        acc[i] = (v16p){0} + (float)i;
+    for (long it = 0; it < iters; it++) {
+        for (int i = 0; i < PEAK_ACC; i++)
+            acc[i] = acc[i] * m + c;
+        __asm__ volatile(""
+                         : "+x"(acc[0]), "+x"(acc[1]), "+x"(acc[2]), "+x"(acc[3]), "+x"(acc[4]),
+                           "+x"(acc[5]), "+x"(acc[6]), "+x"(acc[7]), "+x"(acc[8]), "+x"(acc[9]),
+                           "+x"(acc[10]), "+x"(acc[11]));
+    }
+    v16p s = {0};
+    for (int i = 0; i < PEAK_ACC; i++)
+        s += acc[i];
+    return s[0];
+}
+
+__attribute__((target("arch=x86-64-v4,avx512bf16"))) static float peak_dp(long iters)
+{
+    __m512 acc[PEAK_ACC];
+    for (int i = 0; i < PEAK_ACC; i++)
+        acc[i] = _mm512_set1_ps((float)i);
+    __m512bh a = (__m512bh)_mm512_set1_epi16(0x3a83), b = (__m512bh)_mm512_set1_epi16(0x3c00);
+    for (long it = 0; it < iters; it++) {
+        for (int i = 0; i < PEAK_ACC; i++)
+            acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+        __asm__ volatile(""
+                         : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]), "+v"(acc[4]),
+                           "+v"(acc[5]), "+v"(acc[6]), "+v"(acc[7]), "+v"(acc[8]), "+v"(acc[9]),
+                           "+v"(acc[10]), "+v"(acc[11]));
+    }
+    __m512 s = _mm512_setzero_ps();
+    for (int i = 0; i < PEAK_ACC; i++)
+        s = _mm512_add_ps(s, acc[i]);
+    return _mm512_reduce_add_ps(s);
+}
+
+static int bench_peak(int reps)
+{
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("x86-64-v4")) {
+        fprintf(stderr, "kvrail-engine-bench peak: needs an x86-64-v4 (AVX-512) CPU\n");
+        return 1;
+    }
+    const long iters = 20000000;
+    double best[2] = {1e30, 1e30}, best_cpu[2] = {1e30, 1e30};
+    int have_dp = __builtin_cpu_supports("avx512bf16");
+    float keep = 0;
+    for (int r = 0; r < reps; r++) {
+        for (int k = 0; k < 1 + have_dp; k++) {
+            uint64_t t0 = kvr_now_ns();
+            double c0 = cpu_now();
+            keep += k ? peak_dp(iters) : peak_fma(iters, 0.5f, 1.0f);
+            double s = (double)(kvr_now_ns() - t0) / 1e9, cs = cpu_now() - c0;
+            if (s < best[k])
+                best[k] = s;
+            if (cs < best_cpu[k])
+                best_cpu[k] = cs;
+        }
+    }
+    /* an f32 FMA: 16 lanes x 2 flops; vdpbf16ps: 32 products + 32 adds */
+    double f_fma = (double)iters * PEAK_ACC * 32, f_dp = (double)iters * PEAK_ACC * 64;
+    printf("{\"mode\": \"peak\", \"f32_fma_gflops\": %.2f, \"f32_fma_gflops_cpu\": %.2f, ",
+           f_fma / best[0] / 1e9, f_fma / best_cpu[0] / 1e9);
+    if (have_dp)
+        printf("\"bf16_dp_gflops\": %.2f, \"bf16_dp_gflops_cpu\": %.2f, ", f_dp / best[1] / 1e9,
+               f_dp / best_cpu[1] / 1e9);
+    printf("\"check\": %g}\n", (double)keep);
+    return 0;
+}
+#endif
+
 int main(int argc, char **argv)
 {
     if (argc >= 5 && strcmp(argv[1], "matmul") == 0)
@@ -312,6 +399,10 @@ int main(int argc, char **argv)
     if (argc >= 6 && strcmp(argv[1], "decode") == 0)
         return bench_decode(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]),
                             argc > 6 ? atoi(argv[6]) : 3, argc > 7 ? atoi(argv[7]) : 0);
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    if (argc >= 2 && strcmp(argv[1], "peak") == 0)
+        return bench_peak(argc > 2 ? atoi(argv[2]) : 3);
+#endif
     if (argc >= 3 && strcmp(argv[1], "readbw") == 0)
         return bench_readbw(argv[2], argc > 3 ? atoi(argv[3]) : 5);
     if (argc >= 5 && strcmp(argv[1], "sgemm") == 0)
@@ -321,6 +412,7 @@ int main(int argc, char **argv)
                     "       kvrail-engine-bench decode MODEL BATCH CONTEXT STEPS [REPS] "
                     "[THREADS]\n"
                     "       kvrail-engine-bench sgemm M N K [REPS]\n"
-                    "       kvrail-engine-bench readbw MODEL [REPS]\n");
+                    "       kvrail-engine-bench readbw MODEL [REPS]\n"
+                    "       kvrail-engine-bench peak [REPS]\n");
     return 2;
 }
