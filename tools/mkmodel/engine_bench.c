@@ -309,47 +309,43 @@ static int bench_matmul(int M, int N, int K, int reps, int threads, int gemv_max
  * (32 products and 32 adds an instruction, 12 accumulators).  GFLOP/s per
  * CPU second and wall, best of REPS. */
 #define PEAK_ACC 12
-typedef float v16p __attribute__((vector_size(64)));
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
+/* 12 accumulators as named registers (an array of them was kept in
+ * memory, a store and a reload per FMA); the empty asm after each step
+ * keeps the compiler from folding the loop. */
+#define PEAK_STEP(OP)                                                                              \
+    do {                                                                                           \
+        a0 = OP(a0), a1 = OP(a1), a2 = OP(a2), a3 = OP(a3), a4 = OP(a4), a5 = OP(a5);              \
+        a6 = OP(a6), a7 = OP(a7), a8 = OP(a8), a9 = OP(a9), a10 = OP(a10), a11 = OP(a11);          \
+        __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5));         \
+        __asm__ volatile("" : "+v"(a6), "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));       \
+    } while (0)
+#define PEAK_SUM (((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)) + ((a8 + a9) + (a10 + a11)))
+
 __attribute__((target("arch=x86-64-v4"))) static float peak_fma(long iters, float m, float c)
 {
-    v16p acc[PEAK_ACC];
-    for (int i = 0; i < PEAK_ACC; i++)
-        acc[i] = (v16p){0} + (float)i;
-    for (long it = 0; it < iters; it++) {
-        for (int i = 0; i < PEAK_ACC; i++)
-            acc[i] = acc[i] * m + c;
-        __asm__ volatile(""
-                         : "+x"(acc[0]), "+x"(acc[1]), "+x"(acc[2]), "+x"(acc[3]), "+x"(acc[4]),
-                           "+x"(acc[5]), "+x"(acc[6]), "+x"(acc[7]), "+x"(acc[8]), "+x"(acc[9]),
-                           "+x"(acc[10]), "+x"(acc[11]));
-    }
-    v16p s = {0};
-    for (int i = 0; i < PEAK_ACC; i++)
-        s += acc[i];
-    return s[0];
+    __m512 vm = _mm512_set1_ps(m), vc = _mm512_set1_ps(c);
+    __m512 a0 = _mm512_set1_ps(0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0,
+           a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+#define FMA(x) _mm512_fmadd_ps(x, vm, vc)
+    for (long it = 0; it < iters; it++)
+        PEAK_STEP(FMA);
+#undef FMA
+    return _mm512_reduce_add_ps(PEAK_SUM);
 }
 
 __attribute__((target("arch=x86-64-v4,avx512bf16"))) static float peak_dp(long iters)
 {
-    __m512 acc[PEAK_ACC];
-    for (int i = 0; i < PEAK_ACC; i++)
-        acc[i] = _mm512_set1_ps((float)i);
-    __m512bh a = (__m512bh)_mm512_set1_epi16(0x3a83), b = (__m512bh)_mm512_set1_epi16(0x3c00);
-    for (long it = 0; it < iters; it++) {
-        for (int i = 0; i < PEAK_ACC; i++)
-            acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
-        __asm__ volatile(""
-                         : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]), "+v"(acc[4]),
-                           "+v"(acc[5]), "+v"(acc[6]), "+v"(acc[7]), "+v"(acc[8]), "+v"(acc[9]),
-                           "+v"(acc[10]), "+v"(acc[11]));
-    }
-    __m512 s = _mm512_setzero_ps();
-    for (int i = 0; i < PEAK_ACC; i++)
-        s = _mm512_add_ps(s, acc[i]);
-    return _mm512_reduce_add_ps(s);
+    __m512bh va = (__m512bh)_mm512_set1_epi16(0x3a83), vb = (__m512bh)_mm512_set1_epi16(0x3c00);
+    __m512 a0 = _mm512_set1_ps(0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0,
+           a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+#define DP(x) _mm512_dpbf16_ps(x, va, vb)
+    for (long it = 0; it < iters; it++)
+        PEAK_STEP(DP);
+#undef DP
+    return _mm512_reduce_add_ps(PEAK_SUM);
 }
 
 static int bench_peak(int reps)
