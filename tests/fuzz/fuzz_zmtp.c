@@ -319,8 +319,8 @@ static void drive(void)
  * it after each piece. */
 static void put(const uint8_t *b, size_t n, size_t chunk)
 {
-    if (c.closed)
-        return;
+    if (c.closed || kvr_zmtp_error(c.z)[0])
+        return; /* the link dropped the connection (its reason kept until it is up again) */
     size_t off = 0;
     int stuck = 0;
     while (off < n && stuck < 8) {
@@ -419,7 +419,7 @@ static void big_frames(const uint8_t *data, size_t size, size_t *pos, size_t chu
      * buffer, ~100 KiB, several times over; more only costs runs) */
     if (n * count > (256u << 10))
         count = n ? (256u << 10) / n : count;
-    if (c.big_bytes + n * count > (1u << 20))
+    if (c.big_bytes + n * count > (1u << 20) || kvr_zmtp_error(c.z)[0])
         return;
     c.big_bytes += n * count;
     size_t each = 9 + 16 + 16 + 1 + n; /* a CURVE frame's most */
