@@ -50,6 +50,10 @@ static const char *type_name(const kvr_json_t *v)
 static kvr_status_t get_int(struct ctx *c, const char *key, const kvr_json_t *v, int64_t lo,
                             int64_t hi, int64_t *out)
 {
+    if (v->type == KVR_JSON_NUMBER && !v->is_int && fabs(v->num) >= 9223372036854775808.0)
+        /* whole but past int64 (1e300, 2^63): out of range, not a fraction */
+        return fail(c, 400, KVR_ERR_INVALID, key, "'%s' is %g; it must be in [%lld, %lld]", key,
+                    v->num, (long long)lo, (long long)hi);
     if (v->type != KVR_JSON_NUMBER || !v->is_int)
         return fail(c, 400, KVR_ERR_INVALID, key, "'%s' must be an integer, not %s", key,
                     v->type == KVR_JSON_NUMBER ? "a fraction" : type_name(v));
@@ -285,7 +289,12 @@ kvr_status_t fe_req_parse(const kvr_json_t *root, bool chat, struct fe_req *r, u
         kvr_status_t st = KVR_OK;
         int64_t iv = 0;
         double dv = 0;
-        if (root->key_lens[i] != strlen(k) || !known_field(k, chat))
+        if (root->key_lens[i] != strlen(k))
+            return fail(&c, 400, KVR_ERR_INVALID, k,
+                        "Unrecognized request argument supplied: '%s' followed by a NUL "
+                        "character (no field has one)",
+                        k);
+        if (!known_field(k, chat))
             return fail(&c, 400, KVR_ERR_INVALID, k,
                         "Unrecognized request argument supplied: %s (kvrail answers every field "
                         "or refuses it)",
