@@ -125,6 +125,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     unsigned status = 0;
     char param[64] = "", msg[700] = "";
     kvr_status_t st = fe_req_parse(root, chat, &r, &status, param, sizeof(param), msg, sizeof(msg));
+    if (getenv("FUZZ_VERBOSE")) /* what a seed got */
+        fprintf(stderr, "fuzz_openai: %u %s: %s\n", st == KVR_OK ? 200 : status, param, msg);
     if (st == KVR_OK) {
         check_ok(&r, chat);
     } else {
