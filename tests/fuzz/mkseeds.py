@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""mkseeds.py - writes the seed corpora of the decode, cluster, model and
-tokenizer fuzz targets (tests/fuzz/corpus/<target>/; the router's come from
-mkseeds.c).  Each seed is one scenario or file named for what it exercises;
+"""mkseeds.py - writes the seed corpora of the decode, cluster, model,
+tokenizer, zmtp and openai fuzz targets (tests/fuzz/corpus/<target>/; the
+router's come from mkseeds.c).  Each seed is one scenario or file named for what it exercises;
 the record formats are described at the top of each target's .c file.
 
     tests/fuzz/mkseeds.py            (from the source root)
