@@ -327,6 +327,10 @@ def openai_seeds():
     put("openai", "completion-no-context", b"\x0e" + comp[1])
     put("openai", "chat-no-context-bounded", b"\x07" + chat[0])
     put("openai", "chat-n4", b"\x09" + chat[3])
+    deep = b"[" * 500 + b"]" * 500  # the template prints it: its nesting bound, not the stack
+    put("openai", "chat-deep-text", b"\x01" + b'{"model": "fuzz-model", "messages": [{"role": "user", '
+        b'"content": [{"type": "text", "text": ' + deep + b'}]}], "chat_template_kwargs": '
+        b'{"enable_thinking": ' + deep + b'}}')
 
 
 if __name__ == "__main__":
