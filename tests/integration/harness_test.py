@@ -14,10 +14,12 @@ grandchild in its group), prints both pids, then ends by MODE:
 For each mode: the harness exits as described and every asserted pid is
 gone (polled with a deadline, zombies count as gone).
 """
+import faulthandler
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -33,6 +35,8 @@ def gone(pid):
 
 
 def child(mode):
+    # a parent that waited in vain asks where this process is (SIGUSR1)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     p = spawn(["sh", "-c", "sleep 300 & echo $!; wait"], stdout=subprocess.PIPE, text=True)
     grand = int(p.stdout.readline())
     print(p.pid, grand, flush=True)
@@ -40,7 +44,12 @@ def child(mode):
         raise RuntimeError("deliberate")
     if mode == "exit":
         sys.exit(3)
-    time.sleep(300)
+    # Wait for the signal in short sleeps: CPython runs a Python signal
+    # handler only back in its eval loop, and a signal that lands after the
+    # check and before a blocking call begins (here: one 300 s sleep) waits
+    # for that call to end; a harness's own waits are short polls like these.
+    for _ in range(3000):
+        time.sleep(0.1)
 
 
 def main():
@@ -49,8 +58,9 @@ def main():
     bad = 0
     for mode, want_rc, check_grand in (("exception", 1, True), ("exit", 3, True),
                                        ("sigterm", 128 + 15, True), ("sigkill", -9, False)):
+        err = tempfile.TemporaryFile(mode="w+")
         h = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", mode],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                             stdout=subprocess.PIPE, stderr=err, text=True,
                              start_new_session=True)
         try:
             leader, grand = map(int, h.stdout.readline().split())
@@ -58,7 +68,19 @@ def main():
                 h.send_signal(signal.SIGTERM)
             elif mode == "sigkill":
                 h.kill()
-            rc = h.wait(timeout=30)
+            try:
+                rc = h.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                # where it is stuck: its threads' stacks (faulthandler), then its stderr
+                h.send_signal(signal.SIGUSR1)
+                try:
+                    h.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+                err.seek(0)
+                print("%s: the harness did not exit within 30 s; its stderr:\n%s" %
+                      (mode, err.read()[-4000:]))
+                raise
             pids = [leader, grand] if check_grand else [leader]
             deadline = time.monotonic() + 15
             while not all(gone(p) for p in pids) and time.monotonic() < deadline:
@@ -69,6 +91,7 @@ def main():
                 mode, rc, want_rc, left, "ok" if ok else "FAIL"))
             bad += not ok
         finally:
+            err.close()
             try:
                 os.killpg(h.pid, signal.SIGKILL)
             except OSError:
