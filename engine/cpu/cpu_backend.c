@@ -49,7 +49,7 @@ struct cpu_backend {
     struct kvr_compute_backend base; /* first */
     kvr_tp_t *tp;
     struct kvr_backend_params p;
-    float *conv; /* [n_threads][conv_per_thread] a widened weight panel */
+    float *conv; /* [n_threads][conv_per_thread] a widened weight panel (<= 8 rows) */
     size_t conv_per_thread;
     float *scores;       /* [n_threads][ATTN_RQ][max_seq_len] attention scores */
     int32_t *grp;        /* [max_rows + 1] attention row groups */
@@ -500,6 +500,19 @@ static inline __attribute__((always_inline)) int mm_walk_next(struct mm_walk *w,
     return R;
 }
 
+/* K elements of a weight row (dtype) widened to f32 at dst (exact). */
+static inline __attribute__((always_inline)) void mm_widen(float *dst, const void *src,
+                                                           int32_t dtype, size_t K)
+{
+    size_t i = 0;
+    for (; i + 16 <= K; i += 16) {
+        v16f v = ld16x(src, dtype, i);
+        memcpy(dst + i, &v, 64);
+    }
+    for (; i < K; i++)
+        dst[i] = ld1(src, dtype, i);
+}
+
 static inline __attribute__((always_inline)) void mm_rows(const struct mm_job *j, int32_t dtype,
                                                           int32_t n0, int32_t n1, int tid)
 {
@@ -519,17 +532,8 @@ static inline __attribute__((always_inline)) void mm_rows(const struct mm_job *j
         while ((R = mm_walk_next(&wk, &n, &rs)) != 0) {
             const char *wr = W + (size_t)n * K * esz;
             if (widen) {
-                for (int r = 0; r < R; r++) {
-                    const char *src = wr + (size_t)r * (size_t)rs * K * esz;
-                    float *dst = conv + (size_t)r * K;
-                    size_t i = 0;
-                    for (; i + 16 <= K; i += 16) {
-                        v16f v = ld16x(src, dtype, i);
-                        memcpy(dst + i, &v, 64);
-                    }
-                    for (; i < K; i++)
-                        dst[i] = ld1(src, dtype, i);
-                }
+                for (int r = 0; r < R; r++)
+                    mm_widen(conv + (size_t)r * K, wr + (size_t)r * (size_t)rs * K * esz, dtype, K);
                 mm_panel(j, KVR_DT_F32, conv, K, R, n, rs, m0, m1);
             } else {
                 mm_panel(j, dtype, wr, K * (size_t)rs, R, n, rs, m0, m1);
@@ -562,11 +566,191 @@ static inline __attribute__((always_inline)) void mm_task_body(void *arg, int it
     }
 }
 
+/* y[m..m+C-1][n..n+7] of an 8 x C tile's dots in out (out[c * 8 + r]),
+ * plus the bias, added to y when the job accumulates: mm_store()'s adds,
+ * 8 lanes at once. */
+static inline __attribute__((always_inline)) void
+mm_store8(const struct mm_job *j, const float *out, int C, int32_t m, int32_t n)
+{
+    const size_t N = (size_t)j->w->rows;
+    v8f b = {0};
+    if (j->bias)
+        memcpy(&b, j->bias + n, 32);
+    for (int c = 0; c < C; c++) {
+        v8f v;
+        memcpy(&v, out + c * 8, 32);
+        v += b;
+        float *yp = &j->y[(size_t)(m + c) * N + (size_t)n];
+        if (j->accumulate) {
+            v8f o;
+            memcpy(&o, yp, 32);
+            v = o + v;
+        }
+        memcpy(yp, &v, 32);
+    }
+}
+
 #if defined(__OPTIMIZE__) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* The x86-64-v4 matmul for M > MM_DECODE_ROWS (prefill, and decode steps
+ * of more than 16 rows): 8 adjacent weight rows x 3 x rows a tile, 24
+ * accumulators of AVX-512's 32 registers.  Against micro()'s 4 x 4, each
+ * x vector (the x block does not fit L1: 32 rows of K = 768 are 96 KB, so
+ * x streams from L2) serves 8 weight rows instead of 4, and a k step loads
+ * 11 vectors for 24 FMAs instead of 8 for 16.  Each output is micro()'s
+ * dot product: 16 lanes over K in order, the same zero-padded tail, then
+ * hsum16() (hsum()'s adds), so the bits are micro()'s whatever the tile.
+ * The empty asm after each weight load keeps the vector in a register:
+ * without it GCC folds the load into each of its 3 FMAs (27 loads a step),
+ * which ran at half the speed (73 against 150 GFLOP/s for micro() at
+ * M = 32, N = 2048, K = 768; 166-170 with the asm). */
+#define MM_TILE_ROWS 8
+
+__attribute__((target("arch=x86-64-v4"))) static inline __attribute__((always_inline)) void
+micro8(const int C, int32_t dtype, const void *w, size_t ldw, const float *x, size_t ldx_, size_t K,
+       float *out)
+{
+    v16f acc[MM_TILE_ROWS][3];
+    for (int r = 0; r < MM_TILE_ROWS; r++)
+        for (int c = 0; c < C; c++)
+            acc[r][c] = (v16f){0};
+    const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
+    size_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        v16f xv[3];
+        for (int c = 0; c < C; c++)
+            xv[c] = ldx(x + (size_t)c * ldx_ + k);
+        for (int r = 0; r < MM_TILE_ROWS; r++) {
+            v16f wv = ld16x((const char *)w + (size_t)r * ldw * esz, dtype, k);
+            __asm__("" : "+v"(wv));
+            for (int c = 0; c < C; c++)
+                acc[r][c] += wv * xv[c];
+        }
+    }
+    if (k < K) { /* the tail, zero-padded to one more vector step, as micro() */
+        v16f xv[3];
+        for (int c = 0; c < C; c++) {
+            float f[16] = {0};
+            memcpy(f, x + (size_t)c * ldx_ + k, (K - k) * 4);
+            xv[c] = ldx(f);
+        }
+        for (int r = 0; r < MM_TILE_ROWS; r++) {
+            uint16_t h[16] = {0};
+            float f[16] = {0};
+            const char *wr = (const char *)w + (size_t)r * ldw * esz + k * esz;
+            memcpy(dtype == KVR_DT_F32 ? (void *)f : (void *)h, wr, (K - k) * esz);
+            v16f wv = dtype == KVR_DT_F32 ? ld16x(f, dtype, 0) : ld16x(h, dtype, 0);
+            for (int c = 0; c < C; c++)
+                acc[r][c] += wv * xv[c];
+        }
+    }
+    v16f a32[32];
+    for (int i = 0; i < 32; i++)
+        a32[i] = (v16f){0};
+    for (int c = 0; c < C; c++)
+        for (int r = 0; r < MM_TILE_ROWS; r++)
+            a32[c * MM_TILE_ROWS + r] = acc[r][c];
+    v16f s0 = hsum16(a32);
+    memcpy(out, &s0, 64);
+    if (C > 2) {
+        v16f s1 = hsum16(a32 + 16);
+        memcpy(out + 16, &s1, 64);
+    }
+}
+
+/* Rows m0..m1 of y against weight rows n..n+7 (wp, stride ldw, dtype). */
+__attribute__((target("arch=x86-64-v4"))) static inline __attribute__((always_inline)) void
+mm_panel8(const struct mm_job *j, int32_t dtype, const void *wp, size_t ldw, int32_t n, int32_t m0,
+          int32_t m1)
+{
+    const size_t K = (size_t)j->w->cols;
+    float out[32];
+    for (int32_t m = m0; m < m1; m += 3) {
+        int C = m1 - m < 3 ? m1 - m : 3;
+        const float *xr = j->x + (size_t)m * K;
+        if (C == 3)
+            micro8(3, dtype, wp, ldw, xr, K, K, out);
+        else if (C == 2)
+            micro8(2, dtype, wp, ldw, xr, K, K, out);
+        else
+            micro8(1, dtype, wp, ldw, xr, K, K, out);
+        mm_store8(j, out, C, m, n);
+    }
+}
+
+/* mm_rows() for M > MM_DECODE_ROWS on x86-64-v4: the same x blocks and
+ * widening, the weight rows in 8-row panels while 8 are left, the rest as
+ * mm_rows() takes them (adjacent 4-row panels, then one row a panel). */
+__attribute__((target("arch=x86-64-v4"))) static inline __attribute__((always_inline)) void
+mm_rows8(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1, int tid)
+{
+    const size_t K = (size_t)j->w->cols;
+    const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
+    const char *W = j->w->data;
+    int32_t mb = (int32_t)(MM_XBLOCK / (K * 4)) & ~3;
+    if (mb < 4)
+        mb = 4;
+    float *conv = j->c->conv + (size_t)tid * j->c->conv_per_thread;
+    for (int32_t m0 = 0; m0 < j->M; m0 += mb) {
+        int32_t m1 = j->M - m0 < mb ? j->M : m0 + mb;
+        bool widen = dtype != KVR_DT_F32 && m1 - m0 > MM_WIDEN_ROWS;
+        int32_t nn = n0;
+        for (; nn + MM_TILE_ROWS <= n1; nn += MM_TILE_ROWS) {
+            const char *wr = W + (size_t)nn * K * esz;
+            if (widen) {
+                for (int r = 0; r < MM_TILE_ROWS; r++)
+                    mm_widen(conv + (size_t)r * K, wr + (size_t)r * K * esz, dtype, K);
+                mm_panel8(j, KVR_DT_F32, conv, K, nn, m0, m1);
+            } else {
+                mm_panel8(j, dtype, wr, K, nn, m0, m1);
+            }
+        }
+        struct mm_walk wk = mm_walk_init(nn, n1, false);
+        int32_t n, rs;
+        int R;
+        while ((R = mm_walk_next(&wk, &n, &rs)) != 0) {
+            const char *wr = W + (size_t)n * K * esz;
+            if (widen) {
+                for (int r = 0; r < R; r++)
+                    mm_widen(conv + (size_t)r * K, wr + (size_t)r * K * esz, dtype, K);
+                mm_panel(j, KVR_DT_F32, conv, K, R, n, rs, m0, m1);
+            } else {
+                mm_panel(j, dtype, wr, K, R, n, rs, m0, m1);
+            }
+        }
+    }
+}
+
+/* mm_task_v4's rows for M > MM_DECODE_ROWS; not inlined, so that the
+ * decode walk's code in mm_task_v4 stays as it was (inlined, f32 decode
+ * batch 8 read 0.93-0.97x). */
+__attribute__((target("arch=x86-64-v4"), noinline)) static void
+mm_task_v4_tiles(const struct mm_job *j, int ith, int tid)
+{
+    int32_t N = j->w->rows;
+    int32_t n0 = ith * j->per, n1 = n0 + j->per < N ? n0 + j->per : N;
+    if (n0 >= n1)
+        return;
+    switch (j->w->dtype) {
+    case KVR_DT_F32:
+        mm_rows8(j, KVR_DT_F32, n0, n1, tid);
+        break;
+    case KVR_DT_BF16:
+        mm_rows8(j, KVR_DT_BF16, n0, n1, tid);
+        break;
+    default:
+        mm_rows8(j, DT_F16_V4, n0, n1, tid);
+        break;
+    }
+}
+
 __attribute__((target("arch=x86-64-v4"))) static void mm_task_v4(void *arg, int ith, int nth,
                                                                  int tid)
 {
-    mm_task_body(arg, ith, tid, DT_F16_V4);
+    const struct mm_job *j = arg;
+    if (j->M > MM_DECODE_ROWS)
+        mm_task_v4_tiles(j, ith, tid);
+    else
+        mm_task_body(arg, ith, tid, DT_F16_V4);
 }
 
 __attribute__((target("arch=x86-64-v3"))) static void mm_task_v3(void *arg, int ith, int nth,
@@ -733,15 +917,11 @@ micro_dp8(const int C, const uint16_t *w, size_t ldw, const uint16_t *x, size_t 
     memcpy(out + 16, &s1, 64);
 }
 
-/* Weight rows n..n+7 (adjacent) of y for x rows m0..m1, in 8 x 3 tiles;
- * mm_store()'s adds, 8 lanes at once. */
+/* Weight rows n..n+7 (adjacent) of y for x rows m0..m1, in 8 x 3 tiles. */
 DP_TARGET static inline __attribute__((always_inline)) void
 mm_panel_dp8(const struct mm_job *j, const uint16_t *wp, int32_t n, int32_t m0, int32_t m1)
 {
-    const size_t K = (size_t)j->w->cols, ld = j->c->xbf_ld, N = (size_t)j->w->rows;
-    v8f b = {0};
-    if (j->bias)
-        memcpy(&b, j->bias + n, 32);
+    const size_t K = (size_t)j->w->cols, ld = j->c->xbf_ld;
     float out[32];
     for (int32_t m = m0; m < m1; m += 3) {
         int C = m1 - m < 3 ? m1 - m : 3;
@@ -752,18 +932,7 @@ mm_panel_dp8(const struct mm_job *j, const uint16_t *wp, int32_t n, int32_t m0, 
             micro_dp8(2, wp, K, xr, ld, K, out);
         else
             micro_dp8(1, wp, K, xr, ld, K, out);
-        for (int c = 0; c < C; c++) {
-            v8f v;
-            memcpy(&v, out + c * 8, 32);
-            v += b;
-            float *yp = &j->y[(size_t)(m + c) * N + (size_t)n];
-            if (j->accumulate) {
-                v8f o;
-                memcpy(&o, yp, 32);
-                v = o + v;
-            }
-            memcpy(yp, &v, 32);
-        }
+        mm_store8(j, out, C, m, n);
     }
 }
 
@@ -1426,7 +1595,7 @@ static kvr_status_t cpu_create(const struct kvr_backend_params *p,
     }
 #endif
     size_t nt = (size_t)p->n_threads;
-    c->conv_per_thread = ((size_t)p->max_cols * 4 + 15) & ~(size_t)15;
+    c->conv_per_thread = ((size_t)p->max_cols * 8 + 15) & ~(size_t)15; /* 8 rows: mm_rows8() */
     c->conv = aligned_alloc(64, nt * c->conv_per_thread * sizeof(float));
     c->scores = aligned_alloc(64, nt * ATTN_RQ * (size_t)p->max_seq_len * sizeof(float));
     c->grp = calloc((size_t)p->max_rows + 1, sizeof(int32_t));
