@@ -568,12 +568,6 @@ __attribute__((target("arch=x86-64-v4"))) static void mm_task_v4(void *arg, int 
 {
     mm_task_body(arg, ith, tid, DT_F16_V4);
 }
-
-__attribute__((target("arch=x86-64-v3"))) static void mm_task_v3(void *arg, int ith, int nth,
-                                                                 int tid)
-{
-    mm_task_body(arg, ith, tid, DT_F16_V3);
-}
 #endif
 
 static void mm_task_base(void *arg, int ith, int nth, int tid)
@@ -596,6 +590,201 @@ static int cpu_version(void)
     if (__builtin_cpu_supports("x86-64-v3"))
         return 3;
     return 0;
+}
+
+#include <immintrin.h>
+
+/* ------------------------------------------------------------ matmul, x86-64-v3 */
+
+/* The matmul of AVX2+FMA CPUs (x86-64-v3) on 8-lane ymm registers.  Under
+ * AVX2 each of micro()'s 16-lane vectors is two ymm, so its 4 x 4 tile
+ * wants 32 accumulator registers of the 16 there are, and each f16 load
+ * joins two vcvtph2ps halves through the stack (that kernel ran f16 decode
+ * 3.1-3.3x slower than v4).  Here each output keeps micro()'s 16 lanes as
+ * two ymm accumulators, lanes 0-7 and 8-15, each lane the same FMA chain
+ * over k as micro()'s (the K tail zero-padded to a whole 16-lane step,
+ * both halves), joined by hsum()'s adds (lane i + lane i+8, then the 4-lane
+ * tree): micro()'s bits.  The tiles fit the 16 registers: 4 weight rows x 1
+ * x row (8 accumulators; decode) and 2 x 3 (12; several x rows); f16 is
+ * widened by vcvtph2ps straight from memory, bf16 by a shift. */
+#define V3_INLINE __attribute__((target("arch=x86-64-v3"), always_inline)) static inline
+
+/* 8 lanes of a weight row (dtype) from element k, widened to f32 (exact) */
+V3_INLINE __m256 v3_ld8(const void *w, int32_t dtype, size_t k)
+{
+    if (dtype == KVR_DT_F32)
+        return _mm256_loadu_ps((const float *)w + k);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + k));
+    if (dtype == KVR_DT_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+/* hsum() of 4 outputs, each given as its lanes 0-7 + lanes 8-15 (hsum()'s
+ * first add): then lane i + lane i+4, then (c0 + c2) + (c1 + c3); output
+ * i in lane i. */
+V3_INLINE __m128 v3_hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3)
+{
+    __m128 f0 = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
+    __m128 f1 = _mm_add_ps(_mm256_castps256_ps128(a1), _mm256_extractf128_ps(a1, 1));
+    __m128 f2 = _mm_add_ps(_mm256_castps256_ps128(a2), _mm256_extractf128_ps(a2, 1));
+    __m128 f3 = _mm_add_ps(_mm256_castps256_ps128(a3), _mm256_extractf128_ps(a3, 1));
+    /* [f0[0] + f0[2], f0[1] + f0[3], f1[0] + f1[2], f1[1] + f1[3]] */
+    __m128 p = _mm_add_ps(_mm_shuffle_ps(f0, f1, 0x44), _mm_shuffle_ps(f0, f1, 0xee));
+    __m128 q = _mm_add_ps(_mm_shuffle_ps(f2, f3, 0x44), _mm_shuffle_ps(f2, f3, 0xee));
+    return _mm_add_ps(_mm_shuffle_ps(p, q, 0x88), _mm_shuffle_ps(p, q, 0xdd));
+}
+
+/* micro() on ymm halves: R (1, 2 or 4) weight rows x C (1..3) x rows,
+ * R * C <= 6, out[c * ldo + r]. */
+V3_INLINE void micro_v3(const int R, const int C, int32_t dtype, const void *w, size_t ldw,
+                        const float *x, size_t ldx_, size_t K, float *out, size_t ldo)
+{
+    __m256 acc[2][4][3]; /* [half][r][c] */
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++)
+                acc[h][r][c] = _mm256_setzero_ps();
+    const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
+    size_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        for (int h = 0; h < 2; h++) {
+            __m256 wv[4];
+            for (int r = 0; r < R; r++)
+                wv[r] = v3_ld8((const char *)w + (size_t)r * ldw * esz, dtype, k + 8 * (size_t)h);
+            for (int c = 0; c < C; c++) {
+                __m256 xv = _mm256_loadu_ps(x + (size_t)c * ldx_ + k + 8 * (size_t)h);
+                for (int r = 0; r < R; r++)
+                    acc[h][r][c] = _mm256_fmadd_ps(wv[r], xv, acc[h][r][c]);
+            }
+        }
+    }
+    if (k < K) { /* the tail, zero-padded to one more 16-lane step */
+        __m256 wv[2][4];
+        for (int r = 0; r < R; r++) {
+            uint16_t hb[16] = {0};
+            float fb[16] = {0};
+            void *b = dtype == KVR_DT_F32 ? (void *)fb : (void *)hb;
+            memcpy(b, (const char *)w + (size_t)r * ldw * esz + k * esz, (K - k) * esz);
+            wv[0][r] = v3_ld8(b, dtype, 0);
+            wv[1][r] = v3_ld8(b, dtype, 8);
+        }
+        for (int c = 0; c < C; c++) {
+            float fb[16] = {0};
+            memcpy(fb, x + (size_t)c * ldx_ + k, (K - k) * 4);
+            for (int h = 0; h < 2; h++) {
+                __m256 xv = _mm256_loadu_ps(fb + 8 * h);
+                for (int r = 0; r < R; r++)
+                    acc[h][r][c] = _mm256_fmadd_ps(wv[h][r], xv, acc[h][r][c]);
+            }
+        }
+    }
+    for (int c = 0; c < C; c++) {
+        __m256 s[4];
+        for (int r = 0; r < R; r++)
+            s[r] = _mm256_add_ps(acc[0][r][c], acc[1][r][c]);
+        __m128 o = v3_hsum4(s[0], s[R > 1 ? 1 : 0], s[R > 2 ? 2 : 0], s[R > 3 ? 3 : 0]);
+        if (R == 4) {
+            _mm_storeu_ps(out + (size_t)c * ldo, o);
+        } else {
+            float t[4];
+            _mm_storeu_ps(t, o);
+            for (int r = 0; r < R; r++)
+                out[(size_t)c * ldo + (size_t)r] = t[r];
+        }
+    }
+}
+
+/* mm_panel() on v3 tiles: one x row against the panel's 4 weight rows, or
+ * 3 x rows against each pair of them (the x rows come from L1/L2 twice, the
+ * weight rows once); the panel's tail rows one at a time. */
+V3_INLINE void mm_panel_v3(const struct mm_job *j, int32_t dtype, const void *wp, size_t ldw, int R,
+                           int32_t n, int32_t rs, int32_t m0, int32_t m1)
+{
+    const size_t K = (size_t)j->w->cols;
+    const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
+    const void *wp2 = (const char *)wp + 2 * ldw * esz;
+    float tmp[4 * 4];
+    for (int32_t m = m0; m < m1; m += 3) {
+        int C = m1 - m < 3 ? m1 - m : 3;
+        const float *xr = j->x + (size_t)m * K;
+        if (R == 4 && C == 1) {
+            micro_v3(4, 1, dtype, wp, ldw, xr, K, K, tmp, 4);
+        } else if (R == 4) {
+            if (C == 3) {
+                micro_v3(2, 3, dtype, wp, ldw, xr, K, K, tmp, 4);
+                micro_v3(2, 3, dtype, wp2, ldw, xr, K, K, tmp + 2, 4);
+            } else {
+                micro_v3(2, 2, dtype, wp, ldw, xr, K, K, tmp, 4);
+                micro_v3(2, 2, dtype, wp2, ldw, xr, K, K, tmp + 2, 4);
+            }
+        } else if (C == 3) {
+            micro_v3(1, 3, dtype, wp, ldw, xr, K, K, tmp, 4);
+        } else if (C == 2) {
+            micro_v3(1, 2, dtype, wp, ldw, xr, K, K, tmp, 4);
+        } else {
+            micro_v3(1, 1, dtype, wp, ldw, xr, K, K, tmp, 4);
+        }
+        mm_store(j, tmp, R, C, m, n, rs);
+    }
+}
+
+/* mm_rows() on v3 tiles: the same x blocks, panel walk and widening. */
+V3_INLINE void mm_rows_v3(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1, int tid)
+{
+    const size_t K = (size_t)j->w->cols;
+    const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
+    const char *W = j->w->data;
+    int32_t mb = (int32_t)(MM_XBLOCK / (K * 4)) & ~3;
+    if (mb < 4)
+        mb = 4;
+    float *conv = j->c->conv + (size_t)tid * j->c->conv_per_thread;
+    for (int32_t m0 = 0; m0 < j->M; m0 += mb) {
+        int32_t m1 = j->M - m0 < mb ? j->M : m0 + mb;
+        bool widen = dtype != KVR_DT_F32 && m1 - m0 > MM_WIDEN_ROWS;
+        struct mm_walk wk = mm_walk_init(n0, n1, j->M <= MM_DECODE_ROWS);
+        int32_t n, rs;
+        int R;
+        while ((R = mm_walk_next(&wk, &n, &rs)) != 0) {
+            const char *wr = W + (size_t)n * K * esz;
+            if (widen) {
+                for (int r = 0; r < R; r++) {
+                    const char *src = wr + (size_t)r * (size_t)rs * K * esz;
+                    float *dst = conv + (size_t)r * K;
+                    size_t i = 0;
+                    for (; i + 8 <= K; i += 8)
+                        _mm256_storeu_ps(dst + i, v3_ld8(src, dtype, i));
+                    for (; i < K; i++)
+                        dst[i] = ld1(src, dtype, i);
+                }
+                mm_panel_v3(j, KVR_DT_F32, conv, K, R, n, rs, m0, m1);
+            } else {
+                mm_panel_v3(j, dtype, wr, K * (size_t)rs, R, n, rs, m0, m1);
+            }
+        }
+    }
+}
+
+__attribute__((target("arch=x86-64-v3"))) static void mm_task_v3(void *arg, int ith, int nth,
+                                                                 int tid)
+{
+    (void)nth;
+    const struct mm_job *j = arg;
+    int32_t N = j->w->rows;
+    int32_t n0 = ith * j->per, n1 = n0 + j->per < N ? n0 + j->per : N;
+    if (n0 >= n1)
+        return;
+    switch (j->w->dtype) {
+    case KVR_DT_F32:
+        mm_rows_v3(j, KVR_DT_F32, n0, n1, tid);
+        break;
+    case KVR_DT_BF16:
+        mm_rows_v3(j, KVR_DT_BF16, n0, n1, tid);
+        break;
+    default:
+        mm_rows_v3(j, KVR_DT_F16, n0, n1, tid);
+        break;
+    }
 }
 #endif
 
