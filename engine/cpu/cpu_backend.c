@@ -285,6 +285,52 @@ static inline __attribute__((always_inline)) v16f hsum16(const v16f *a)
     return __builtin_shuffle(r[0], r[1], l4a) + __builtin_shuffle(r[0], r[1], l4b);
 }
 
+/* s in every lane; H8 (the x86-64-v3 versions): joined from two 8-lane
+ * splats, where GCC builds a 16-lane splat under AVX2 lane by lane through
+ * the stack. */
+static inline __attribute__((always_inline)) v16f splat(const int H8, float s)
+{
+    if (!H8)
+        return (v16f){0} + s;
+    v8f h = (v8f){0} + s;
+    v16f f;
+    memcpy(&f, &h, 32);
+    memcpy((char *)&f + 32, &h, 32);
+    return f;
+}
+
+/* hsum16() for the x86-64-v3 versions: the same adds on 8- and 4-lane
+ * vectors, 4 sums at a time.  Under AVX2 (a v16f is two ymm) GCC lowers
+ * hsum16()'s 16-lane shuffles element by element through the stack: that
+ * was most of attn_task_v3's time. */
+static inline __attribute__((always_inline)) v16f hsum16_h(const v16f *a)
+{
+    typedef int32_t v4i __attribute__((vector_size(16)));
+    float out[16];
+    for (int g = 0; g < 4; g++) {
+        v4f f[4];
+        for (int i = 0; i < 4; i++) {
+            v8f lo, hi;
+            memcpy(&lo, &a[4 * g + i], 32);
+            memcpy(&hi, (const char *)&a[4 * g + i] + 32, 32);
+            lo += hi; /* lane i + lane i+8 */
+            v4f c, d;
+            memcpy(&c, &lo, 16);
+            memcpy(&d, (const char *)&lo + 16, 16);
+            f[i] = c + d; /* + 4 */
+        }
+        /* (c0 + c2) + (c1 + c3) of each */
+        v4f p = __builtin_shuffle(f[0], f[1], (v4i){0, 1, 4, 5}) +
+                __builtin_shuffle(f[0], f[1], (v4i){2, 3, 6, 7});
+        v4f q = __builtin_shuffle(f[2], f[3], (v4i){0, 1, 4, 5}) +
+                __builtin_shuffle(f[2], f[3], (v4i){2, 3, 6, 7});
+        v4f r =
+            __builtin_shuffle(p, q, (v4i){0, 2, 4, 6}) + __builtin_shuffle(p, q, (v4i){1, 3, 5, 7});
+        memcpy(out + 4 * g, &r, 16);
+    }
+    return ldx(out);
+}
+
 /* R weight rows x C activation rows, R*C accumulators: out[c][r] = the dot
  * of weight row r and x row c, 16 lanes accumulated over K in order (the
  * tail zero-padded to a last vector step), then hsum().  Only vector
@@ -1230,11 +1276,11 @@ static inline int32_t attn_hpu(int32_t gr, int32_t group)
 /* One unit: the ni = rows x heads items (row-major) of rows r0.. and heads
  * h0.. (all of KV head kvh, all of one sequence at consecutive positions).
  * NI: ni as a constant where the items share each key's loads (HDV and
- * 2..ATTN_RQ items), else 0 (each item its own loop). */
-static inline __attribute__((always_inline)) void attn_unit(const struct attn_job *j, int tid,
-                                                            const int32_t dt, const int32_t HDV,
-                                                            const int NI, int32_t r0, int32_t nrow,
-                                                            int32_t h0, int32_t nh, int32_t kvh)
+ * 2..ATTN_RQ items), else 0 (each item its own loop).  H8: the x86-64-v3
+ * version (hsum16_h()). */
+static inline __attribute__((always_inline)) void
+attn_unit(const struct attn_job *j, int tid, const int H8, const int32_t dt, const int32_t HDV,
+          const int NI, int32_t r0, int32_t nrow, int32_t h0, int32_t nh, int32_t kvh)
 {
     const struct kvr_attn_args *a = j->a;
     const struct kvr_kv_layout *l = a->layout;
@@ -1320,7 +1366,7 @@ static inline __attribute__((always_inline)) void attn_unit(const struct attn_jo
                         acc[k] += qc * ldkv(kp[k], dt, c * 16, hd - c * 16);
                 }
             }
-            v16f sv = hsum16(acc) * a->scale;
+            v16f sv = (H8 ? hsum16_h(acc) : hsum16(acc)) * a->scale;
             if (nk == 16 && t0 >= lo[r] && t0 + 15 <= hi[r]) {
                 memcpy(&sc[r][t0 - lo[r]], &sv, 64);
                 continue;
@@ -1365,7 +1411,7 @@ static inline __attribute__((always_inline)) void attn_unit(const struct attn_jo
                     for (int c = 0; c < NV; c++)
                         vc[c] = ld16x(vv, dt, (size_t)(c0 + c) * 16);
                     for (int32_t r = 0; r < NI; r++) {
-                        v16f pv = (v16f){0} + sc[r][t - lo[r]];
+                        v16f pv = splat(H8, sc[r][t - lo[r]]);
                         for (int c = 0; c < NV; c++)
                             fa[r][c] += pv * vc[c];
                     }
@@ -1385,7 +1431,7 @@ static inline __attribute__((always_inline)) void attn_unit(const struct attn_jo
             for (int32_t r = 0; r < g; r++) {
                 if (t < lo[r] || t > hi[r])
                     continue;
-                v16f pv = (v16f){0} + sc[r][t - lo[r]];
+                v16f pv = splat(H8, sc[r][t - lo[r]]);
                 for (int32_t c = 0; c < nv; c++)
                     acc[r][c] += pv * vc[c];
             }
@@ -1404,8 +1450,9 @@ static inline __attribute__((always_inline)) void attn_unit(const struct attn_jo
  * attn_hpu() query heads of one KV head together (a decode step: the
  * heads sharing a KV head read its keys once), the task of the first,
  * and the tasks of the others are empty. */
-static inline __attribute__((always_inline)) void
-attn_rows(const struct attn_job *j, int ith, int nth, int tid, const int32_t dt, const int32_t HDV)
+static inline __attribute__((always_inline)) void attn_rows(const struct attn_job *j, int ith,
+                                                            int nth, int tid, const int H8,
+                                                            const int32_t dt, const int32_t HDV)
 {
     const struct kvr_attn_args *a = j->a;
     const int32_t group = a->n_heads / a->layout->n_kv_heads;
@@ -1420,17 +1467,17 @@ attn_rows(const struct attn_job *j, int ith, int nth, int tid, const int32_t dt,
         /* the shapes as constants: a prefill group of 4 rows, a decode
          * row's 2..4 heads */
         if (HDV && nrow == 4)
-            attn_unit(j, tid, dt, HDV, 4, r0, 4, h, 1, kvh);
+            attn_unit(j, tid, H8, dt, HDV, 4, r0, 4, h, 1, kvh);
         else if (HDV && nrow == 1 && nh == 4)
-            attn_unit(j, tid, dt, HDV, 4, r0, 1, h, 4, kvh);
+            attn_unit(j, tid, H8, dt, HDV, 4, r0, 1, h, 4, kvh);
         else if (HDV && nrow == 1 && nh == 3)
-            attn_unit(j, tid, dt, HDV, 3, r0, 1, h, 3, kvh);
+            attn_unit(j, tid, H8, dt, HDV, 3, r0, 1, h, 3, kvh);
         else if (HDV && nrow == 1 && nh == 2)
-            attn_unit(j, tid, dt, HDV, 2, r0, 1, h, 2, kvh);
+            attn_unit(j, tid, H8, dt, HDV, 2, r0, 1, h, 2, kvh);
         else if (HDV && ni >= 2 && ni <= 4)
-            attn_unit(j, tid, dt, HDV, ni == 4 ? 4 : ni == 3 ? 3 : 2, r0, nrow, h, nh, kvh);
+            attn_unit(j, tid, H8, dt, HDV, ni == 4 ? 4 : ni == 3 ? 3 : 2, r0, nrow, h, nh, kvh);
         else
-            attn_unit(j, tid, dt, HDV, 0, r0, nrow, h, nh, kvh);
+            attn_unit(j, tid, H8, dt, HDV, 0, r0, nrow, h, nh, kvh);
     }
 }
 
@@ -1442,14 +1489,15 @@ static inline __attribute__((always_inline)) void attn_body(void *arg, int ith, 
 {
     const struct attn_job *j = arg;
     const int32_t hd = j->a->layout->head_dim, hdv = hd == 64 ? 4 : hd == 128 ? 8 : 0;
+    const int h8 = f16 == DT_F16_V3;
 #define ATTN_HD(dt)                                                                                \
     do {                                                                                           \
         if (hdv == 4)                                                                              \
-            attn_rows(j, ith, nth, tid, dt, 4);                                                    \
+            attn_rows(j, ith, nth, tid, h8, dt, 4);                                                \
         else if (hdv == 8)                                                                         \
-            attn_rows(j, ith, nth, tid, dt, 8);                                                    \
+            attn_rows(j, ith, nth, tid, h8, dt, 8);                                                \
         else                                                                                       \
-            attn_rows(j, ith, nth, tid, dt, 0);                                                    \
+            attn_rows(j, ith, nth, tid, h8, dt, 0);                                                \
     } while (0)
     switch (j->a->layout->dtype) {
     case KVR_KV_F32:
