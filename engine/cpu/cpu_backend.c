@@ -681,31 +681,14 @@ V3_INLINE __m128 v3_hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3)
     return _mm_add_ps(_mm_shuffle_ps(p, q, 0x88), _mm_shuffle_ps(p, q, 0xdd));
 }
 
-/* micro() on ymm halves: R (1, 2 or 4) weight rows x C (1..3) x rows,
- * R * C <= 6, out[c * ldo + r]. */
-V3_INLINE void micro_v3(const int R, const int C, int32_t dtype, const void *w, size_t ldw,
-                        const float *x, size_t ldx_, size_t K, float *out, size_t ldo)
+/* micro_v3()'s end, from its accumulators acc and step k: the K tail
+ * (zero-padded to one more 16-lane step), then the sums. */
+V3_INLINE void v3_finish(const int R, const int C, int32_t dtype, const void *w, size_t ldw,
+                         const float *x, size_t ldx_, size_t K, size_t k, __m256 acc[2][4][3],
+                         float *out, size_t ldo)
 {
-    __m256 acc[2][4][3]; /* [half][r][c] */
-    for (int h = 0; h < 2; h++)
-        for (int r = 0; r < R; r++)
-            for (int c = 0; c < C; c++)
-                acc[h][r][c] = _mm256_setzero_ps();
     const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
-    size_t k = 0;
-    for (; k + 16 <= K; k += 16) {
-        for (int h = 0; h < 2; h++) {
-            __m256 wv[4];
-            for (int r = 0; r < R; r++)
-                wv[r] = v3_ld8((const char *)w + (size_t)r * ldw * esz, dtype, k + 8 * (size_t)h);
-            for (int c = 0; c < C; c++) {
-                __m256 xv = _mm256_loadu_ps(x + (size_t)c * ldx_ + k + 8 * (size_t)h);
-                for (int r = 0; r < R; r++)
-                    acc[h][r][c] = _mm256_fmadd_ps(wv[r], xv, acc[h][r][c]);
-            }
-        }
-    }
-    if (k < K) { /* the tail, zero-padded to one more 16-lane step */
+    if (k < K) {
         __m256 wv[2][4];
         for (int r = 0; r < R; r++) {
             uint16_t hb[16] = {0};
@@ -741,15 +724,84 @@ V3_INLINE void micro_v3(const int R, const int C, int32_t dtype, const void *w, 
     }
 }
 
-/* mm_panel() on v3 tiles: one x row against the panel's 4 weight rows, or
- * 3 x rows against each pair of them (the x rows come from L1/L2 twice, the
- * weight rows once); the panel's tail rows one at a time. */
+/* micro() on ymm halves: R (1, 2 or 4) weight rows x C (1..3) x rows,
+ * R * C <= 6, out[c * ldo + r]. */
+V3_INLINE void micro_v3(const int R, const int C, int32_t dtype, const void *w, size_t ldw,
+                        const float *x, size_t ldx_, size_t K, float *out, size_t ldo)
+{
+    __m256 acc[2][4][3]; /* [half][r][c] */
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++)
+                acc[h][r][c] = _mm256_setzero_ps();
+    const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
+    size_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        for (int h = 0; h < 2; h++) {
+            __m256 wv[4];
+            for (int r = 0; r < R; r++)
+                wv[r] = v3_ld8((const char *)w + (size_t)r * ldw * esz, dtype, k + 8 * (size_t)h);
+            for (int c = 0; c < C; c++) {
+                __m256 xv = _mm256_loadu_ps(x + (size_t)c * ldx_ + k + 8 * (size_t)h);
+                for (int r = 0; r < R; r++)
+                    acc[h][r][c] = _mm256_fmadd_ps(wv[r], xv, acc[h][r][c]);
+            }
+        }
+    }
+    v3_finish(R, C, dtype, w, ldw, x, ldx_, K, k, acc, out, ldo);
+}
+
+/* micro_v3() for 4 weight rows x C (2..3) x rows, with the two halves of
+ * each output taken one after the other over blocks of V3_KBLOCK elements
+ * of K (each lane's FMA chain is its own, so the order in which the
+ * chains advance changes no bit): 12 accumulators of one half, 3 x vectors
+ * and 1 weight vector fill the 16 ymm registers, 7 loads for 12 FMAs where
+ * both halves at once (24 accumulators) would not fit; the block's 7 rows
+ * stay in L1 for the second half. */
+#define V3_KBLOCK 256
+
+V3_INLINE void micro_v3h(const int C, int32_t dtype, const void *w, size_t ldw, const float *x,
+                         size_t ldx_, size_t K, float *out)
+{
+    __m256 acc[2][4][3]; /* [half][r][c] */
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < 4; r++)
+            for (int c = 0; c < 3; c++)
+                acc[h][r][c] = _mm256_setzero_ps();
+    const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
+    const size_t kf = K & ~(size_t)15;
+    for (size_t k0 = 0; k0 < kf; k0 += V3_KBLOCK) {
+        const size_t k1 = kf - k0 < V3_KBLOCK ? kf : k0 + V3_KBLOCK;
+        for (int h = 0; h < 2; h++) {
+            __m256 a[4][3];
+            for (int r = 0; r < 4; r++)
+                for (int c = 0; c < C; c++)
+                    a[r][c] = acc[h][r][c];
+            for (size_t k = k0 + 8 * (size_t)h; k < k1; k += 16) {
+                __m256 xv[3];
+                for (int c = 0; c < C; c++)
+                    xv[c] = _mm256_loadu_ps(x + (size_t)c * ldx_ + k);
+                for (int r = 0; r < 4; r++) {
+                    __m256 wv = v3_ld8((const char *)w + (size_t)r * ldw * esz, dtype, k);
+                    for (int c = 0; c < C; c++)
+                        a[r][c] = _mm256_fmadd_ps(wv, xv[c], a[r][c]);
+                }
+            }
+            for (int r = 0; r < 4; r++)
+                for (int c = 0; c < C; c++)
+                    acc[h][r][c] = a[r][c];
+        }
+    }
+    v3_finish(4, C, dtype, w, ldw, x, ldx_, K, kf, acc, out, 4);
+}
+
+/* mm_panel() on v3 tiles: one x row against the panel's 4 weight rows
+ * (micro_v3()), or 2-3 x rows against them a half at a time
+ * (micro_v3h()); the panel's tail rows one at a time. */
 V3_INLINE void mm_panel_v3(const struct mm_job *j, int32_t dtype, const void *wp, size_t ldw, int R,
                            int32_t n, int32_t rs, int32_t m0, int32_t m1)
 {
     const size_t K = (size_t)j->w->cols;
-    const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
-    const void *wp2 = (const char *)wp + 2 * ldw * esz;
     float tmp[4 * 4];
     for (int32_t m = m0; m < m1; m += 3) {
         int C = m1 - m < 3 ? m1 - m : 3;
@@ -757,13 +809,10 @@ V3_INLINE void mm_panel_v3(const struct mm_job *j, int32_t dtype, const void *wp
         if (R == 4 && C == 1) {
             micro_v3(4, 1, dtype, wp, ldw, xr, K, K, tmp, 4);
         } else if (R == 4) {
-            if (C == 3) {
-                micro_v3(2, 3, dtype, wp, ldw, xr, K, K, tmp, 4);
-                micro_v3(2, 3, dtype, wp2, ldw, xr, K, K, tmp + 2, 4);
-            } else {
-                micro_v3(2, 2, dtype, wp, ldw, xr, K, K, tmp, 4);
-                micro_v3(2, 2, dtype, wp2, ldw, xr, K, K, tmp + 2, 4);
-            }
+            if (C == 3)
+                micro_v3h(3, dtype, wp, ldw, xr, K, K, tmp);
+            else
+                micro_v3h(2, dtype, wp, ldw, xr, K, K, tmp);
         } else if (C == 3) {
             micro_v3(1, 3, dtype, wp, ldw, xr, K, K, tmp, 4);
         } else if (C == 2) {
