@@ -651,8 +651,9 @@ static int cpu_version(void)
  * over k as micro()'s (the K tail zero-padded to a whole 16-lane step,
  * both halves), joined by hsum()'s adds (lane i + lane i+8, then the 4-lane
  * tree): micro()'s bits.  The tiles fit the 16 registers: 4 weight rows x 1
- * x row (8 accumulators; decode) and 2 x 3 (12; several x rows); f16 is
- * widened by vcvtph2ps straight from memory, bf16 by a shift. */
+ * x row (8 accumulators; decode) and 4 x 3 a half at a time (12; several
+ * x rows, micro_v3h()); f16 is widened by vcvtph2ps straight from memory,
+ * bf16 by a shift. */
 #define V3_INLINE __attribute__((target("arch=x86-64-v3"), always_inline)) static inline
 
 /* 8 lanes of a weight row (dtype) from element k, widened to f32 (exact) */
