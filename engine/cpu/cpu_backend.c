@@ -285,6 +285,52 @@ static inline __attribute__((always_inline)) v16f hsum16(const v16f *a)
     return __builtin_shuffle(r[0], r[1], l4a) + __builtin_shuffle(r[0], r[1], l4b);
 }
 
+/* s in every lane; H8 (the x86-64-v3 versions): joined from two 8-lane
+ * splats, where GCC builds a 16-lane splat under AVX2 lane by lane through
+ * the stack. */
+static inline __attribute__((always_inline)) v16f splat(const int H8, float s)
+{
+    if (!H8)
+        return (v16f){0} + s;
+    v8f h = (v8f){0} + s;
+    v16f f;
+    memcpy(&f, &h, 32);
+    memcpy((char *)&f + 32, &h, 32);
+    return f;
+}
+
+/* hsum16() for the x86-64-v3 versions: the same adds on 8- and 4-lane
+ * vectors, 4 sums at a time.  Under AVX2 (a v16f is two ymm) GCC lowers
+ * hsum16()'s 16-lane shuffles element by element through the stack: that
+ * was most of attn_task_v3's time. */
+static inline __attribute__((always_inline)) v16f hsum16_h(const v16f *a)
+{
+    typedef int32_t v4i __attribute__((vector_size(16)));
+    float out[16];
+    for (int g = 0; g < 4; g++) {
+        v4f f[4];
+        for (int i = 0; i < 4; i++) {
+            v8f lo, hi;
+            memcpy(&lo, &a[4 * g + i], 32);
+            memcpy(&hi, (const char *)&a[4 * g + i] + 32, 32);
+            lo += hi; /* lane i + lane i+8 */
+            v4f c, d;
+            memcpy(&c, &lo, 16);
+            memcpy(&d, (const char *)&lo + 16, 16);
+            f[i] = c + d; /* + 4 */
+        }
+        /* (c0 + c2) + (c1 + c3) of each */
+        v4f p = __builtin_shuffle(f[0], f[1], (v4i){0, 1, 4, 5}) +
+                __builtin_shuffle(f[0], f[1], (v4i){2, 3, 6, 7});
+        v4f q = __builtin_shuffle(f[2], f[3], (v4i){0, 1, 4, 5}) +
+                __builtin_shuffle(f[2], f[3], (v4i){2, 3, 6, 7});
+        v4f r =
+            __builtin_shuffle(p, q, (v4i){0, 2, 4, 6}) + __builtin_shuffle(p, q, (v4i){1, 3, 5, 7});
+        memcpy(out + 4 * g, &r, 16);
+    }
+    return ldx(out);
+}
+
 /* R weight rows x C activation rows, R*C accumulators: out[c][r] = the dot
  * of weight row r and x row c, 16 lanes accumulated over K in order (the
  * tail zero-padded to a last vector step), then hsum().  Only vector
@@ -752,12 +798,6 @@ __attribute__((target("arch=x86-64-v4"))) static void mm_task_v4(void *arg, int 
     else
         mm_task_body(arg, ith, tid, DT_F16_V4);
 }
-
-__attribute__((target("arch=x86-64-v3"))) static void mm_task_v3(void *arg, int ith, int nth,
-                                                                 int tid)
-{
-    mm_task_body(arg, ith, tid, DT_F16_V3);
-}
 #endif
 
 static void mm_task_base(void *arg, int ith, int nth, int tid)
@@ -780,6 +820,251 @@ static int cpu_version(void)
     if (__builtin_cpu_supports("x86-64-v3"))
         return 3;
     return 0;
+}
+
+#include <immintrin.h>
+
+/* ------------------------------------------------------------ matmul, x86-64-v3 */
+
+/* The matmul of AVX2+FMA CPUs (x86-64-v3) on 8-lane ymm registers.  Under
+ * AVX2 each of micro()'s 16-lane vectors is two ymm, so its 4 x 4 tile
+ * wants 32 accumulator registers of the 16 there are, and each f16 load
+ * joins two vcvtph2ps halves through the stack (that kernel ran f16 decode
+ * 3.1-3.3x slower than v4).  Here each output keeps micro()'s 16 lanes as
+ * two ymm accumulators, lanes 0-7 and 8-15, each lane the same FMA chain
+ * over k as micro()'s (the K tail zero-padded to a whole 16-lane step,
+ * both halves), joined by hsum()'s adds (lane i + lane i+8, then the 4-lane
+ * tree): micro()'s bits.  The tiles fit the 16 registers: 4 weight rows x 1
+ * x row (8 accumulators; decode) and 4 x 3 a half at a time (12; several
+ * x rows, micro_v3h()); f16 is widened by vcvtph2ps straight from memory,
+ * bf16 by a shift. */
+#define V3_INLINE __attribute__((target("arch=x86-64-v3"), always_inline)) static inline
+
+/* 8 lanes of a weight row (dtype) from element k, widened to f32 (exact) */
+V3_INLINE __m256 v3_ld8(const void *w, int32_t dtype, size_t k)
+{
+    if (dtype == KVR_DT_F32)
+        return _mm256_loadu_ps((const float *)w + k);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + k));
+    if (dtype == KVR_DT_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+/* hsum() of 4 outputs, each given as its lanes 0-7 + lanes 8-15 (hsum()'s
+ * first add): then lane i + lane i+4, then (c0 + c2) + (c1 + c3); output
+ * i in lane i. */
+V3_INLINE __m128 v3_hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3)
+{
+    __m128 f0 = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
+    __m128 f1 = _mm_add_ps(_mm256_castps256_ps128(a1), _mm256_extractf128_ps(a1, 1));
+    __m128 f2 = _mm_add_ps(_mm256_castps256_ps128(a2), _mm256_extractf128_ps(a2, 1));
+    __m128 f3 = _mm_add_ps(_mm256_castps256_ps128(a3), _mm256_extractf128_ps(a3, 1));
+    /* [f0[0] + f0[2], f0[1] + f0[3], f1[0] + f1[2], f1[1] + f1[3]] */
+    __m128 p = _mm_add_ps(_mm_shuffle_ps(f0, f1, 0x44), _mm_shuffle_ps(f0, f1, 0xee));
+    __m128 q = _mm_add_ps(_mm_shuffle_ps(f2, f3, 0x44), _mm_shuffle_ps(f2, f3, 0xee));
+    return _mm_add_ps(_mm_shuffle_ps(p, q, 0x88), _mm_shuffle_ps(p, q, 0xdd));
+}
+
+/* micro_v3()'s end, from its accumulators acc and step k: the K tail
+ * (zero-padded to one more 16-lane step), then the sums. */
+V3_INLINE void v3_finish(const int R, const int C, int32_t dtype, const void *w, size_t ldw,
+                         const float *x, size_t ldx_, size_t K, size_t k, __m256 acc[2][4][3],
+                         float *out, size_t ldo)
+{
+    const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
+    if (k < K) {
+        __m256 wv[2][4];
+        for (int r = 0; r < R; r++) {
+            uint16_t hb[16] = {0};
+            float fb[16] = {0};
+            void *b = dtype == KVR_DT_F32 ? (void *)fb : (void *)hb;
+            memcpy(b, (const char *)w + (size_t)r * ldw * esz + k * esz, (K - k) * esz);
+            wv[0][r] = v3_ld8(b, dtype, 0);
+            wv[1][r] = v3_ld8(b, dtype, 8);
+        }
+        for (int c = 0; c < C; c++) {
+            float fb[16] = {0};
+            memcpy(fb, x + (size_t)c * ldx_ + k, (K - k) * 4);
+            for (int h = 0; h < 2; h++) {
+                __m256 xv = _mm256_loadu_ps(fb + 8 * h);
+                for (int r = 0; r < R; r++)
+                    acc[h][r][c] = _mm256_fmadd_ps(wv[h][r], xv, acc[h][r][c]);
+            }
+        }
+    }
+    for (int c = 0; c < C; c++) {
+        __m256 s[4];
+        for (int r = 0; r < R; r++)
+            s[r] = _mm256_add_ps(acc[0][r][c], acc[1][r][c]);
+        __m128 o = v3_hsum4(s[0], s[R > 1 ? 1 : 0], s[R > 2 ? 2 : 0], s[R > 3 ? 3 : 0]);
+        if (R == 4) {
+            _mm_storeu_ps(out + (size_t)c * ldo, o);
+        } else {
+            float t[4];
+            _mm_storeu_ps(t, o);
+            for (int r = 0; r < R; r++)
+                out[(size_t)c * ldo + (size_t)r] = t[r];
+        }
+    }
+}
+
+/* micro() on ymm halves: R (1, 2 or 4) weight rows x C (1..3) x rows,
+ * R * C <= 6, out[c * ldo + r]. */
+V3_INLINE void micro_v3(const int R, const int C, int32_t dtype, const void *w, size_t ldw,
+                        const float *x, size_t ldx_, size_t K, float *out, size_t ldo)
+{
+    __m256 acc[2][4][3]; /* [half][r][c] */
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++)
+                acc[h][r][c] = _mm256_setzero_ps();
+    const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
+    size_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        for (int h = 0; h < 2; h++) {
+            __m256 wv[4];
+            for (int r = 0; r < R; r++)
+                wv[r] = v3_ld8((const char *)w + (size_t)r * ldw * esz, dtype, k + 8 * (size_t)h);
+            for (int c = 0; c < C; c++) {
+                __m256 xv = _mm256_loadu_ps(x + (size_t)c * ldx_ + k + 8 * (size_t)h);
+                for (int r = 0; r < R; r++)
+                    acc[h][r][c] = _mm256_fmadd_ps(wv[r], xv, acc[h][r][c]);
+            }
+        }
+    }
+    v3_finish(R, C, dtype, w, ldw, x, ldx_, K, k, acc, out, ldo);
+}
+
+/* micro_v3() for 4 weight rows x C (2..3) x rows, with the two halves of
+ * each output taken one after the other over blocks of V3_KBLOCK elements
+ * of K (each lane's FMA chain is its own, so the order in which the
+ * chains advance changes no bit): 12 accumulators of one half, 3 x vectors
+ * and 1 weight vector fill the 16 ymm registers, 7 loads for 12 FMAs where
+ * both halves at once (24 accumulators) would not fit; the block's 7 rows
+ * stay in L1 for the second half. */
+#define V3_KBLOCK 256
+
+V3_INLINE void micro_v3h(const int C, int32_t dtype, const void *w, size_t ldw, const float *x,
+                         size_t ldx_, size_t K, float *out)
+{
+    __m256 acc[2][4][3]; /* [half][r][c] */
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < 4; r++)
+            for (int c = 0; c < 3; c++)
+                acc[h][r][c] = _mm256_setzero_ps();
+    const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
+    const size_t kf = K & ~(size_t)15;
+    for (size_t k0 = 0; k0 < kf; k0 += V3_KBLOCK) {
+        const size_t k1 = kf - k0 < V3_KBLOCK ? kf : k0 + V3_KBLOCK;
+        for (int h = 0; h < 2; h++) {
+            __m256 a[4][3];
+            for (int r = 0; r < 4; r++)
+                for (int c = 0; c < C; c++)
+                    a[r][c] = acc[h][r][c];
+            for (size_t k = k0 + 8 * (size_t)h; k < k1; k += 16) {
+                __m256 xv[3];
+                for (int c = 0; c < C; c++)
+                    xv[c] = _mm256_loadu_ps(x + (size_t)c * ldx_ + k);
+                for (int r = 0; r < 4; r++) {
+                    __m256 wv = v3_ld8((const char *)w + (size_t)r * ldw * esz, dtype, k);
+                    for (int c = 0; c < C; c++)
+                        a[r][c] = _mm256_fmadd_ps(wv, xv[c], a[r][c]);
+                }
+            }
+            for (int r = 0; r < 4; r++)
+                for (int c = 0; c < C; c++)
+                    acc[h][r][c] = a[r][c];
+        }
+    }
+    v3_finish(4, C, dtype, w, ldw, x, ldx_, K, kf, acc, out, 4);
+}
+
+/* mm_panel() on v3 tiles: one x row against the panel's 4 weight rows
+ * (micro_v3()), or 2-3 x rows against them a half at a time
+ * (micro_v3h()); the panel's tail rows one at a time. */
+V3_INLINE void mm_panel_v3(const struct mm_job *j, int32_t dtype, const void *wp, size_t ldw, int R,
+                           int32_t n, int32_t rs, int32_t m0, int32_t m1)
+{
+    const size_t K = (size_t)j->w->cols;
+    float tmp[4 * 4];
+    for (int32_t m = m0; m < m1; m += 3) {
+        int C = m1 - m < 3 ? m1 - m : 3;
+        const float *xr = j->x + (size_t)m * K;
+        if (R == 4 && C == 1) {
+            micro_v3(4, 1, dtype, wp, ldw, xr, K, K, tmp, 4);
+        } else if (R == 4) {
+            if (C == 3)
+                micro_v3h(3, dtype, wp, ldw, xr, K, K, tmp);
+            else
+                micro_v3h(2, dtype, wp, ldw, xr, K, K, tmp);
+        } else if (C == 3) {
+            micro_v3(1, 3, dtype, wp, ldw, xr, K, K, tmp, 4);
+        } else if (C == 2) {
+            micro_v3(1, 2, dtype, wp, ldw, xr, K, K, tmp, 4);
+        } else {
+            micro_v3(1, 1, dtype, wp, ldw, xr, K, K, tmp, 4);
+        }
+        mm_store(j, tmp, R, C, m, n, rs);
+    }
+}
+
+/* mm_rows() on v3 tiles: the same x blocks, panel walk and widening. */
+V3_INLINE void mm_rows_v3(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1, int tid)
+{
+    const size_t K = (size_t)j->w->cols;
+    const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
+    const char *W = j->w->data;
+    int32_t mb = (int32_t)(MM_XBLOCK / (K * 4)) & ~3;
+    if (mb < 4)
+        mb = 4;
+    float *conv = j->c->conv + (size_t)tid * j->c->conv_per_thread;
+    for (int32_t m0 = 0; m0 < j->M; m0 += mb) {
+        int32_t m1 = j->M - m0 < mb ? j->M : m0 + mb;
+        bool widen = dtype != KVR_DT_F32 && m1 - m0 > MM_WIDEN_ROWS;
+        struct mm_walk wk = mm_walk_init(n0, n1, j->M <= MM_DECODE_ROWS);
+        int32_t n, rs;
+        int R;
+        while ((R = mm_walk_next(&wk, &n, &rs)) != 0) {
+            const char *wr = W + (size_t)n * K * esz;
+            if (widen) {
+                for (int r = 0; r < R; r++) {
+                    const char *src = wr + (size_t)r * (size_t)rs * K * esz;
+                    float *dst = conv + (size_t)r * K;
+                    size_t i = 0;
+                    for (; i + 8 <= K; i += 8)
+                        _mm256_storeu_ps(dst + i, v3_ld8(src, dtype, i));
+                    for (; i < K; i++)
+                        dst[i] = ld1(src, dtype, i);
+                }
+                mm_panel_v3(j, KVR_DT_F32, conv, K, R, n, rs, m0, m1);
+            } else {
+                mm_panel_v3(j, dtype, wr, K * (size_t)rs, R, n, rs, m0, m1);
+            }
+        }
+    }
+}
+
+__attribute__((target("arch=x86-64-v3"))) static void mm_task_v3(void *arg, int ith, int nth,
+                                                                 int tid)
+{
+    (void)nth;
+    const struct mm_job *j = arg;
+    int32_t N = j->w->rows;
+    int32_t n0 = ith * j->per, n1 = n0 + j->per < N ? n0 + j->per : N;
+    if (n0 >= n1)
+        return;
+    switch (j->w->dtype) {
+    case KVR_DT_F32:
+        mm_rows_v3(j, KVR_DT_F32, n0, n1, tid);
+        break;
+    case KVR_DT_BF16:
+        mm_rows_v3(j, KVR_DT_BF16, n0, n1, tid);
+        break;
+    default:
+        mm_rows_v3(j, KVR_DT_F16, n0, n1, tid);
+        break;
+    }
 }
 #endif
 
@@ -1213,11 +1498,11 @@ static inline int32_t attn_hpu(int32_t gr, int32_t group)
 /* One unit: the ni = rows x heads items (row-major) of rows r0.. and heads
  * h0.. (all of KV head kvh, all of one sequence at consecutive positions).
  * NI: ni as a constant where the items share each key's loads (HDV and
- * 2..ATTN_RQ items), else 0 (each item its own loop). */
-static inline __attribute__((always_inline)) void attn_unit(const struct attn_job *j, int tid,
-                                                            const int32_t dt, const int32_t HDV,
-                                                            const int NI, int32_t r0, int32_t nrow,
-                                                            int32_t h0, int32_t nh, int32_t kvh)
+ * 2..ATTN_RQ items), else 0 (each item its own loop).  H8: the x86-64-v3
+ * version (hsum16_h()). */
+static inline __attribute__((always_inline)) void
+attn_unit(const struct attn_job *j, int tid, const int H8, const int32_t dt, const int32_t HDV,
+          const int NI, int32_t r0, int32_t nrow, int32_t h0, int32_t nh, int32_t kvh)
 {
     const struct kvr_attn_args *a = j->a;
     const struct kvr_kv_layout *l = a->layout;
@@ -1332,7 +1617,7 @@ static inline __attribute__((always_inline)) void attn_unit(const struct attn_jo
                         acc[k] += qc * ldkv(kp[k], dt, c * 16, hd - c * 16);
                 }
             }
-            v16f sv = hsum16(acc) * a->scale;
+            v16f sv = (H8 ? hsum16_h(acc) : hsum16(acc)) * a->scale;
             if (nk == 16 && t0 >= lo[r] && t0 + 15 <= hi[r]) {
                 memcpy(&sc[r][t0 - lo[r]], &sv, 64);
                 continue;
@@ -1377,7 +1662,7 @@ static inline __attribute__((always_inline)) void attn_unit(const struct attn_jo
                     for (int c = 0; c < NV; c++)
                         vc[c] = ld16x(vv, dt, (size_t)(c0 + c) * 16);
                     for (int32_t r = 0; r < NI; r++) {
-                        v16f pv = (v16f){0} + sc[r][t - lo[r]];
+                        v16f pv = splat(H8, sc[r][t - lo[r]]);
                         for (int c = 0; c < NV; c++)
                             fa[r][c] += pv * vc[c];
                     }
@@ -1397,7 +1682,7 @@ static inline __attribute__((always_inline)) void attn_unit(const struct attn_jo
             for (int32_t r = 0; r < g; r++) {
                 if (t < lo[r] || t > hi[r])
                     continue;
-                v16f pv = (v16f){0} + sc[r][t - lo[r]];
+                v16f pv = splat(H8, sc[r][t - lo[r]]);
                 for (int32_t c = 0; c < nv; c++)
                     acc[r][c] += pv * vc[c];
             }
@@ -1416,8 +1701,9 @@ static inline __attribute__((always_inline)) void attn_unit(const struct attn_jo
  * attn_hpu() query heads of one KV head together (a decode step: the
  * heads sharing a KV head read its keys once), the task of the first,
  * and the tasks of the others are empty. */
-static inline __attribute__((always_inline)) void
-attn_rows(const struct attn_job *j, int ith, int nth, int tid, const int32_t dt, const int32_t HDV)
+static inline __attribute__((always_inline)) void attn_rows(const struct attn_job *j, int ith,
+                                                            int nth, int tid, const int H8,
+                                                            const int32_t dt, const int32_t HDV)
 {
     const struct kvr_attn_args *a = j->a;
     const int32_t group = a->n_heads / a->layout->n_kv_heads;
@@ -1432,17 +1718,17 @@ attn_rows(const struct attn_job *j, int ith, int nth, int tid, const int32_t dt,
         /* the shapes as constants: a prefill group of 4 rows, a decode
          * row's 2..4 heads */
         if (HDV && nrow == 4)
-            attn_unit(j, tid, dt, HDV, 4, r0, 4, h, 1, kvh);
+            attn_unit(j, tid, H8, dt, HDV, 4, r0, 4, h, 1, kvh);
         else if (HDV && nrow == 1 && nh == 4)
-            attn_unit(j, tid, dt, HDV, 4, r0, 1, h, 4, kvh);
+            attn_unit(j, tid, H8, dt, HDV, 4, r0, 1, h, 4, kvh);
         else if (HDV && nrow == 1 && nh == 3)
-            attn_unit(j, tid, dt, HDV, 3, r0, 1, h, 3, kvh);
+            attn_unit(j, tid, H8, dt, HDV, 3, r0, 1, h, 3, kvh);
         else if (HDV && nrow == 1 && nh == 2)
-            attn_unit(j, tid, dt, HDV, 2, r0, 1, h, 2, kvh);
+            attn_unit(j, tid, H8, dt, HDV, 2, r0, 1, h, 2, kvh);
         else if (HDV && ni >= 2 && ni <= 4)
-            attn_unit(j, tid, dt, HDV, ni == 4 ? 4 : ni == 3 ? 3 : 2, r0, nrow, h, nh, kvh);
+            attn_unit(j, tid, H8, dt, HDV, ni == 4 ? 4 : ni == 3 ? 3 : 2, r0, nrow, h, nh, kvh);
         else
-            attn_unit(j, tid, dt, HDV, 0, r0, nrow, h, nh, kvh);
+            attn_unit(j, tid, H8, dt, HDV, 0, r0, nrow, h, nh, kvh);
     }
 }
 
@@ -1454,14 +1740,15 @@ static inline __attribute__((always_inline)) void attn_body(void *arg, int ith, 
 {
     const struct attn_job *j = arg;
     const int32_t hd = j->a->layout->head_dim, hdv = hd == 64 ? 4 : hd == 128 ? 8 : 0;
+    const int h8 = f16 == DT_F16_V3;
 #define ATTN_HD(dt)                                                                                \
     do {                                                                                           \
         if (hdv == 4)                                                                              \
-            attn_rows(j, ith, nth, tid, dt, 4);                                                    \
+            attn_rows(j, ith, nth, tid, h8, dt, 4);                                                \
         else if (hdv == 8)                                                                         \
-            attn_rows(j, ith, nth, tid, dt, 8);                                                    \
+            attn_rows(j, ith, nth, tid, h8, dt, 8);                                                \
         else                                                                                       \
-            attn_rows(j, ith, nth, tid, dt, 0);                                                    \
+            attn_rows(j, ith, nth, tid, h8, dt, 0);                                                \
     } while (0)
     switch (j->a->layout->dtype) {
     case KVR_KV_F32:

@@ -135,6 +135,58 @@ static void compare(const char *dir, const char *what)
     kvr_model_destroy(m);
 }
 
+/* Prompts of every length 1..MAXM (the matmul at M = 1..MAXM: each x-row
+ * tile shape and tail of the v3 kernels, widened and not), every
+ * position's logits, v4 against v3. */
+#define MAXM 36
+
+static void prefill_lengths(const char *dir, const char *what)
+{
+    char err[512];
+    kvr_model_t *m;
+    KVR_CHECK_STATUS(kvr_model_load(dir, &m, err, sizeof(err)), KVR_OK);
+    const int32_t V = kvr_model_vocab(m), L = kvr_model_n_layers(m);
+    struct kvr_ctx_opts o = {.n_threads = 2, .max_tokens = 64, .max_batch = 1};
+    kvr_ctx_t *ctx[2];
+    struct kvr_kv_pool pool[2];
+    float *lg[2], *last = malloc((size_t)V * 4);
+    KVR_CHECK(last);
+    for (int v = 0; v < 2; v++) {
+        if (v)
+            setenv("KVR_CPU_MATMUL", "v3", 1);
+        KVR_CHECK_STATUS(kvr_ctx_create(m, &o, &ctx[v], err, sizeof(err)), KVR_OK);
+        unsetenv("KVR_CPU_MATMUL");
+        test_pool_init_dt(m, BS, L, &pool[v], NB, KVR_KV_F32);
+        lg[v] = malloc((size_t)MAXM * (size_t)V * 4);
+        KVR_CHECK(lg[v]);
+    }
+    int32_t bt[NB];
+    for (int b = 0; b < NB; b++)
+        bt[b] = b;
+    int same = 0;
+    for (int32_t n = 1; n <= MAXM; n++) {
+        int32_t t[MAXM];
+        tokens(t, n, 200u + (unsigned)n, V);
+        for (int v = 0; v < 2; v++) {
+            struct kvr_prefill_req r = {
+                .tokens = t, .n_tokens = n, .block_table = bt, .n_blocks = NB, .all_logits = lg[v]};
+            KVR_CHECK_STATUS(kvr_engine_prefill(ctx[v], &pool[v], &r, last), KVR_OK);
+        }
+        int eq = memcmp(lg[0], lg[1], (size_t)n * (size_t)V * 4) == 0;
+        KVR_EXPECT(eq, "%s: prefill of %d tokens: logits differ between the v4 and v3 kernels",
+                   what, n);
+        same += eq;
+    }
+    printf("%s: prefill of 1..%d tokens, v4 == v3 at %d lengths\n", what, MAXM, same);
+    for (int v = 0; v < 2; v++) {
+        kvr_ctx_destroy(ctx[v]);
+        test_pool_free(&pool[v], L);
+        free(lg[v]);
+    }
+    free(last);
+    kvr_model_destroy(m);
+}
+
 /* numerics bf16dot where the kernels in use have no AVX512-BF16: refused */
 static void numerics_refusal(const char *dir)
 {
@@ -193,6 +245,18 @@ int main(int argc, char **argv)
         {"--arch qwen2 --layers 2 --hidden 120 --heads 4 --kv-heads 2 --intermediate 200 "
          "--vocab 300 --dtype f16 --seed 24",
          "qwen2 f16, head_dim 30"},
+        /* K = 347 (odd; past the v3 prefill kernel's 256-element K blocks,
+         * a tail of 11: one half whole, the other 3 lanes) and N = 301
+         * (single-row panels), in each weight dtype */
+        {"--arch llama --layers 2 --hidden 256 --heads 4 --kv-heads 2 --intermediate 347 "
+         "--vocab 301 --seed 25",
+         "llama f32, K 347, N 301"},
+        {"--arch llama --layers 2 --hidden 256 --heads 4 --kv-heads 2 --intermediate 347 "
+         "--vocab 301 --dtype bf16 --seed 26",
+         "llama bf16, K 347, N 301"},
+        {"--arch llama --layers 2 --hidden 256 --heads 4 --kv-heads 2 --intermediate 347 "
+         "--vocab 301 --dtype f16 --seed 27",
+         "llama f16, K 347, N 301"},
     };
     for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++) {
         char d[] = "/tmp/kvr-test-engine-var-XXXXXX", cmd[8192];
@@ -200,6 +264,8 @@ int main(int argc, char **argv)
         snprintf(cmd, sizeof(cmd), "%s --out %s %s >/dev/null", argv[1], d, models[i].args);
         KVR_CHECK(system(cmd) == 0);
         compare(d, models[i].what);
+        if (i >= 3)
+            prefill_lengths(d, models[i].what);
         if (i == 1)
             numerics_refusal(d);
         snprintf(cmd, sizeof(cmd), "rm -rf %s", d);
