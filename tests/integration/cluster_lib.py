@@ -10,6 +10,12 @@ after 5 s) and runs on every exit path: normal exit and uncaught exceptions
 that do not use Cluster import spawn (for Popen) and sp_run (for
 subprocess.run) from here too.
 
+Work directories (workdir()) are recorded too and dealt with after the
+processes are reaped (a node may write into its directory until it dies):
+removed when the test passes (run_main saw 0 or 77), kept for diagnosis when
+it fails, with a "kept DIR for diagnosis" line on stderr.  See
+finish_workdirs() for what a kept directory holds.
+
 A Cluster writes a cluster file with free loopback ports (or the addresses of
 network namespaces), starts every process with --config/--node (decode and
 prefill nodes also write --stats-file JSON that the tests read), waits until
@@ -31,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import urllib.request
 
 SKIP = 77
@@ -166,6 +173,64 @@ def reap_all():
         _reaping = False
 
 
+# ---- work directories: removed when the test passes, logs kept when it fails ----
+#
+# A failed test's directory is how the failure gets debugged (node logs,
+# cluster file, stats, loadgen output), so it stays; but the model weights a
+# test made with kvrail-mkmodel are megabytes (the slow model 71 MB) that a
+# run can remake bit for bit (mkmodel is seeded; config.json stays to say
+# which), so a failed run drops them unless KVR_KEEP_WORKDIR=1 (or a test's
+# --keep) asks to keep everything: a machine that fails the same test every
+# night keeps kilobytes of logs per failure, not a model.  KVR_KEEP_WORKDIR=1
+# also keeps a passing test's directory.  tests/run.sh points TMPDIR at a
+# directory of its own that it empties at the start of each run, so kept
+# directories live until the next run there.
+
+KEEP_ENV = "KVR_KEEP_WORKDIR"
+# what a kept directory drops: model weights (remade by kvrail-mkmodel)
+_WEIGHTS = (".safetensors", ".gguf")
+_workdirs = []  # made by workdir(), not yet removed or reported
+
+
+def keep_workdirs():
+    """Keeps every work directory in full, also when the test passes (--keep)."""
+    os.environ[KEEP_ENV] = "1"
+
+
+def _drop_weights(d):
+    dropped = 0
+    for root, _, files in os.walk(d):
+        for f in files:
+            if f.endswith(_WEIGHTS):
+                try:
+                    path = os.path.join(root, f)
+                    dropped += os.path.getsize(path)
+                    os.unlink(path)
+                except OSError:
+                    pass
+    return dropped
+
+
+def finish_workdirs(passed):
+    """Removes the recorded work directories when passed, else keeps them
+    (less their model weights, unless KVR_KEEP_WORKDIR=1) and says where on
+    stderr.  Call only after the processes that write there are reaped."""
+    keep_all = os.environ.get(KEEP_ENV) == "1"
+    for d in list(_workdirs):
+        if not os.path.isdir(d):  # the test removed it itself
+            pass
+        elif passed and not keep_all:
+            shutil.rmtree(d, ignore_errors=True)
+        elif keep_all:
+            print("kept %s (%s=1)" % (d, KEEP_ENV), file=sys.stderr)
+        else:
+            dropped = _drop_weights(d)
+            print("kept %s for diagnosis%s (%s=1 keeps everything)" % (
+                d, ", model weights (%.1f MB) removed" % (dropped / 1e6) if dropped else "",
+                KEEP_ENV), file=sys.stderr)
+        _workdirs.remove(d)
+
+
 def _on_signal(sig, frame):
     print("harness: signal %d: stopping %d process group(s)" % (sig, len(_children)),
           file=sys.stderr)
@@ -174,11 +239,23 @@ def _on_signal(sig, frame):
             killgroup(p, signal.SIGKILL)
     else:
         reap_all()
+    # a test stopped by a signal (meson's timeout: SIGTERM) failed
+    finish_workdirs(passed=False)
     sys.stderr.flush()
     os._exit(128 + sig)
 
 
-atexit.register(reap_all)
+def _at_exit():
+    reap_all()
+    # run_main has dealt with its test's directories; what is left here
+    # comes from an exit path that did not go through it (an exception in a
+    # script without run_main, sys.exit from a helper): not known to have
+    # passed, so kept, without weights, and reported
+    if os.getpid() == _harness_pid:
+        finish_workdirs(passed=False)
+
+
+atexit.register(_at_exit)
 for _s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
     signal.signal(_s, _on_signal)
 
@@ -242,7 +319,18 @@ def add_bin_args(ap):
     ap.add_argument("--kvrail", required=True)
     ap.add_argument("--mkmodel", required=True)
     ap.add_argument("--loadgen", required=True)
-    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--keep", action=_KeepAction, help="keep the work directory, model included")
+
+
+class _KeepAction(argparse.Action):
+    """--keep: sets args.keep and keeps the work directories (keep_workdirs)."""
+
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, default=False, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, True)
+        keep_workdirs()
 
 
 def test_start(prefix, options=(), model_args=()):
@@ -609,7 +697,11 @@ def make_prompts(n=40, seed=7, vocab=512, max_len=700, max_tokens=12):
 
 
 def workdir(prefix):
-    return tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("TMPDIR", "/tmp"))
+    """A fresh directory prefix... under $TMPDIR, removed or kept at exit by
+    finish_workdirs() (see above)."""
+    d = tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("TMPDIR", "/tmp"))
+    _workdirs.append(d)
+    return d
 
 
 # The chaos tests' name for a Cluster, from when only this one went through
@@ -633,9 +725,24 @@ def tokens_of(text):
 
 
 def run_main(fn):
-    """Runs fn() -> exit code, mapping Fail to 1 with its message."""
+    """Runs fn() -> exit code, mapping Fail to 1 with its message and any
+    other exception to 1 with its traceback; then reaps every process and
+    removes the work directories if the test passed (0, or 77: skipped), or
+    keeps them for diagnosis (finish_workdirs)."""
+    code = 1
     try:
-        sys.exit(fn())
+        code = fn()
     except Fail as e:
         print("FAIL: %s" % e, file=sys.stderr)
-        sys.exit(1)
+    except SystemExit as e:  # sys.exit() inside fn: its code, as Python would exit
+        code = e.code
+    except Exception:
+        traceback.print_exc()
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # sys.exit("message"): Python prints it, exits 1
+        print(code, file=sys.stderr)
+        code = 1
+    reap_all()
+    finish_workdirs(passed=code in (0, SKIP))
+    sys.exit(code)
