@@ -513,9 +513,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s PATH/TO/kvrail-router\n", argv[0]);
         return 2;
     }
-    char dir[] = "/tmp/kvr-badinput-XXXXXX";
-    KVR_CHECK(mkdtemp(dir));
-    char path[256];
+    char dir[200];
+    KVR_CHECK(kvr_test_mkdtemp(dir, sizeof dir, "kvr-badinput"));
+    char path[512];
     snprintf(path, sizeof(path), "%s/model", dir);
     KVR_CHECK(mkdir(path, 0755) == 0);
     snprintf(path, sizeof(path), "%s/model/config.json", dir);
@@ -586,10 +586,7 @@ int main(int argc, char **argv)
         usleep(10000);
     }
     KVR_CHECK(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", dir);
+    kvr_test_rmtree(dir);
     printf("router_badinput: ok\n");
     return 0;
 }

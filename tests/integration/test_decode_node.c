@@ -132,8 +132,8 @@ int main(int argc, char **argv)
 {
     if (argc < 3)
         KVR_SKIP("usage: test_decode_node KVRAIL_DECODE KVRAIL_MKMODEL");
-    char dir[] = "/tmp/kvr-decnode-XXXXXX";
-    KVR_CHECK(mkdtemp(dir));
+    char dir[512];
+    KVR_CHECK(kvr_test_mkdtemp(dir, sizeof dir, "kvr-decnode"));
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "%s --out %s/model >/dev/null", argv[2], dir);
     KVR_CHECK_EQ(system(cmd), 0);
@@ -377,8 +377,7 @@ int main(int argc, char **argv)
     g_child = 0;
     zmq_close(g_sock);
     zmq_ctx_term(ctx);
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    (void)system(cmd);
+    kvr_test_rmtree(dir);
     printf("decode node protocol: ok\n");
     return 0;
 }

@@ -128,9 +128,9 @@ static void test_errors(void)
 
 static void test_load(void)
 {
-    char dir[] = "/tmp/kvr_test_chat_XXXXXX";
-    KVR_CHECK(mkdtemp(dir) != NULL);
-    char path[256];
+    char dir[256];
+    KVR_CHECK(kvr_test_mkdtemp(dir, sizeof dir, "kvr_test_chat"));
+    char path[512];
     snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir);
     FILE *f = fopen(path, "w");
     KVR_CHECK(f != NULL);
@@ -152,8 +152,7 @@ static void test_load(void)
     KVR_CHECK_STATUS(kvr_chat_template_load(dir, "rag", &t, NULL, NULL, err, sizeof(err)),
                      KVR_ERR_NOT_FOUND);
     KVR_CHECK(strstr(err, "default, tool_use") != NULL);
-    unlink(path);
-    rmdir(dir);
+    kvr_test_rmtree(dir);
 }
 
 int main(void)

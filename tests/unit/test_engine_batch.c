@@ -179,8 +179,9 @@ int main(int argc, char **argv)
 {
     if (argc < 2)
         KVR_SKIP("usage: test_engine_batch KVRAIL_MKMODEL");
-    char d1[] = "/tmp/kvr-test-engine-batch-XXXXXX", d2[] = "/tmp/kvr-test-engine-batch2-XXXXXX";
-    KVR_CHECK(mkdtemp(d1) && mkdtemp(d2));
+    char d1[512], d2[512];
+    KVR_CHECK(kvr_test_mkdtemp(d1, sizeof d1, "kvr-test-engine-batch") &&
+              kvr_test_mkdtemp(d2, sizeof d2, "kvr-test-engine-batch2"));
     char cmd[8192];
     snprintf(cmd, sizeof(cmd), "%s --out %s --arch qwen2 --heads 4 --kv-heads 2 --seed 5", argv[1],
              d1);
@@ -192,7 +193,7 @@ int main(int argc, char **argv)
     KVR_CHECK(system(cmd) == 0);
     run_model(d1, "qwen2 f32");
     run_model(d2, "llama bf16");
-    snprintf(cmd, sizeof(cmd), "rm -rf %s %s", d1, d2);
-    KVR_CHECK(system(cmd) == 0);
+    kvr_test_rmtree(d1);
+    kvr_test_rmtree(d2);
     return 0;
 }

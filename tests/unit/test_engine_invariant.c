@@ -298,14 +298,13 @@ int main(int argc, char **argv)
          "mistral f16, head_dim 128, window 20"},
     };
     for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++) {
-        char d[] = "/tmp/kvr-test-engine-inv-XXXXXX", cmd[8192];
-        KVR_CHECK(mkdtemp(d) != NULL);
+        char d[512], cmd[8192];
+        KVR_CHECK(kvr_test_mkdtemp(d, sizeof d, "kvr-test-engine-inv"));
         snprintf(cmd, sizeof(cmd), "%s --out %s %s >/dev/null", argv[1], d, models[i].args);
         KVR_CHECK(system(cmd) == 0);
         for (int32_t dt = KVR_KV_F32; dt <= KVR_KV_BF16; dt++)
             run_model(d, models[i].what, dt);
-        snprintf(cmd, sizeof(cmd), "rm -rf %s", d);
-        KVR_CHECK(system(cmd) == 0);
+        kvr_test_rmtree(d);
     }
 
     /* numerics bf16dot (AVX512-BF16 vdpbf16ps on bf16 weights): the same
@@ -326,8 +325,8 @@ int main(int argc, char **argv)
          "mistral bf16, head_dim 64, window 20"},
     };
     for (size_t i = 0; i < sizeof(dp_models) / sizeof(dp_models[0]); i++) {
-        char d[] = "/tmp/kvr-test-engine-inv-XXXXXX", cmd[8192], err[512];
-        KVR_CHECK(mkdtemp(d) != NULL);
+        char d[512], cmd[8192], err[512];
+        KVR_CHECK(kvr_test_mkdtemp(d, sizeof d, "kvr-test-engine-inv"));
         snprintf(cmd, sizeof(cmd), "%s --out %s %s >/dev/null", argv[1], d, dp_models[i].args);
         KVR_CHECK(system(cmd) == 0);
         KVR_CHECK_STATUS(kvr_model_load(d, &model, err, sizeof(err)), KVR_OK);
@@ -345,8 +344,7 @@ int main(int argc, char **argv)
                 run_model(d, dp_models[i].what, dt);
             numerics = KVR_NUMERICS_F32;
         }
-        snprintf(cmd, sizeof(cmd), "rm -rf %s", d);
-        KVR_CHECK(system(cmd) == 0);
+        kvr_test_rmtree(d);
         if (st == KVR_ERR_UNSUPPORTED)
             break;
     }

@@ -269,8 +269,9 @@ int main(int argc, char **argv)
 {
     if (argc < 2)
         KVR_SKIP("usage: test_engine_kv KVRAIL_MKMODEL");
-    char dir[] = "/tmp/kvr-test-engine-kv-XXXXXX", dir2[] = "/tmp/kvr-test-engine-kv2-XXXXXX";
-    KVR_CHECK(mkdtemp(dir) && mkdtemp(dir2));
+    char dir[512], dir2[512];
+    KVR_CHECK(kvr_test_mkdtemp(dir, sizeof dir, "kvr-test-engine-kv") &&
+              kvr_test_mkdtemp(dir2, sizeof dir2, "kvr-test-engine-kv2"));
     char cmd[8192];
     snprintf(cmd, sizeof(cmd), "%s --out %s --arch qwen2 --heads 4 --kv-heads 2 --seed 3", argv[1],
              dir);
@@ -348,8 +349,8 @@ int main(int argc, char **argv)
     kvr_ctx_destroy(ctx);
     kvr_ctx_destroy(ctx_chunk);
     kvr_model_destroy(model);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s %s", dir, dir2);
-    KVR_CHECK(system(cmd) == 0);
+    kvr_test_rmtree(dir);
+    kvr_test_rmtree(dir2);
     printf("engine_kv: ok\n");
     return 0;
 }

@@ -259,8 +259,8 @@ int main(int argc, char **argv)
          "llama f16, K 347, N 301"},
     };
     for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++) {
-        char d[] = "/tmp/kvr-test-engine-var-XXXXXX", cmd[8192];
-        KVR_CHECK(mkdtemp(d) != NULL);
+        char d[512], cmd[8192];
+        KVR_CHECK(kvr_test_mkdtemp(d, sizeof d, "kvr-test-engine-var"));
         snprintf(cmd, sizeof(cmd), "%s --out %s %s >/dev/null", argv[1], d, models[i].args);
         KVR_CHECK(system(cmd) == 0);
         compare(d, models[i].what);
@@ -268,8 +268,7 @@ int main(int argc, char **argv)
             prefill_lengths(d, models[i].what);
         if (i == 1)
             numerics_refusal(d);
-        snprintf(cmd, sizeof(cmd), "rm -rf %s", d);
-        KVR_CHECK(system(cmd) == 0);
+        kvr_test_rmtree(d);
     }
     return kvr_test_fails ? 1 : 0;
 #endif

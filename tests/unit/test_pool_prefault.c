@@ -98,9 +98,9 @@ int main(int argc, char **argv)
     kvr_node_pool_destroy(&P);
 
     /* in the background, held after the first chunk by the gate */
-    char dir[] = "/tmp/kvr-pool-test-XXXXXX";
-    KVR_CHECK(mkdtemp(dir));
-    char gate[64];
+    char dir[512];
+    KVR_CHECK(kvr_test_mkdtemp(dir, sizeof dir, "kvr-pool-test"));
+    char gate[600];
     snprintf(gate, sizeof gate, "%s/go", dir);
     setenv("KVR_NODE_PREFAULT_GATE", gate, 1);
     KVR_CHECK_STATUS(kvr_node_pool_create_async(e, &L, BLOCKS, true, &P, err, sizeof err), KVR_OK);
@@ -133,7 +133,7 @@ int main(int argc, char **argv)
     KVR_CHECK_EQ(wait_faulted(&P, 1), chunk);
     kvr_node_pool_destroy(&P);
     KVR_CHECK(P.fault == NULL && P.mem == NULL);
-    rmdir(dir);
+    kvr_test_rmtree(dir);
 
     kvr_xfer_engine_destroy(e);
     printf("pool_prefault (%s): ok\n", backend);

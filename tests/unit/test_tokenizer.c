@@ -674,8 +674,7 @@ static void test_unigram(void)
 
 int main(void)
 {
-    snprintf(dir, sizeof(dir), "/tmp/kvr_test_tokenizer_XXXXXX");
-    KVR_CHECK(mkdtemp(dir) != NULL);
+    KVR_CHECK(kvr_test_mkdtemp(dir, sizeof(dir), "kvr_test_tokenizer"));
     test_nfc();
     test_pretok();
     test_broken();
@@ -684,9 +683,7 @@ int main(void)
     test_unigram();
     test_fuzz();
     test_threads();
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    KVR_CHECK(system(cmd) == 0);
+    kvr_test_rmtree(dir);
     printf("tokenizer: ok\n");
     return 0;
 }
