@@ -29,10 +29,9 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
-from cluster_lib import Fail, check, free_port, reap_all, run, spawn  # noqa: E402
+from cluster_lib import Fail, check, free_port, reap_all, run, spawn, workdir  # noqa: E402
 
 PROGRAM = r"""
 #include <stdio.h>
@@ -256,7 +255,7 @@ def main():
     ap.add_argument("--kvrail", required=True)
     ap.add_argument("--mkmodel", required=True)
     a = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="kvr-install-")
+    work = workdir("kvr-install-")
     dest = os.path.join(work, "dest")
     rc = 1
     try:

@@ -23,11 +23,10 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
-from cluster_lib import Fail, check, free_port, reap_all, run, spawn, stop_group  # noqa: E402
+from cluster_lib import Fail, check, free_port, reap_all, run, spawn, stop_group, workdir  # noqa: E402
 
 try:
     import yaml
@@ -61,7 +60,7 @@ def main():
     ap.add_argument("--kvrail", required=True)
     ap.add_argument("--mkmodel", required=True)
     a = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="kvr-render-")
+    work = workdir("kvr-render-")
     ok = False
     try:
         pc, pn = free_port(), free_port()

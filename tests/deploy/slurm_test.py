@@ -25,11 +25,10 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
-from cluster_lib import Fail, check, free_port, reap_all, run, spawn, wait_for  # noqa: E402
+from cluster_lib import Fail, check, free_port, reap_all, run, spawn, wait_for, workdir  # noqa: E402
 
 SKIP = 77
 TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol", "srun", "sinfo")
@@ -83,7 +82,7 @@ def main():
     if os.geteuid() != 0:
         print("SKIP: slurmd must run as root to start job steps as the submitting user")
         return SKIP
-    tmp = tempfile.mkdtemp(prefix="kvr-slurm-")
+    tmp = workdir("kvr-slurm-")
     os.chmod(tmp, 0o700)
     env = dict(os.environ, SLURM_CONF=os.path.join(tmp, "slurm.conf"),
                PATH=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")

@@ -37,7 +37,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -150,7 +149,7 @@ def main():
     args = ap.parse_args()
     bins = cl.Bins(args)
     ensure_sdk()
-    work = tempfile.mkdtemp(prefix="kvr-fe-")
+    work = cl.workdir("kvr-fe-")
     ok = False
     try:
         model = cl.make_model(bins, work)

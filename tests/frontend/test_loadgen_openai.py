@@ -20,7 +20,6 @@ import http.server
 import json
 import os
 import sys
-import tempfile
 import threading
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,7 +87,7 @@ def main():
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     base = "http://127.0.0.1:%d" % srv.server_address[1]
-    work = tempfile.mkdtemp(prefix="kvr-lg-openai-")
+    work = cl.workdir("kvr-lg-openai-")
     ok = False
     try:
         given = {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
@@ -139,4 +138,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cl.run_main(main)

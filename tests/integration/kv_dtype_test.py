@@ -34,10 +34,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_lib import Fail, free_port, reap_all, spawn, stop_group, wait_for  # noqa: E402
+from cluster_lib import Fail, free_port, reap_all, spawn, stop_group, wait_for, workdir  # noqa: E402
 from cluster_lib import run  # noqa: E402
 from kvrail_up import LONG, SHORT, Up, check_generate  # noqa: E402
 
@@ -200,7 +199,7 @@ def main():
     ap.add_argument("--mkmodel", required=True)
     ap.add_argument("--decode", required=True)
     a = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="kvr-kvdtype-")
+    work = workdir("kvr-kvdtype-")
     ok = False
     try:
         model = os.path.join(work, "model")

@@ -39,11 +39,10 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_lib import Fail, free_port, reap_all, spawn, stop_group, wait_for  # noqa: E402
+from cluster_lib import Fail, free_port, reap_all, spawn, stop_group, wait_for, workdir  # noqa: E402
 from cluster_lib import run as run_group  # noqa: E402
 
 # Logprobs compare exactly: every engine path (full or chunked prefill, a
@@ -318,7 +317,7 @@ def main():
     ap.add_argument("--mkmodel", required=True)
     ap.add_argument("--case", default="basic", choices=["basic", "restart", "orphans"])
     a = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="kvr-up-")
+    work = workdir("kvr-up-")
     ok = False
     try:
         model = os.path.join(work, "model")

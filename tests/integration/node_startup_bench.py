@@ -32,7 +32,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_lib import Cluster, check, make_model, spawn, stop_group, workdir  # noqa
+from cluster_lib import Cluster, check, make_model, run_main, spawn, stop_group, workdir  # noqa
 
 
 def stamp(line):
@@ -141,4 +141,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)
