@@ -49,8 +49,7 @@ def child(mode):
         # made certain, so the directory stays if the order is wrong
         cl.spawn(["sh", "-c", 'trap \'mkdir -p "${0%/*}"; echo stopping >> "$0"; exit 0\' TERM; '
                   'while :; do echo line >> "$0"; sleep 0.05; done', log])
-        while not os.path.exists(log):  # the writer is running
-            time.sleep(0.01)
+        cl.wait_for("the writer's first line", lambda: os.path.exists(log), timeout=10)
         print(d, flush=True)
         if mode == "fail":
             raise cl.Fail("deliberate")
