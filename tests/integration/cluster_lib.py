@@ -182,9 +182,9 @@ def reap_all():
 # which), so a failed run drops them unless KVR_KEEP_WORKDIR=1 (or a test's
 # --keep) asks to keep everything: a machine that fails the same test every
 # night keeps kilobytes of logs per failure, not a model.  KVR_KEEP_WORKDIR=1
-# also keeps a passing test's directory.  tests/run.sh points TMPDIR at a
-# directory of its own that it empties at the start of each run, so kept
-# directories live until the next run there.
+# also keeps a passing test's directory.  tests/run.sh gives each run a
+# fresh TMPDIR, removed after a passing run (which must leave it empty) and
+# kept, named, after a failing one.
 
 KEEP_ENV = "KVR_KEEP_WORKDIR"
 # what a kept directory drops: model weights (remade by kvrail-mkmodel)
