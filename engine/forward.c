@@ -286,6 +286,13 @@ static const char *const numerics_names[] = {
 
 #define N_NUMERICS ((int32_t)(sizeof(numerics_names) / sizeof(numerics_names[0])))
 
+const char *kvr_engine_kernels(const char *backend)
+{
+    if (!backend || !strcmp(backend, "cpu"))
+        return kvr_cpu_kernels();
+    return NULL;
+}
+
 const char *kvr_numerics_name(int32_t numerics)
 {
     return kvr_enum_name(numerics_names, N_NUMERICS, numerics);

@@ -114,4 +114,8 @@ const struct kvr_compute_ops *kvr_compute_backend_find(const char *name);
 /* The CPU backend (engine/cpu/). */
 extern const struct kvr_compute_ops kvr_cpu_ops;
 
+/* The bit class of the kernels the CPU backend picks in this process
+ * (kvr_engine_kernels()): "cpu-fma16" or "cpu-base". */
+const char *kvr_cpu_kernels(void);
+
 #endif

@@ -67,6 +67,8 @@ struct kvr_node {
     char name[KVR_CLUSTER_NAME_MAX];
     uint64_t incarnation;
     const char *stats_path; /* --stats-file, or NULL */
+    const char *kernels;    /* the engine kernels' bit class (kvr_engine_kernels()), or
+                               NULL: registered in the KV layout descriptor */
 
     kvr_model_t *model;
     struct kvr_kv_layout layout;

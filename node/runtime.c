@@ -278,6 +278,7 @@ void kvr_node_fill_register(kvr_node_t *node, Kvrail__RegisterRequest *r, Kvrail
     l->block_size = (uint32_t)node->layout.block_size;
     l->dtype = (char *)kvr_kv_dtype_name(node->layout.dtype);
     l->numerics = node->cluster->numerics;
+    l->kernels = (char *)(node->kernels ? node->kernels : "");
     l->max_context = (uint32_t)kvr_model_max_pos(node->model);
     l->vocab_size = (uint32_t)kvr_model_vocab(node->model);
     r->node_name = node->name;
@@ -439,6 +440,13 @@ kvr_status_t kvr_node_start_worker(kvr_node_t *node, const struct kvr_ctx_opts *
         snprintf(err, err_len, "numerics '%s' is not f32 or bf16dot", node->cluster->numerics);
         return KVR_ERR_INVALID;
     }
+    node->kernels = kvr_engine_kernels(o.backend);
+    if (node->kernels && !strcmp(node->kernels, "cpu-base"))
+        KVR_LOG_WARN(COMP,
+                     "the engine runs its baseline kernels (cpu-base: no FMA; an x86-64 CPU "
+                     "without AVX2+FMA, KVR_CPU_MATMUL=base, or an unoptimized/clang/non-x86 "
+                     "build): their logits differ in the last bits from cpu-fma16 nodes', so the "
+                     "router accepts this node only into a cluster of cpu-base nodes");
     return kvr_worker_create(node->zctx, node->model, &o, &node->worker, err, err_len);
 }
 

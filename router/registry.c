@@ -140,6 +140,10 @@ static kvr_status_t check_layout(rt_t *r, const struct rt_node *self,
                  l->dtype ? l->dtype : "", r->cl->kv_dtype);
         return KVR_ERR_MISMATCH;
     }
+    if (l->kernels && strnlen(l->kernels, 16) >= 16) {
+        snprintf(err, err_len, "register: KV layout field kernels is longer than 15 bytes");
+        return KVR_ERR_INVALID;
+    }
     /* the engine's numerics: another mode computes other logits ("" from a
      * node that predates the field: f32) */
     const char *num = l->numerics && l->numerics[0] ? l->numerics : "f32";
@@ -199,6 +203,19 @@ static kvr_status_t check_layout(rt_t *r, const struct rt_node *self,
                      "register: KV layout field dtype is '%s', but live node %s has '%s' (every "
                      "node must run with the same kv_dtype)",
                      l->dtype ? l->dtype : "", o->name, o->dtype);
+            return KVR_ERR_MISMATCH;
+        }
+        /* the engine kernels' bit class: cpu-base (no FMA) rounds otherwise
+         * than cpu-fma16, and a request's KV and logits would depend on
+         * which nodes served it ("" from a node that predates the field) */
+        const char *kern = l->kernels ? l->kernels : "";
+        if (kern[0] && o->kernels[0] && strcmp(kern, o->kernels)) {
+            snprintf(err, err_len,
+                     "register: KV layout field kernels is '%s', but live node %s has '%s' (their "
+                     "logits differ in the last bits; run every node with the same kernels: "
+                     "x86-64-v3+ CPUs (AVX2+FMA) and an optimized gcc build give cpu-fma16, "
+                     "docs/engine.md)",
+                     kern, o->name, o->kernels);
             return KVR_ERR_MISMATCH;
         }
         if (strcmp(o->fingerprint, q->model_fingerprint ? q->model_fingerprint : "")) {
@@ -294,6 +311,7 @@ void rt_registry_on_register(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__
     n->max_context = q->layout->max_context;
     n->vocab_size = q->layout->vocab_size;
     snprintf(n->dtype, sizeof(n->dtype), "%s", q->layout->dtype);
+    snprintf(n->kernels, sizeof(n->kernels), "%s", q->layout->kernels ? q->layout->kernels : "");
     if (q->transport_address.len && q->transport_address.data) {
         n->addr = malloc(q->transport_address.len);
         if (n->addr) {
@@ -339,9 +357,10 @@ void rt_registry_on_register(rt_t *r, const kvr_proto_frame_t *f, const Kvrail__
         snprintf(r->model_fingerprint, sizeof(r->model_fingerprint), "%s", n->fingerprint);
     KVR_LOG_INFO("router",
                  "node %s registered: %s, %s transport, layout %ux%ux%u %s bs %u, %u blocks, "
-                 "model %s",
+                 "model %s kernels %s",
                  n->name, kvr_node_role_name(n->role), n->transport, n->layers, n->kv_heads,
-                 n->head_dim, n->dtype, n->block_size, n->total_blocks, n->fingerprint);
+                 n->head_dim, n->dtype, n->block_size, n->total_blocks, n->fingerprint,
+                 n->kernels[0] ? n->kernels : "-");
     reply_register(r, n, f, KVR_OK, "ok");
     rt_timer_arm(r, now + heartbeat_timeout_ns(r) + 1);
     r->pump_wanted = true;

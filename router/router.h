@@ -87,6 +87,7 @@ struct rt_node {
     char host[128];
     uint32_t layers, kv_heads, head_dim, block_size, max_context, vocab_size;
     char dtype[16];
+    char kernels[16]; /* the engine kernels' bit class ("" : not told) */
     uint8_t *addr;
     size_t addr_len;
     size_t n_rkeys;

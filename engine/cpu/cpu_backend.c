@@ -1929,6 +1929,15 @@ static kvr_status_t cpu_create(const struct kvr_backend_params *p,
     return KVR_OK;
 }
 
+const char *kvr_cpu_kernels(void)
+{
+#if defined(__OPTIMIZE__) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    if (cpu_version() != 0)
+        return "cpu-fma16"; /* v4 and v3: the same bits (engine_variants) */
+#endif
+    return "cpu-base";
+}
+
 const struct kvr_compute_ops kvr_cpu_ops = {
     .name = "cpu",
     .create = cpu_create,

@@ -8,25 +8,29 @@ values.
 1P+1D (auth: none) and a third node entry, prefill9, that nothing runs:
 kvr-rogue-peer registers as prefill9 with the live nodes' model
 fingerprint and their layout but for one field at a time (layers,
-kv_heads, head_dim), with another KV dtype, and with the engine's numerics
-mode bf16dot (the cluster runs f32).  Asserted: each is refused (a non-zero
-REPLY) with "field F is X, but live node N has Y" (the dtype: the cluster
-file's value and its own; numerics: "field numerics is 'bf16dot', the
-cluster file says numerics f32"); the exact layout registers (the control);
-the real nodes stay alive.
+kv_heads, head_dim), with another KV dtype, with the engine's numerics
+mode bf16dot (the cluster runs f32), and with the other kernels bit class
+(cpu-base against the live nodes' cpu-fma16, or the reverse: the class the
+real nodes registered, from the router's log).  Asserted: each is refused
+(a non-zero REPLY) with "field F is X, but live node N has Y" (the dtype:
+the cluster file's value and its own; numerics: "field numerics is
+'bf16dot', the cluster file says numerics f32"); the exact layout
+registers, with and without the kernels field (the controls); the real
+nodes stay alive.
 """
 import os
 import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
-from cluster_lib import (check, Cluster, ROGUE, run, run_main, test_start)  # noqa: E402
+from cluster_lib import (check, Cluster, ROGUE, run, run_main, test_start, wait_for)  # noqa: E402
 
 
-def register(args, c, layers, heads, hdim, dtype, fp, numerics=""):
+def register(args, c, layers, heads, hdim, dtype, fp, numerics="", kernels=""):
     r = run([args.rogue, "--endpoint", c.node_ep, "--name", "prefill9", "--role", "prefill",
              "--layers", str(layers), "--kv-heads", str(heads), "--head-dim", str(hdim),
-             "--dtype", dtype, "--numerics", numerics, "--fingerprint", fp, "--wait-ms", "3000"],
+             "--dtype", dtype, "--numerics", numerics, "--kernels", kernels, "--fingerprint", fp,
+             "--wait-ms", "3000"],
             timeout=30)
     check(r.returncode == 0, "kvr-rogue-peer failed: %s" % r.stderr)
     line = [ln for ln in r.stdout.split("\n") if ln.startswith(("REPLY", "NO-REPLY"))]
@@ -37,17 +41,20 @@ def register(args, c, layers, heads, hdim, dtype, fp, numerics=""):
 def main():
     args, bins, wd, model = test_start("kvr-layout-", [ROGUE])
     extra = "\n".join(["  - name: prefill9", "    role: prefill", "    transport:",
-                       "      backend: ucx", ""])
+                       "      backend: ucx", "  - name: prefill8", "    role: prefill",
+                       "    transport:", "      backend: ucx", ""])
     c = Cluster(bins, wd, model, n_prefill=1, n_decode=1, extra_yaml=extra)
     try:
         c.start()
         with open(c.logs["router"]) as f:
             log = f.read()
         m = re.search(r"node decode0 registered: decode, \S+ transport, layout (\d+)x(\d+)x(\d+) "
-                      r"(\S+) bs \d+, \d+ blocks, model (\S+)", log)
+                      r"(\S+) bs \d+, \d+ blocks, model (\S+) kernels (\S+)", log)
         check(m, "no registration line of decode0 in the router's log")
         layers, heads, hdim = (int(x) for x in m.groups()[:3])
-        dtype, fp = m.group(4), m.group(5)
+        dtype, fp, kern = m.group(4), m.group(5), m.group(6)
+        check(kern in ("cpu-fma16", "cpu-base"),
+              "decode0 registered kernels '%s', not cpu-fma16 or cpu-base" % kern)
         cases = [("layers", (layers + 1, heads, hdim), layers + 1, layers),
                  ("kv_heads", (layers, heads * 2, hdim), heads * 2, heads),
                  ("head_dim", (layers, heads, hdim + 8), hdim + 8, hdim)]
@@ -71,9 +78,44 @@ def main():
         check(re.search(r"field numerics is 'bf16dot', the cluster file says numerics f32", got) and
               not got.startswith("REPLY 0 "),
               "a node with numerics bf16dot was not refused naming the field: %s" % got)
+        # the engine kernels' bit class (cpu-base rounds otherwise than
+        # cpu-fma16): refused naming the field, both classes and a live node
+        other = "cpu-base" if kern == "cpu-fma16" else "cpu-fma16"
+        got = register(args, c, layers, heads, hdim, dtype, fp, kernels=other)
+        print("prefill9 with kernels %s (live nodes: %s): %s" % (other, kern, got))
+        check(re.search(r"field kernels is '%s', but live node (prefill0|decode0) has '%s'" %
+                        (other, kern), got) and not got.startswith("REPLY 0 "),
+              "a node with kernels %s was not refused naming both classes: %s" % (other, got))
+        got = register(args, c, layers, heads, hdim, dtype, fp, kernels=kern)
+        print("prefill9 with the live nodes' layout and kernels (control): %s" % got)
+        check(got.startswith("REPLY 0"), "the matching layout and kernels were refused: %s" % got)
         got = register(args, c, layers, heads, hdim, dtype, fp)
         print("prefill9 with the live nodes' layout (control): %s" % got)
         check(got.startswith("REPLY 0"), "the matching layout was refused: %s" % got)
+        if kern == "cpu-fma16":
+            # a real prefill node on the baseline kernels (KVR_CPU_MATMUL=base,
+            # what a CPU without AVX2+FMA runs) says so at start-up and is
+            # refused by the router, naming both classes, and never serves
+            p8 = c._start("prefill8", [c.bins.prefill, "--config", c.config, "--node", "prefill8",
+                                       "--stats-file", c.stats_path("prefill8")],
+                          {"KVR_CPU_MATMUL": "base"})
+
+            def refused():
+                check(p8.poll() is None, "prefill8 exited: %s" % c.tail("prefill8"))
+                with open(c.logs["prefill8"]) as f:
+                    log8 = f.read()
+                return re.search(r"REGISTER with an error: register: KV layout field kernels "
+                                 r"is 'cpu-base', but live node \S+ has 'cpu-fma16'", log8) and log8
+            log8 = wait_for("prefill8 (KVR_CPU_MATMUL=base) to be refused naming the kernels",
+                            refused, timeout=60)
+            check("baseline kernels (cpu-base" in log8,
+                  "prefill8 did not warn at start-up that it runs the baseline kernels: %s" %
+                  log8[-2000:])
+            st = c.status() or {}
+            check(not any(n["name"] == "prefill8" and n.get("alive") for n in
+                          st.get("nodes", [])),
+                  "prefill8 (cpu-base) is alive in the router: %s" % st.get("nodes"))
+            print("prefill8 (KVR_CPU_MATMUL=base): refused, kernels cpu-base vs cpu-fma16")
         st = c.status() or {}
         alive = {n["name"] for n in st.get("nodes", []) if n.get("alive")}
         check({"prefill0", "decode0"} <= alive, "real nodes not alive after the refusals: %s" %

@@ -46,7 +46,8 @@
  *
  *   kvr-rogue-peer --endpoint EP --name NAME [--role prefill|decode]
  *       [--router-pub FILE --key FILE | --random-key] [--layers N
- *       --kv-heads N --head-dim N --dtype S] [--numerics S] [--fingerprint S] [--blocks N]
+ *       --kv-heads N --head-dim N --dtype S] [--numerics S] [--kernels S] [--fingerprint S]
+ *       [--blocks N]
  *       [--black-hole] [--wait-ms N] [--listen-ms N]
  */
 #include <getopt.h>
@@ -253,6 +254,7 @@ int main(int argc, char **argv)
         {"head-dim", required_argument, NULL, 'D'},
         {"dtype", required_argument, NULL, 't'},
         {"numerics", required_argument, NULL, 'u'},
+        {"kernels", required_argument, NULL, 'Z'},
         {"wait-ms", required_argument, NULL, 'w'},
         {"listen-ms", required_argument, NULL, 'l'},
         {"fingerprint", required_argument, NULL, 'f'},
@@ -269,7 +271,7 @@ int main(int argc, char **argv)
         {NULL, 0, NULL, 0},
     };
     const char *ep = NULL, *name = NULL, *role = "prefill", *rpub = NULL, *key = NULL;
-    const char *dtype = "f32", *numerics = "";
+    const char *dtype = "f32", *numerics = "", *kernels = "";
     bool random_key = false, black_hole = false, reserve = false, fail_after_done = false;
     const char *addr_file = NULL, *xfer_addr = NULL, *xfer_token = NULL, *xfer_hello = NULL;
     uint32_t nrkeys = 0;
@@ -311,6 +313,9 @@ int main(int argc, char **argv)
             break;
         case 'u':
             numerics = optarg;
+            break;
+        case 'Z':
+            kernels = optarg;
             break;
         case 'w':
             wait_ms = atoi(optarg);
@@ -392,6 +397,7 @@ int main(int argc, char **argv)
     l.block_size = 16;
     l.dtype = (char *)dtype;
     l.numerics = (char *)numerics;
+    l.kernels = (char *)kernels;
     Kvrail__RegisterRequest q = KVRAIL__REGISTER_REQUEST__INIT;
     q.node_name = (char *)name;
     q.role = !strcmp(role, "decode") ? KVRAIL__ROLE__ROLE_DECODE : KVRAIL__ROLE__ROLE_PREFILL;

@@ -408,13 +408,14 @@ class Cluster:
         with open(self.config, "w") as f:
             f.write("\n".join(y) + "\n" + extra_yaml)
 
-    def _start(self, name, argv):
+    def _start(self, name, argv, env_extra=None):
         log = open(os.path.join(self.dir, name + ".log"), "w")
         ns = self.netns.get(name)
         if ns:
             argv = ["ip", "netns", "exec", ns] + argv
         env = dict(os.environ)
         env.setdefault("KVR_LOG_LEVEL", "info")
+        env.update(env_extra or {})
         p = spawn(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.procs.append((name, p))
         self.logs[name] = log.name
