@@ -288,9 +288,14 @@ static const char *const numerics_names[] = {
 
 const char *kvr_engine_kernels(const char *backend)
 {
-    if (!backend || !strcmp(backend, "cpu"))
+    /* the backend kvr_ctx_create would take: NULL is "cuda" in a process
+     * that opened a GPU (engine/backend.c) */
+    const struct kvr_compute_ops *ops = kvr_compute_backend_find(backend);
+    if (!ops)
+        return NULL;
+    if (!strcmp(ops->name, "cpu"))
         return kvr_cpu_kernels();
-    return NULL;
+    return ops->name; /* "cuda": cuBLAS and its own kernels, bits of their own */
 }
 
 const char *kvr_numerics_name(int32_t numerics)

@@ -168,14 +168,16 @@ enum kvr_numerics {
                                  vdpbf16ps (CPUs with avx512_bf16 only); other dtypes as f32 */
 };
 
-/** The bit class of the kernels that backend ("cpu"; NULL: "cpu") computes
+/** The bit class of the kernels that backend (kvr_ctx_opts.backend; NULL:
+ *  the default, "cuda" in a process that opened a GPU, else "cpu") computes
  *  with in this process: nodes whose classes differ compute different
  *  logits and KV in the last bits, so a cluster runs one (the KV layout
  *  descriptor carries it, the router refuses another).  "cpu-fma16": the
  *  x86-64-v4 and v3 kernels (16-lane FMA chains, the same bits);
  *  "cpu-base": the baseline kernels (no FMA: an x86-64 CPU without
  *  AVX2+FMA, KVR_CPU_MATMUL=base, or a build without the v3/v4 kernels:
- *  unoptimized, clang or not x86-64); NULL for an unknown backend. */
+ *  unoptimized, clang or not x86-64); "cuda": the GPU backend; NULL for a
+ *  backend this build lacks. */
 const char *kvr_engine_kernels(const char *backend);
 
 /** "f32" or "bf16dot"; "?" for an unknown mode. */
