@@ -534,6 +534,35 @@ static kvr_status_t pump(kvr_client_t *c, uint64_t deadline)
     return pump_fd(c, deadline, -1, NULL, true);
 }
 
+/* The pending unary call's reply (c->reply, taken): the reply message into
+ * *reply_p, or the router's error as the status (c->err says why). */
+static kvr_status_t unary_reply(kvr_client_t *c, unsigned method,
+                                const ProtobufCMessageDescriptor *reply_desc,
+                                ProtobufCMessage **reply_p)
+{
+    c->want_call = 0;
+    c->have_reply = false;
+    ProtobufCMessage *m = NULL;
+    char err[256];
+    bool is_err = c->reply.hdr.flags & KVR_PROTO_F_ERROR;
+    kvr_status_t st = kvr_proto_decode(&c->reply, is_err ? &kvrail__status__descriptor : reply_desc,
+                                       &m, err, sizeof(err));
+    kvr_proto_frame_clear(&c->reply);
+    if (st != KVR_OK) {
+        set_err(c, "bad %s reply: %s", kvr_proto_method_name(method), err);
+        return st;
+    }
+    if (is_err) {
+        Kvrail__Status *s = (Kvrail__Status *)m;
+        set_err(c, "%s", s->message);
+        st = s->code ? s->code : KVR_ERR_INTERNAL;
+        protobuf_c_message_free_unpacked(m, NULL);
+        return st;
+    }
+    *reply_p = m;
+    return KVR_OK;
+}
+
 static kvr_status_t unary(kvr_client_t *c, unsigned method, const ProtobufCMessage *req,
                           const ProtobufCMessageDescriptor *reply_desc, int timeout_ms,
                           ProtobufCMessage **reply_p)
@@ -566,27 +595,7 @@ static kvr_status_t unary(kvr_client_t *c, unsigned method, const ProtobufCMessa
             return KVR_ERR_TIMEOUT;
         }
     }
-    c->want_call = 0;
-    c->have_reply = false;
-    ProtobufCMessage *m = NULL;
-    char err[256];
-    bool is_err = c->reply.hdr.flags & KVR_PROTO_F_ERROR;
-    st = kvr_proto_decode(&c->reply, is_err ? &kvrail__status__descriptor : reply_desc, &m, err,
-                          sizeof(err));
-    kvr_proto_frame_clear(&c->reply);
-    if (st != KVR_OK) {
-        set_err(c, "bad %s reply: %s", kvr_proto_method_name(method), err);
-        return st;
-    }
-    if (is_err) {
-        Kvrail__Status *s = (Kvrail__Status *)m;
-        set_err(c, "%s", s->message);
-        st = s->code ? s->code : KVR_ERR_INTERNAL;
-        protobuf_c_message_free_unpacked(m, NULL);
-        return st;
-    }
-    *reply_p = m;
-    return KVR_OK;
+    return unary_reply(c, method, reply_desc, reply_p);
 }
 
 kvr_status_t kvr_client_ping(kvr_client_t *c, int timeout_ms)
@@ -1005,6 +1014,9 @@ static kvr_status_t generate(kvr_client_t *c, const struct kvr_gen_params *p, kv
     return st;
 }
 
+static kvr_status_t status_of(kvr_client_t *c, ProtobufCMessage *m, struct kvr_cluster_status *o,
+                              size_t node_size);
+
 /* The router's status into the library's struct *o; its nodes into c->nodes,
  * node_size bytes apart. */
 static kvr_status_t status(kvr_client_t *c, int timeout_ms, struct kvr_cluster_status *o,
@@ -1016,6 +1028,13 @@ static kvr_status_t status(kvr_client_t *c, int timeout_ms, struct kvr_cluster_s
                             timeout_ms, &m);
     if (st != KVR_OK)
         return st;
+    return status_of(c, m, o, node_size);
+}
+
+/* A StatusReply m (freed here) into *o and c->nodes. */
+static kvr_status_t status_of(kvr_client_t *c, ProtobufCMessage *m, struct kvr_cluster_status *o,
+                              size_t node_size)
+{
     Kvrail__StatusReply *r = (Kvrail__StatusReply *)m;
     memset(o, 0, sizeof(*o));
     o->size = sizeof(*o);
