@@ -1096,6 +1096,13 @@ static kvr_status_t status_of(kvr_client_t *c, ProtobufCMessage *m, struct kvr_c
     Kvrail__StatusReply *r = (Kvrail__StatusReply *)m;
     memset(o, 0, sizeof(*o));
     o->size = sizeof(*o);
+    if (r->status && r->status->code) {
+        /* the router says it has no status to give: never zeros as one */
+        set_err(c, "router: %s", r->status->message);
+        kvr_status_t st = err_code(r->status->code);
+        protobuf_c_message_free_unpacked(m, NULL);
+        return st;
+    }
     if (r->n_nodes > KVR_CLIENT_MAX_NODES) {
         set_err(c, "the router reported %zu nodes, more than the %d a status holds", r->n_nodes,
                 KVR_CLIENT_MAX_NODES);
