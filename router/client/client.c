@@ -36,6 +36,11 @@ struct kvr_gen_stream {
     uint64_t call_id;
     bool ended;
     bool cancel_sent;
+    /* the router's last frame of the stream (END or ERROR) is queued, or the
+     * queue overflowed: nothing after it is queued */
+    bool end_queued;
+    bool overflowed;     /* frames were dropped: the stream ends with an error */
+    size_t queued_bytes; /* what the queue holds (frames, payloads) */
     struct qframe *head, *tail;
     struct kvr_gen_result res;
     Kvrail__GenerateChunk *cur;   /* the chunk the last token points into */
@@ -347,6 +352,30 @@ static bool monitor(kvr_client_t *c)
     return lost;
 }
 
+/* The most a stream's queue holds (frames and payloads): the router paces
+ * tokens, not the caller, so a stream nobody takes from (the caller waits on
+ * another) or a hostile router's flood would grow the client without bound.
+ * Far above what a legitimate stream holds (tokens of ~50 bytes, a first
+ * token with the prompt's ids).  A variable so that a fuzz target can
+ * reach it. */
+static size_t stream_queue_cap = 64u << 20;
+
+/* A status code from the router as the caller gets it: an error is
+ * negative; 0 or a positive code (not an error: KVR_INPROGRESS) in an error
+ * is the router's bug, reported as such. */
+static kvr_status_t err_code(int32_t code)
+{
+    return code < 0 ? (kvr_status_t)code : KVR_ERR_INTERNAL;
+}
+
+/* A finish reason from the router as the caller's enum: a value the library
+ * does not know (a hostile or newer router) reads as an error, never as an
+ * out-of-range enum the caller indexes or switches on. */
+static enum kvr_finish finish_of(int v)
+{
+    return v >= KVR_FINISH_NONE && v <= KVR_FINISH_ERROR ? (enum kvr_finish)v : KVR_FINISH_ERROR;
+}
+
 /* Files a frame from the router with its stream (or the pending unary
  * call); true (something arrived) in every case. */
 static bool file_frame(kvr_client_t *c, kvr_proto_frame_t *f)
@@ -372,11 +401,26 @@ static bool file_frame(kvr_client_t *c, kvr_proto_frame_t *f)
         kvr_proto_frame_clear(f);
         return true;
     }
+    /* after the stream's last frame (a done after an error, tokens after
+     * the done) nothing is the stream's any more */
+    size_t sz = sizeof(struct qframe) + f->payload_len;
+    if (s->end_queued || s->queued_bytes + sz > stream_queue_cap) {
+        if (!s->end_queued) {
+            s->end_queued = true;
+            s->overflowed = true;
+            mark_ready(c, s); /* the taker meets the end */
+        }
+        kvr_proto_frame_clear(f);
+        return true;
+    }
     struct qframe *q = malloc(sizeof(*q));
     if (!q) {
         kvr_proto_frame_clear(f);
         return true;
     }
+    if (f->hdr.flags & (KVR_PROTO_F_END | KVR_PROTO_F_ERROR))
+        s->end_queued = true;
+    s->queued_bytes += sz;
     q->f = *f;
     q->next = NULL;
     if (s->tail)
@@ -534,6 +578,35 @@ static kvr_status_t pump(kvr_client_t *c, uint64_t deadline)
     return pump_fd(c, deadline, -1, NULL, true);
 }
 
+/* The pending unary call's reply (c->reply, taken): the reply message into
+ * *reply_p, or the router's error as the status (c->err says why). */
+static kvr_status_t unary_reply(kvr_client_t *c, unsigned method,
+                                const ProtobufCMessageDescriptor *reply_desc,
+                                ProtobufCMessage **reply_p)
+{
+    c->want_call = 0;
+    c->have_reply = false;
+    ProtobufCMessage *m = NULL;
+    char err[256];
+    bool is_err = c->reply.hdr.flags & KVR_PROTO_F_ERROR;
+    kvr_status_t st = kvr_proto_decode(&c->reply, is_err ? &kvrail__status__descriptor : reply_desc,
+                                       &m, err, sizeof(err));
+    kvr_proto_frame_clear(&c->reply);
+    if (st != KVR_OK) {
+        set_err(c, "bad %s reply: %s", kvr_proto_method_name(method), err);
+        return st;
+    }
+    if (is_err) {
+        Kvrail__Status *s = (Kvrail__Status *)m;
+        set_err(c, "%s", s->message);
+        st = err_code(s->code);
+        protobuf_c_message_free_unpacked(m, NULL);
+        return st;
+    }
+    *reply_p = m;
+    return KVR_OK;
+}
+
 static kvr_status_t unary(kvr_client_t *c, unsigned method, const ProtobufCMessage *req,
                           const ProtobufCMessageDescriptor *reply_desc, int timeout_ms,
                           ProtobufCMessage **reply_p)
@@ -566,27 +639,7 @@ static kvr_status_t unary(kvr_client_t *c, unsigned method, const ProtobufCMessa
             return KVR_ERR_TIMEOUT;
         }
     }
-    c->want_call = 0;
-    c->have_reply = false;
-    ProtobufCMessage *m = NULL;
-    char err[256];
-    bool is_err = c->reply.hdr.flags & KVR_PROTO_F_ERROR;
-    st = kvr_proto_decode(&c->reply, is_err ? &kvrail__status__descriptor : reply_desc, &m, err,
-                          sizeof(err));
-    kvr_proto_frame_clear(&c->reply);
-    if (st != KVR_OK) {
-        set_err(c, "bad %s reply: %s", kvr_proto_method_name(method), err);
-        return st;
-    }
-    if (is_err) {
-        Kvrail__Status *s = (Kvrail__Status *)m;
-        set_err(c, "%s", s->message);
-        st = s->code ? s->code : KVR_ERR_INTERNAL;
-        protobuf_c_message_free_unpacked(m, NULL);
-        return st;
-    }
-    *reply_p = m;
-    return KVR_OK;
+    return unary_reply(c, method, reply_desc, reply_p);
 }
 
 kvr_status_t kvr_client_ping(kvr_client_t *c, int timeout_ms)
@@ -689,6 +742,7 @@ static kvr_status_t take(kvr_gen_stream_t *s, struct kvr_gen_token *tok_p)
     if (!s->head)
         s->tail = NULL;
     kvr_proto_frame_t *f = &q->f;
+    s->queued_bytes -= sizeof(*q) + f->payload_len;
     kvr_status_t ret = KVR_INPROGRESS;
     ProtobufCMessage *m = NULL;
     char err[256];
@@ -697,7 +751,7 @@ static kvr_status_t take(kvr_gen_stream_t *s, struct kvr_gen_token *tok_p)
         ret = KVR_ERR_CLOSED;
         if (kvr_proto_decode(f, &kvrail__status__descriptor, &m, err, sizeof(err)) == KVR_OK) {
             Kvrail__Status *st = (Kvrail__Status *)m;
-            s->res.status = st->code ? st->code : KVR_ERR_INTERNAL;
+            s->res.status = err_code(st->code);
             copy_str(s->res.message, sizeof(s->res.message), st->message);
         } else {
             s->res.status = KVR_ERR_CORRUPT;
@@ -709,12 +763,12 @@ static kvr_status_t take(kvr_gen_stream_t *s, struct kvr_gen_token *tok_p)
         ret = KVR_ERR_CLOSED;
         if (kvr_proto_decode(f, &kvrail__stream_end__descriptor, &m, err, sizeof(err)) == KVR_OK) {
             Kvrail__StreamEnd *e = (Kvrail__StreamEnd *)m;
-            s->res.status = e->status ? e->status->code : KVR_OK;
+            s->res.status = e->status && e->status->code ? err_code(e->status->code) : KVR_OK;
             copy_str(s->res.message, sizeof(s->res.message), e->status ? e->status->message : "");
             if (e->usage) {
                 Kvrail__GenerateUsage *u = e->usage;
                 s->res.request_id = u->request_id;
-                s->res.finish = (enum kvr_finish)u->finish;
+                s->res.finish = finish_of(u->finish);
                 s->res.prompt_tokens = u->prompt_tokens;
                 s->res.completion_tokens = u->completion_tokens;
                 s->res.cached_tokens = u->cached_tokens;
@@ -745,7 +799,7 @@ static kvr_status_t take(kvr_gen_stream_t *s, struct kvr_gen_token *tok_p)
         tok_p->logprob = ch->logprob;
         tok_p->text = ch->text ? ch->text : "";
         tok_p->text_len = strlen(tok_p->text);
-        tok_p->finish = (enum kvr_finish)ch->finish;
+        tok_p->finish = finish_of(ch->finish);
         tok_p->prompt_token_ids = ch->prompt_token_ids;
         tok_p->n_prompt_token_ids = ch->n_prompt_token_ids;
         tok_p->n_top = ch->n_top_logprobs < KVR_GEN_MAX_TOP ? ch->n_top_logprobs : KVR_GEN_MAX_TOP;
@@ -776,6 +830,19 @@ kvr_status_t kvr_gen_stream_take_sized(kvr_gen_stream_t *s, struct kvr_gen_token
         }
         if (st == KVR_OK || st == KVR_ERR_CLOSED)
             return st;
+    }
+    if (s->overflowed && !s->ended) {
+        /* what was queued is taken; the rest was dropped: the router is
+         * told to stop, and the caller that the answer is incomplete */
+        kvr_gen_stream_cancel(s);
+        s->ended = true;
+        s->res.status = KVR_ERR_OVERLOAD;
+        s->res.finish = KVR_FINISH_ERROR;
+        snprintf(s->res.message, sizeof(s->res.message),
+                 "the router sent more than the %zu bytes a stream queues: the stream ended "
+                 "without its answer",
+                 stream_queue_cap);
+        return KVR_ERR_CLOSED;
     }
     return s->ended ? KVR_ERR_CLOSED : KVR_ERR_TIMEOUT;
 }
@@ -1005,6 +1072,9 @@ static kvr_status_t generate(kvr_client_t *c, const struct kvr_gen_params *p, kv
     return st;
 }
 
+static kvr_status_t status_of(kvr_client_t *c, ProtobufCMessage *m, struct kvr_cluster_status *o,
+                              size_t node_size);
+
 /* The router's status into the library's struct *o; its nodes into c->nodes,
  * node_size bytes apart. */
 static kvr_status_t status(kvr_client_t *c, int timeout_ms, struct kvr_cluster_status *o,
@@ -1016,9 +1086,23 @@ static kvr_status_t status(kvr_client_t *c, int timeout_ms, struct kvr_cluster_s
                             timeout_ms, &m);
     if (st != KVR_OK)
         return st;
+    return status_of(c, m, o, node_size);
+}
+
+/* A StatusReply m (freed here) into *o and c->nodes. */
+static kvr_status_t status_of(kvr_client_t *c, ProtobufCMessage *m, struct kvr_cluster_status *o,
+                              size_t node_size)
+{
     Kvrail__StatusReply *r = (Kvrail__StatusReply *)m;
     memset(o, 0, sizeof(*o));
     o->size = sizeof(*o);
+    if (r->status && r->status->code) {
+        /* the router says it has no status to give: never zeros as one */
+        set_err(c, "router: %s", r->status->message);
+        kvr_status_t st = err_code(r->status->code);
+        protobuf_c_message_free_unpacked(m, NULL);
+        return st;
+    }
     if (r->n_nodes > KVR_CLIENT_MAX_NODES) {
         set_err(c, "the router reported %zu nodes, more than the %d a status holds", r->n_nodes,
                 KVR_CLIENT_MAX_NODES);

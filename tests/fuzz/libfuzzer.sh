@@ -11,9 +11,9 @@
 #
 #   tests/fuzz/libfuzzer.sh SRC BUILD [RUNS | SECONDSs] [TARGET...]
 #
-# Targets: router json decode cluster model tokenizer zmtp openai (default:
-# all).  The
-# last line of each target's run says how many inputs it executed.
+# Targets: router json decode cluster model tokenizer zmtp openai xfer_blob
+# client (default: all).  The last line of each target's run says how many
+# inputs it executed.
 #
 # Exits 77 (skip) when clang or its libFuzzer runtime is missing
 # (Debian: clang, libclang-rt-14-dev; tools/install-deps.sh --test).
@@ -22,7 +22,7 @@ SRC=$1
 BUILD=$2
 RUNS=${3:-20000}
 shift $(( $# >= 3 ? 3 : $# ))
-TARGETS=${*:-router json decode cluster model tokenizer zmtp openai}
+TARGETS=${*:-router json decode cluster model tokenizer zmtp openai xfer_blob client}
 CC=${FUZZ_CC:-clang}
 OUT=${OUT:-$BUILD/fuzz-out}
 command -v "$CC" >/dev/null 2>&1 || { echo "skip: $CC not found (apt install clang)"; exit 77; }
@@ -85,6 +85,21 @@ for t in $TARGETS; do
     openai) # the frontend's request parser and chat prompts
         srcs="$SRC/tests/fuzz/fuzz_openai.c $SRC/frontend/request.c $SRC/frontend/chat.c
               $SRC/common/json.c" ;;
+    xfer_blob) # the transfer engine's blobs: its core and the backends the
+        # meson build has (UCX when found; its parses run in a forked child)
+        srcs="$SRC/tests/fuzz/fuzz_xfer_blob.c $SRC/transport/xfer.c $SRC/transport/xfer_mem.c
+              $SRC/transport/xfer_token.c $SRC/transport/loop/loop.c"
+        if grep -q 'transport/ucx/ucx\.c' "$BUILD/build.ninja"; then
+            for f in ucx ucx_check ucx_hello ucx_local; do
+                srcs="$srcs $SRC/transport/ucx/$f.c"
+            done
+        fi
+        srcs="$srcs $(meson_link fuzz-xfer-blob)" ;;
+    client) # libkvrail-client's handling of the router's frames (fuzz_client.c
+        # includes router/client/client.c)
+        srcs="$SRC/tests/fuzz/fuzz_client.c $SRC/router/client/zmtp.c $SRC/router/client/zmtp_curve.c
+              $SRC/proto/frame.c $SRC/proto/curve.c $BUILD/proto/kvrail_common.pb-c.c
+              $BUILD/proto/kvrail_client.pb-c.c $BUILD/proto/kvrail_node.pb-c.c" ;;
     *) echo "unknown target $t"; exit 2 ;;
     esac
     # shellcheck disable=SC2086

@@ -5,9 +5,12 @@
  * node finishes, tokens stream, block events and a resync dump arrive,
  * cancels, status, ping) and the frames that crashed or misled the router
  * (a GENERATE with the ERROR flag, an empty rkey, a bogus registration).
- * Run once when the protocol changes; the output is committed.
+ * Run once when the protocol changes; the output is committed.  With
+ * --client, fuzz_client.c's seeds instead (corpus/client): replies a router
+ * sends a client, and the replies that broke libkvrail-client.
  *
  *   fuzz-mkseeds DIR
+ *   fuzz-mkseeds --client DIR
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -195,10 +198,220 @@ static int write_seed(const char *dir, const char *name)
     return 0;
 }
 
+/* ---- fuzz_client.c's records (the format is described there) ---- */
+
+enum { C_CALL0, C_S1, C_S2, C_S3, C_UNARY, C_UNKNOWN };
+
+static void cframe(int target, unsigned flags, unsigned method, const ProtobufCMessage *m)
+{
+    buf[len++] = 0;
+    buf[len++] = (uint8_t)target;
+    buf[len++] = (uint8_t)flags;
+    buf[len++] = (uint8_t)method;
+    size_t n = m ? protobuf_c_message_get_packed_size(m) : 0;
+    buf[len++] = (uint8_t)n;
+    buf[len++] = (uint8_t)(n >> 8);
+    if (n)
+        protobuf_c_message_pack(m, buf + len);
+    len += n;
+}
+
+static void cop(int op, int arg)
+{
+    buf[len++] = (uint8_t)op;
+    if (arg >= 0)
+        buf[len++] = (uint8_t)arg;
+}
+
+static void ctoken(int target, uint32_t index, int finish, const char *text, bool extras)
+{
+    Kvrail__GenerateChunk ch = KVRAIL__GENERATE_CHUNK__INIT;
+    ch.request_id = 7;
+    ch.index = index;
+    ch.token_id = 100 + index;
+    ch.logprob = -0.5f;
+    ch.text = (char *)text;
+    ch.finish = finish;
+    uint32_t ids[4] = {1, 2, 3, 4};
+    Kvrail__TopLogprob tl[2] = {KVRAIL__TOP_LOGPROB__INIT, KVRAIL__TOP_LOGPROB__INIT};
+    Kvrail__TopLogprob *tlp[2] = {&tl[0], &tl[1]};
+    tl[0].token_id = 100 + index;
+    tl[0].logprob = -0.5f;
+    tl[1].token_id = 9;
+    tl[1].logprob = -2.0f;
+    if (extras) {
+        ch.prompt_token_ids = ids;
+        ch.n_prompt_token_ids = 4;
+        ch.top_logprobs = tlp;
+        ch.n_top_logprobs = 2;
+    }
+    cframe(target, 0, KVRAIL__METHOD__GENERATE, &ch.base);
+}
+
+static void cend(int target, int code, int finish)
+{
+    Kvrail__GenerateUsage u = KVRAIL__GENERATE_USAGE__INIT;
+    u.request_id = 7;
+    u.finish = finish;
+    u.prompt_tokens = 4;
+    u.completion_tokens = 2;
+    u.prefill_node = (char *)"prefill0";
+    u.decode_node = (char *)"decode0";
+    Kvrail__Status st = KVRAIL__STATUS__INIT;
+    st.code = code;
+    st.message = (char *)(code ? "ended with an error" : "");
+    Kvrail__StreamEnd e = KVRAIL__STREAM_END__INIT;
+    e.usage = &u;
+    e.status = code ? &st : NULL;
+    cframe(target, KVR_PROTO_F_END, KVRAIL__METHOD__GENERATE, &e.base);
+}
+
+static void cerror(int target, unsigned method, int code, const char *msg)
+{
+    Kvrail__Status st = KVRAIL__STATUS__INIT;
+    st.code = code;
+    st.message = (char *)msg;
+    cframe(target, KVR_PROTO_F_END | KVR_PROTO_F_ERROR, method, &st.base);
+}
+
+static void cstatus_reply(size_t n_nodes, int code)
+{
+    Kvrail__Status st = KVRAIL__STATUS__INIT;
+    st.code = code;
+    st.message = (char *)(code ? "no status: shutting down" : "ok");
+    Kvrail__RouterStats rs = KVRAIL__ROUTER_STATS__INIT;
+    rs.uptime_ms = 1000;
+    rs.requests = 3;
+    Kvrail__NodeStatus ns[2] = {KVRAIL__NODE_STATUS__INIT, KVRAIL__NODE_STATUS__INIT};
+    Kvrail__NodeStatus *nsp[2] = {&ns[0], &ns[1]};
+    ns[0].name = (char *)"prefill0";
+    ns[0].role = KVRAIL__ROLE__ROLE_PREFILL;
+    ns[0].alive = 1;
+    ns[1].name = (char *)"decode0";
+    ns[1].role = KVRAIL__ROLE__ROLE_DECODE;
+    ns[1].total_blocks = 64;
+    ns[1].free_blocks = 60;
+    Kvrail__StatusReply r = KVRAIL__STATUS_REPLY__INIT;
+    r.model = (char *)"tiny";
+    r.block_size = 16;
+    r.router = &rs;
+    r.nodes = nsp;
+    r.n_nodes = n_nodes < 2 ? n_nodes : 2;
+    r.status = &st;
+    cframe(C_UNARY, KVR_PROTO_F_END, KVRAIL__METHOD__STATUS, &r.base);
+}
+
+static int client_seeds(const char *d)
+{
+    int rc = 0;
+    /* a whole stream: the first token with prompt ids and top logprobs, the
+     * last, the end with usage; taken as kvr_client_next_ready gives it */
+    ctoken(C_S1, 0, 0, "Hello", true);
+    ctoken(C_S1, 1, KVRAIL__FINISH_REASON__FINISH_LENGTH, " world", false);
+    cend(C_S1, 0, KVRAIL__FINISH_REASON__FINISH_LENGTH);
+    cop(2, -1);
+    rc |= write_seed(d, "stream-whole");
+
+    /* three streams interleaved: one ends, one fails, one is destroyed
+     * with frames queued; an unknown call id, call id 0's error */
+    ctoken(C_S1, 0, 0, "a", false);
+    ctoken(C_S2, 0, 0, "b", true);
+    ctoken(C_S3, 0, 0, "c", false);
+    cframe(C_UNKNOWN, 0, KVRAIL__METHOD__GENERATE, NULL);
+    cop(1, 1);
+    cerror(C_S2, KVRAIL__METHOD__GENERATE, -12, "overloaded");
+    cerror(C_CALL0, 0, -15, "your envelope was unreadable");
+    cend(C_S1, 0, KVRAIL__FINISH_REASON__FINISH_STOP);
+    cop(3, 2);
+    cop(2, -1);
+    cop(7, 2);
+    ctoken(C_S3, 0, 0, "again", false);
+    rc |= write_seed(d, "streams-interleaved");
+
+    /* unary calls: a ping, a status (the caller's node size, then an older
+     * caller's), the router's error */
+    Kvrail__Ping pg = KVRAIL__PING__INIT;
+    pg.nonce = 42;
+    cop(4, -1);
+    cframe(C_UNARY, KVR_PROTO_F_END, KVRAIL__METHOD__PING, &pg.base);
+    cop(5, 0);
+    cop(4, -1);
+    cstatus_reply(2, 0);
+    cop(5, 3);
+    cop(4, -1);
+    cstatus_reply(2, 0);
+    cop(5, 1 | (24 << 2));
+    cop(4, -1);
+    cerror(C_UNARY, KVRAIL__METHOD__STATUS, -10, "no such thing");
+    cop(5, 1);
+    rc |= write_seed(d, "unary-ping-status-error");
+
+    /* the connection lost with frames queued: they are delivered, then the
+     * end */
+    ctoken(C_S1, 0, 0, "x", false);
+    ctoken(C_S2, 0, 0, "y", false);
+    cop(4, -1);
+    cop(6, -1);
+    cop(2, -1);
+    ctoken(C_S1, 1, 0, "late", false);
+    rc |= write_seed(d, "connection-lost");
+
+    /* regression: frames after a stream's error (a done, a token) were
+     * queued and taken after the end: a token after KVR_ERR_CLOSED, and the
+     * done's KVR_OK over the error */
+    ctoken(C_S1, 0, 0, "a", false);
+    cerror(C_S1, KVRAIL__METHOD__GENERATE, -5, "decode node died");
+    cend(C_S1, 0, KVRAIL__FINISH_REASON__FINISH_STOP);
+    ctoken(C_S1, 1, 0, "b", false);
+    cop(1, 0);
+    cop(1, 0);
+    cop(1, 0);
+    rc |= write_seed(d, "done-after-error");
+
+    /* regression: a positive or zero code in an error (KVR_INPROGRESS) was
+     * the stream's and the unary call's status: "not an error" */
+    cerror(C_S1, KVRAIL__METHOD__GENERATE, 1, "in progress?");
+    cend(C_S2, 1, KVRAIL__FINISH_REASON__FINISH_STOP);
+    cop(4, -1);
+    cerror(C_UNARY, KVRAIL__METHOD__PING, 1, "in progress?");
+    cop(5, 0);
+    cop(2, -1);
+    rc |= write_seed(d, "error-positive-code");
+
+    /* regression: finish reasons outside enum kvr_finish reached the
+     * caller as they came */
+    ctoken(C_S1, 0, 77, "a", false);
+    cend(C_S1, 0, 99);
+    cop(1, 0);
+    rc |= write_seed(d, "finish-out-of-range");
+
+    /* regression: a StatusReply whose status is an error was taken as a
+     * status of zeros */
+    cop(4, -1);
+    cstatus_reply(0, -18);
+    cop(5, 3);
+    rc |= write_seed(d, "status-reply-error");
+
+    /* regression: a stream nobody takes from queued whatever the router
+     * sent; now its queue is bounded and the stream ends with
+     * KVR_ERR_OVERLOAD after what was queued */
+    char text[1001];
+    memset(text, 'z', sizeof(text) - 1);
+    text[sizeof(text) - 1] = 0;
+    for (uint32_t i = 0; i < 24; i++)
+        ctoken(C_S2, i, 0, text, false);
+    cend(C_S2, 0, KVRAIL__FINISH_REASON__FINISH_LENGTH);
+    cop(1, 1);
+    rc |= write_seed(d, "flood");
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 3 && strcmp(argv[1], "--client") == 0)
+        return client_seeds(argv[2]);
     if (argc != 2) {
-        fprintf(stderr, "usage: %s DIR\n", argv[0]);
+        fprintf(stderr, "usage: %s DIR | --client DIR\n", argv[0]);
         return 2;
     }
     const char *d = argv[1];
