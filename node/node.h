@@ -82,6 +82,13 @@ struct kvr_node {
 
     bool registered;
     uint64_t last_register_ns, last_heartbeat_ns, last_hb_reply_ns;
+    /* the wait before the next REGISTER while unregistered: 1 s (0), doubled
+     * by each refusal up to KVR_NODE_REGISTER_BACKOFF_MAX_MS, 1 s again once
+     * registered: a node the router keeps refusing (another model, layout or
+     * kernels than the live nodes') retries, as the refusal can pass (the
+     * live node it clashed with dies), but neither floods the router nor
+     * writes its log full, a line a second for as long as it runs */
+    uint32_t register_retry_ms;
     uint32_t heartbeat_ms;
     uint64_t bad_frames;
 

@@ -296,10 +296,26 @@ void kvr_node_fill_register(kvr_node_t *node, Kvrail__RegisterRequest *r, Kvrail
     node->last_register_ns = kvr_now_ns();
 }
 
+#define KVR_NODE_REGISTER_BACKOFF_MAX_MS 30000u
+
+static uint64_t register_retry_ns(const kvr_node_t *node)
+{
+    return (node->register_retry_ms ? node->register_retry_ms : 1000u) * 1000000ull;
+}
+
+/* The router refused a REGISTER: the next one waits twice as long. */
+static void register_refused(kvr_node_t *node)
+{
+    uint32_t ms = node->register_retry_ms ? node->register_retry_ms : 1000u;
+    node->register_retry_ms =
+        ms * 2 < KVR_NODE_REGISTER_BACKOFF_MAX_MS ? ms * 2 : KVR_NODE_REGISTER_BACKOFF_MAX_MS;
+    node->registered = false;
+}
+
 static bool register_due(kvr_node_t *node)
 {
-    return !node->registered &&
-           (node->last_register_ns == 0 || kvr_now_ns() - node->last_register_ns > 1000000000ull);
+    return !node->registered && (node->last_register_ns == 0 ||
+                                 kvr_now_ns() - node->last_register_ns > register_retry_ns(node));
 }
 
 static bool heartbeat_due(kvr_node_t *node)
@@ -316,10 +332,11 @@ static void handle_builtin(kvr_node_t *node, unsigned method, ProtobufCMessage *
     if (method == KVRAIL__METHOD__REGISTER) {
         Kvrail__RegisterReply *r = (Kvrail__RegisterReply *)m;
         if (r->status && r->status->code != 0) {
-            KVR_LOG_ERROR(COMP, "the router refused registration: %s (%s)",
+            register_refused(node);
+            KVR_LOG_ERROR(COMP, "the router refused registration: %s (%s); next try in %u s",
                           r->status->message ? r->status->message : "",
-                          kvr_status_str((kvr_status_t)r->status->code));
-            node->registered = false;
+                          kvr_status_str((kvr_status_t)r->status->code),
+                          node->register_retry_ms / 1000);
             return;
         }
         if (r->heartbeat_interval_ms)
@@ -328,6 +345,7 @@ static void handle_builtin(kvr_node_t *node, unsigned method, ProtobufCMessage *
             KVR_LOG_INFO(COMP, "registered with the router (heartbeat every %u ms)",
                          node->heartbeat_ms);
         node->registered = true;
+        node->register_retry_ms = 0;
         node->last_hb_reply_ns = kvr_now_ns();
         node->last_heartbeat_ns = 0;
     } else if (method == KVRAIL__METHOD__HEARTBEAT) {
@@ -379,11 +397,18 @@ static int drain_router(kvr_node_t *node)
         kvr_proto_frame_clear(&fr);
         if (d == &kvrail__status__descriptor) {
             Kvrail__Status *st = (Kvrail__Status *)m;
-            KVR_LOG_WARN(COMP, "the router answered %s with an error: %s",
-                         kvr_proto_method_name(method) ? kvr_proto_method_name(method) : "?",
-                         st->message ? st->message : "");
-            if (method == KVRAIL__METHOD__HEARTBEAT || method == KVRAIL__METHOD__REGISTER)
+            if (method == KVRAIL__METHOD__REGISTER)
+                register_refused(node);
+            else if (method == KVRAIL__METHOD__HEARTBEAT)
                 node->registered = false;
+            if (method == KVRAIL__METHOD__REGISTER)
+                KVR_LOG_WARN(COMP,
+                             "the router answered REGISTER with an error: %s; next try in %u s",
+                             st->message ? st->message : "", node->register_retry_ms / 1000);
+            else
+                KVR_LOG_WARN(COMP, "the router answered %s with an error: %s",
+                             kvr_proto_method_name(method) ? kvr_proto_method_name(method) : "?",
+                             st->message ? st->message : "");
         } else if (method == KVRAIL__METHOD__REGISTER || method == KVRAIL__METHOD__HEARTBEAT) {
             handle_builtin(node, method, m);
         } else if (node->ops && node->ops->on_msg) {
@@ -533,7 +558,7 @@ void kvr_node_run(kvr_node_t *node, const struct kvr_node_ops *ops, void *arg)
         if (node->registered)
             next = node->last_heartbeat_ns + node->heartbeat_ms * 1000000ull;
         else
-            next = node->last_register_ns + 1000000000ull;
+            next = node->last_register_ns + register_retry_ns(node);
         int64_t until = next > now ? (int64_t)((next - now) / 1000000ull) + 1 : 0;
         if (until < timeout)
             timeout = (int)until;

@@ -18,6 +18,7 @@ the cluster file's value and its own; numerics: "field numerics is
 registers, with and without the kernels field (the controls); the real
 nodes stay alive.
 """
+import datetime
 import os
 import re
 import sys
@@ -115,7 +116,21 @@ def main():
             check(not any(n["name"] == "prefill8" and n.get("alive") for n in
                           st.get("nodes", [])),
                   "prefill8 (cpu-base) is alive in the router: %s" % st.get("nodes"))
-            print("prefill8 (KVR_CPU_MATMUL=base): refused, kernels cpu-base vs cpu-fma16")
+            # refused again and again, it backs off (1 s doubling to 30 s: not a
+            # log line and a REGISTER a second for as long as it runs)
+            log8 = wait_for("prefill8's second refusal, next try in 4 s",
+                            lambda: refused() if "next try in 4 s" in refused() else None,
+                            timeout=30)
+            tries = re.findall(r"^(\S+) W prefill8 node\[\d+\]: the router answered REGISTER with "
+                               r"an error: .*next try in (\d+) s$", log8, re.M)
+            check([t[1] for t in tries[:2]] == ["2", "4"],
+                  "prefill8's retries do not back off 2 s, 4 s: %s" % [t[1] for t in tries])
+            t0, t1 = (datetime.datetime.strptime(t[0], "%Y-%m-%dT%H:%M:%S.%fZ") for t in tries[:2])
+            check((t1 - t0).total_seconds() >= 1.9,
+                  "prefill8 registered again %.2f s after a refusal that said 2 s" %
+                  (t1 - t0).total_seconds())
+            print("prefill8 (KVR_CPU_MATMUL=base): refused, kernels cpu-base vs cpu-fma16; "
+                  "retries backed off: %s" % ", ".join(t[1] + " s" for t in tries))
         st = c.status() or {}
         alive = {n["name"] for n in st.get("nodes", []) if n.get("alive")}
         check({"prefill0", "decode0"} <= alive, "real nodes not alive after the refusals: %s" %
