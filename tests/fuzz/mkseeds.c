@@ -24,6 +24,17 @@ enum { R_P0, R_D0, R_D1, R_CA, R_CB };
 static uint8_t buf[1 << 16];
 static size_t len;
 
+/* m packed into buf after its 16-bit little-endian length (0: no m) */
+static void put_msg(const ProtobufCMessage *m)
+{
+    size_t n = m ? protobuf_c_message_get_packed_size(m) : 0;
+    buf[len++] = (uint8_t)n;
+    buf[len++] = (uint8_t)(n >> 8);
+    if (n)
+        protobuf_c_message_pack(m, buf + len);
+    len += n;
+}
+
 static void rec(int op, int route, unsigned flags, unsigned method, uint64_t call,
                 const ProtobufCMessage *m)
 {
@@ -32,12 +43,7 @@ static void rec(int op, int route, unsigned flags, unsigned method, uint64_t cal
     kvr_proto_hdr_t h = {KVR_PROTO_VERSION, (uint8_t)flags, (uint16_t)method, call};
     kvr_proto_hdr_pack(&h, buf + len);
     len += KVR_PROTO_HDR_LEN;
-    size_t n = m ? protobuf_c_message_get_packed_size(m) : 0;
-    buf[len++] = (uint8_t)n;
-    buf[len++] = (uint8_t)(n >> 8);
-    if (n)
-        protobuf_c_message_pack(m, buf + len);
-    len += n;
+    put_msg(m);
 }
 
 static void tick(int x50ms)
@@ -208,12 +214,7 @@ static void cframe(int target, unsigned flags, unsigned method, const ProtobufCM
     buf[len++] = (uint8_t)target;
     buf[len++] = (uint8_t)flags;
     buf[len++] = (uint8_t)method;
-    size_t n = m ? protobuf_c_message_get_packed_size(m) : 0;
-    buf[len++] = (uint8_t)n;
-    buf[len++] = (uint8_t)(n >> 8);
-    if (n)
-        protobuf_c_message_pack(m, buf + len);
-    len += n;
+    put_msg(m);
 }
 
 static void cop(int op, int arg)
