@@ -36,7 +36,8 @@ fi
 CFLAGS="-g -O1 -std=gnu11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
 DATA="-DKVR_FUZZ_DATA=\"$SRC/tests/fuzz/data\""
 INC="-I$SRC/common -I$BUILD/common -I$SRC/proto -I$BUILD/proto -I$SRC/router -I$SRC/tokenizer -I$SRC/sample -I$BUILD
-     -I$SRC/engine -I$SRC/node -I$SRC/decode -I$SRC/transport -I$SRC/router/client -I$SRC/frontend"
+     -I$SRC/engine -I$SRC/node -I$SRC/decode -I$SRC/transport -I$SRC/transport/cuda -I$SRC/router/client
+     -I$SRC/frontend"
 PKG=$(pkg-config --cflags --libs libprotobuf-c libzmq libxxhash yaml-0.1 libsodium)
 # the meson-built router core last: only what the instrumented sources do not
 # define comes from it (metrics hooks, and whatever module is added later)
