@@ -397,18 +397,18 @@ static int drain_router(kvr_node_t *node)
         kvr_proto_frame_clear(&fr);
         if (d == &kvrail__status__descriptor) {
             Kvrail__Status *st = (Kvrail__Status *)m;
-            if (method == KVRAIL__METHOD__REGISTER)
+            if (method == KVRAIL__METHOD__REGISTER) {
                 register_refused(node);
-            else if (method == KVRAIL__METHOD__HEARTBEAT)
-                node->registered = false;
-            if (method == KVRAIL__METHOD__REGISTER)
                 KVR_LOG_WARN(COMP,
                              "the router answered REGISTER with an error: %s; next try in %u s",
                              st->message ? st->message : "", node->register_retry_ms / 1000);
-            else
+            } else {
+                if (method == KVRAIL__METHOD__HEARTBEAT)
+                    node->registered = false;
                 KVR_LOG_WARN(COMP, "the router answered %s with an error: %s",
                              kvr_proto_method_name(method) ? kvr_proto_method_name(method) : "?",
                              st->message ? st->message : "");
+            }
         } else if (method == KVRAIL__METHOD__REGISTER || method == KVRAIL__METHOD__HEARTBEAT) {
             handle_builtin(node, method, m);
         } else if (node->ops && node->ops->on_msg) {

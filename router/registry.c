@@ -140,8 +140,10 @@ static kvr_status_t check_layout(rt_t *r, const struct rt_node *self,
                  l->dtype ? l->dtype : "", r->cl->kv_dtype);
         return KVR_ERR_MISMATCH;
     }
-    if (l->kernels && strnlen(l->kernels, 16) >= 16) {
-        snprintf(err, err_len, "register: KV layout field kernels is longer than 15 bytes");
+    const size_t kcap = sizeof(((struct rt_node *)0)->kernels);
+    if (l->kernels && strnlen(l->kernels, kcap) >= kcap) {
+        snprintf(err, err_len, "register: KV layout field kernels is longer than %zu bytes",
+                 kcap - 1);
         return KVR_ERR_INVALID;
     }
     /* the engine's numerics: another mode computes other logits ("" from a

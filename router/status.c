@@ -96,6 +96,8 @@ void rt_status_reply(rt_t *r, const kvr_proto_frame_t *f, uint64_t now)
         ns[i].failures_blamed = n->blamed;
         ns[i].cooldowns = n->cooldowns;
         ns[i].cooling = n->cool_until > now;
+        ns[i].kv_dtype = n->dtype;
+        ns[i].kernels = n->kernels;
         ns[i].self_fenced = n->self_fenced_hb;
         if (n->role == KVR_NODE_ROLE_PREFILL) {
             kb += nb;

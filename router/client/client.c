@@ -1198,6 +1198,8 @@ static kvr_status_t status_of(kvr_client_t *c, ProtobufCMessage *m, struct kvr_c
         d->failures_blamed = n->failures_blamed;
         d->cooldowns = n->cooldowns;
         d->cooling = n->cooling;
+        copy_str(d->kv_dtype, sizeof(d->kv_dtype), n->kv_dtype);
+        copy_str(d->kernels, sizeof(d->kernels), n->kernels);
         copy_out((char *)c->nodes + i * node_size, node_size, d, sizeof(*d));
     }
     o->n_nodes = r->n_nodes;

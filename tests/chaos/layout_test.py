@@ -11,7 +11,8 @@ fingerprint and their layout but for one field at a time (layers,
 kv_heads, head_dim), with another KV dtype, with the engine's numerics
 mode bf16dot (the cluster runs f32), and with the other kernels bit class
 (cpu-base against the live nodes' cpu-fma16, or the reverse: the class the
-real nodes registered, from the router's log).  Asserted: each is refused
+real nodes registered, from the router's log), and with a kernels field
+longer than the router keeps.  Asserted: each is refused
 (a non-zero REPLY) with "field F is X, but live node N has Y" (the dtype:
 the cluster file's value and its own; numerics: "field numerics is
 'bf16dot', the cluster file says numerics f32"); the exact layout
@@ -87,6 +88,12 @@ def main():
         check(re.search(r"field kernels is '%s', but live node (prefill0|decode0) has '%s'" %
                         (other, kern), got) and not got.startswith("REPLY 0 "),
               "a node with kernels %s was not refused naming both classes: %s" % (other, got))
+        # a kernels field longer than the router's table holds: refused, not cut
+        got = register(args, c, layers, heads, hdim, dtype, fp, kernels=kern + "-" * 16)
+        print("prefill9 with a 16+ byte kernels field: %s" % got)
+        check(re.search(r"field kernels is longer than 15 bytes", got) and
+              not got.startswith("REPLY 0 "),
+              "a node with an over-long kernels field was not refused naming it: %s" % got)
         got = register(args, c, layers, heads, hdim, dtype, fp, kernels=kern)
         print("prefill9 with the live nodes' layout and kernels (control): %s" % got)
         check(got.startswith("REPLY 0"), "the matching layout and kernels were refused: %s" % got)

@@ -97,10 +97,7 @@ def main():
                 stderr = err.read()
             finally:
                 err.close()
-                try:
-                    os.killpg(h.pid, signal.SIGKILL)
-                except OSError:
-                    pass
+                cl.killgroup(h, signal.SIGKILL)
             problems = []
             if not d.startswith(tmp + "/"):
                 problems.append("printed %r, not a directory under TMPDIR" % d)

@@ -10,7 +10,8 @@ For kv_dtype f32 and then bf16, a fresh cluster:
   - the router counted one local and one disaggregated prefill; the long
     request's own usage (`generate --stats`) names the KV bytes it moved,
     the same count as the router's status (the prefill node's heartbeat):
-    bf16 moves exactly half of f32.  The usage must have them however the
+    bf16 moves exactly half of f32;
+  - the status names each node's KV dtype and kernels class.  The usage must have them however the
     decode node's tokens and the prefill node's PrefillDone interleave (the
     decode node carries KV_READY's count on its first Token).
 Then, with the bf16 cluster up, a decode node started from a cluster file
@@ -92,10 +93,17 @@ def one_cluster(a, model, work, dtype, outs):
         st = run([a.kvrail, "status", "--router", ep, "--json"], timeout=30)
         if st.returncode:
             raise Fail("status: " + st.stderr)
-        rs = json.loads(st.stdout)["router"]
-        return rs if rs["kv_bytes_moved"] > 0 else None
+        s = json.loads(st.stdout)
+        return s if s["router"]["kv_bytes_moved"] > 0 else None
 
-    rs = wait_for("status kv_bytes_moved > 0", status_router, timeout=10, step=0.1)
+    s = wait_for("status kv_bytes_moved > 0", status_router, timeout=10, step=0.1)
+    rs = s["router"]
+    # each live node's row names the KV dtype and kernels class it registered with
+    reg = [(n["name"], n["kv_dtype"], n["kernels"]) for n in s["nodes"] if n["alive"]]
+    if (len(reg) != 2 or any(d != dtype for _, d, _ in reg) or
+            len({k for _, _, k in reg}) != 1 or reg[0][2] not in ("cpu-fma16", "cpu-base")):
+        raise Fail("kv_dtype %s: the status's nodes say (name, kv_dtype, kernels) %s; want both "
+                   "%s and one kernels class" % (dtype, reg, dtype))
     if rs["kv_bytes_moved"] != b_long:
         raise Fail("kv_dtype %s: the request's usage says %d KV bytes moved, the router's "
                    "status %d" % (dtype, b_long, rs["kv_bytes_moved"]))

@@ -74,6 +74,10 @@ static void print_json(const struct kvr_cluster_status *s)
         jstr(n->host);
         printf(", \"transport\": ");
         jstr(n->transport);
+        printf(", \"kv_dtype\": ");
+        jstr(n->kv_dtype);
+        printf(", \"kernels\": ");
+        jstr(n->kernels);
         printf(", \"last_heartbeat_ms_ago\": %" PRIu64 ", \"total_blocks\": %u, \"free_blocks\": %u"
                ", \"cached_blocks\": %u, \"batch_size\": %u, \"inflight_prefill_tokens\": %" PRIu64
                ", \"queued_prefill_tokens\": %" PRIu64 ", \"requests\": %" PRIu64
@@ -165,9 +169,9 @@ static void print_text(const char *ep, const struct kvr_cluster_status *s)
      * prefill node's pushes given up after half a lease of silence; BLAMED:
      * request failures laid on the node ("+cool" while a decode node is
      * taken last after repeated faults) */
-    printf("%-12s %-8s %-5s %-10s %7s %13s %8s %6s %10s %12s %9s %9s %9s %6s %11s\n", "NODE",
-           "ROLE", "ALIVE", "TRANSPORT", "HB AGO", "FREE/TOTAL", "CACHED", "BATCH", "PREFILL TK",
-           "KV BYTES", "GB/S", "BAD FRMS", "BAD NOTIF", "FENCE", "BLAMED");
+    printf("%-12s %-8s %-5s %-10s %-5s %-10s %7s %13s %8s %6s %10s %12s %9s %9s %9s %6s %11s\n",
+           "NODE", "ROLE", "ALIVE", "TRANSPORT", "KV", "KERNELS", "HB AGO", "FREE/TOTAL", "CACHED",
+           "BATCH", "PREFILL TK", "KV BYTES", "GB/S", "BAD FRMS", "BAD NOTIF", "FENCE", "BLAMED");
     for (size_t i = 0; i < s->n_nodes; i++) {
         const struct kvr_node_info *n = &s->nodes[i];
         char blocks[32], hb[32];
@@ -177,9 +181,10 @@ static void print_text(const char *ep, const struct kvr_cluster_status *s)
         char blamed[32];
         snprintf(blamed, sizeof(blamed), "%" PRIu64 "%s", n->failures_blamed,
                  n->cooling ? "+cool" : "");
-        printf("%-12s %-8s %-5s %-10s %7s %13s %8u %6u %10" PRIu64 " %12" PRIu64 " %9.3f %9" PRIu64
-               " %9" PRIu64 " %6" PRIu64 " %11s\n",
-               n->name, n->role, n->alive ? "yes" : "no", n->transport, hb, blocks,
+        printf("%-12s %-8s %-5s %-10s %-5s %-10s %7s %13s %8u %6u %10" PRIu64 " %12" PRIu64
+               " %9.3f %9" PRIu64 " %9" PRIu64 " %6" PRIu64 " %11s\n",
+               n->name, n->role, n->alive ? "yes" : "no", n->transport,
+               n->kv_dtype[0] ? n->kv_dtype : "-", n->kernels[0] ? n->kernels : "-", hb, blocks,
                n->cached_blocks, n->batch_size, n->inflight_prefill_tokens, n->kv_bytes_moved,
                n->kv_gbps, n->bad_frames, n->bad_notifications, fence, blamed);
     }
