@@ -651,9 +651,18 @@ mm_store8(const struct mm_job *j, const float *out, int C, int32_t m, int32_t n)
  * M = 32, N = 2048, K = 768; 166-170 with the asm). */
 #define MM_TILE_ROWS 8
 
+/* While a panel's passes run, micro8() prefetches the next panel (its
+ * lines spread evenly over the passes, one per k step): the first pass over
+ * a panel no longer waits on DRAM for rows too short for the hardware
+ * prefetcher to learn (48 lines at K = 768 in f32).  Only panels of at most
+ * this many bytes: at K = 2048 in f32 (64 KB, rows of 128 lines the
+ * hardware follows) it was slower.  Which lines are prefetched changes no
+ * bit. */
+#define MM_PREFETCH_PANEL (32u << 10)
+
 __attribute__((target("arch=x86-64-v4"))) static inline __attribute__((always_inline)) void
 micro8(const int C, int32_t dtype, const void *w, size_t ldw, const float *x, size_t ldx_, size_t K,
-       float *out)
+       float *out, const char *pf, size_t npf)
 {
     v16f acc[MM_TILE_ROWS][3];
     for (int r = 0; r < MM_TILE_ROWS; r++)
@@ -661,10 +670,13 @@ micro8(const int C, int32_t dtype, const void *w, size_t ldw, const float *x, si
             acc[r][c] = (v16f){0};
     const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
     size_t k = 0;
-    for (; k + 16 <= K; k += 16) {
+    size_t s = 0;
+    for (; k + 16 <= K; k += 16, s++) {
         v16f xv[3];
         for (int c = 0; c < C; c++)
             xv[c] = ldx(x + (size_t)c * ldx_ + k);
+        if (s < npf) /* a line of the next panel (mm_panel8()) */
+            __builtin_prefetch(pf + s * 64, 0, 3);
         for (int r = 0; r < MM_TILE_ROWS; r++) {
             v16f wv = ld16x((const char *)w + (size_t)r * ldw * esz, dtype, k);
             __asm__("" : "+v"(wv));
@@ -706,21 +718,30 @@ micro8(const int C, int32_t dtype, const void *w, size_t ldw, const float *x, si
 /* Rows m0..m1 of y against weight rows n..n+7 (wp, stride ldw, dtype). */
 __attribute__((target("arch=x86-64-v4"))) static inline __attribute__((always_inline)) void
 mm_panel8(const struct mm_job *j, int32_t dtype, const void *wp, size_t ldw, int32_t n, int32_t m0,
-          int32_t m1)
+          int32_t m1, const char *next, size_t next_bytes)
 {
-    const size_t K = (size_t)j->w->cols;
+    const size_t K = (size_t)j->w->cols, steps = K / 16;
+    const size_t lines = (next_bytes + 63) / 64, passes = (size_t)(m1 - m0 + 2) / 3;
+    const size_t per = (lines + passes - 1) / passes;
+    size_t l = 0;
     float out[32];
     for (int32_t m = m0; m < m1; m += 3) {
         int C = m1 - m < 3 ? m1 - m : 3;
         const float *xr = j->x + (size_t)m * K;
+        size_t np = lines - l < per ? lines - l : per;
+        np = np < steps ? np : steps;
+        const char *pf = next + l * 64;
         if (C == 3)
-            micro8(3, dtype, wp, ldw, xr, K, K, out);
+            micro8(3, dtype, wp, ldw, xr, K, K, out, pf, np);
         else if (C == 2)
-            micro8(2, dtype, wp, ldw, xr, K, K, out);
+            micro8(2, dtype, wp, ldw, xr, K, K, out, pf, np);
         else
-            micro8(1, dtype, wp, ldw, xr, K, K, out);
+            micro8(1, dtype, wp, ldw, xr, K, K, out, pf, np);
+        l += np;
         mm_store8(j, out, C, m, n);
     }
+    for (; l < lines; l++) /* what the passes had no k steps left for */
+        __builtin_prefetch(next + l * 64, 0, 3);
 }
 
 /* mm_rows() for M > MM_DECODE_ROWS on x86-64-v4: the same x blocks and
@@ -740,14 +761,17 @@ mm_rows8(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1, int tid)
         int32_t m1 = j->M - m0 < mb ? j->M : m0 + mb;
         bool widen = dtype != KVR_DT_F32 && m1 - m0 > MM_WIDEN_ROWS;
         int32_t nn = n0;
+        const size_t pbytes = MM_TILE_ROWS * K * esz;
         for (; nn + MM_TILE_ROWS <= n1; nn += MM_TILE_ROWS) {
             const char *wr = W + (size_t)nn * K * esz;
+            /* the next panel (rows nn + 8 .. nn + 15, contiguous) */
+            size_t nb = nn + 2 * MM_TILE_ROWS <= n1 && pbytes <= MM_PREFETCH_PANEL ? pbytes : 0;
             if (widen) {
                 for (int r = 0; r < MM_TILE_ROWS; r++)
                     mm_widen(conv + (size_t)r * K, wr + (size_t)r * K * esz, dtype, K);
-                mm_panel8(j, KVR_DT_F32, conv, K, nn, m0, m1);
+                mm_panel8(j, KVR_DT_F32, conv, K, nn, m0, m1, wr + pbytes, nb);
             } else {
-                mm_panel8(j, dtype, wr, K, nn, m0, m1);
+                mm_panel8(j, dtype, wr, K, nn, m0, m1, wr + pbytes, nb);
             }
         }
         struct mm_walk wk = mm_walk_init(nn, n1, false);
