@@ -87,7 +87,8 @@ static void test_matmul(struct kvr_compute_backend *be, int dp)
     /* decode batches (1..36: prefetched panels, dotted in registers up to
      * 8 rows, widened once above) and prefill row counts */
     const int Ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 31, 32, 33, 36, 70};
-    const int NK[][2] = {{37, 19}, {64, 64}, {130, 48}, {9, 200}, {200, 96}};
+    /* K 2100: past MM_KSPLIT, the tile kernel's K chunks (and a tail) */
+    const int NK[][2] = {{37, 19}, {64, 64}, {130, 48}, {9, 200}, {200, 96}, {24, 2100}};
     for (int dt = 0; dt < 3; dt++) {
         if (dp && dt != KVR_DT_BF16)
             continue;
@@ -493,7 +494,7 @@ int main(void)
     for (int t = 0; t < 2; t++) {
         struct kvr_backend_params p = {.n_threads = threads[t],
                                        .max_rows = 512,
-                                       .max_cols = 256,
+                                       .max_cols = 2100,
                                        .max_seq_len = 1024,
                                        .max_head_dim = 64,
                                        .gemv_max_rows = KVR_GEMV_ROWS};
