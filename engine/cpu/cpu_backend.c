@@ -673,9 +673,12 @@ mm_store8(const struct mm_job *j, const float *out, int C, int32_t m, int32_t n)
  * at most MM_XBLOCK / (4 * MM_KSPLIT) rows when K > MM_KSPLIT */
 #define MM_ACC_FLOATS ((MM_XBLOCK / (4 * MM_KSPLIT) + 2) / 3 * MM_TILE_ROWS * 3 * 16)
 
+/* PK: w is a panel mm_pack8() packed (ldw, dtype unused: f32, one
+ * pointer); else 8 rows ldw elements apart in dtype. */
 __attribute__((target("arch=x86-64-v4"))) static inline __attribute__((always_inline)) void
-micro8(const int C, int32_t dtype, const void *w, size_t ldw, const float *x, size_t ldx_, size_t K,
-       float *out, const char *pf, size_t npf, size_t k0, size_t k1, float *save)
+micro8(const int C, const int PK, int32_t dtype, const void *w, size_t ldw, const float *x,
+       size_t ldx_, size_t K, float *out, const char *pf, size_t npf, size_t k0, size_t k1,
+       float *save)
 {
     v16f acc[MM_TILE_ROWS][3];
     for (int r = 0; r < MM_TILE_ROWS; r++)
@@ -695,7 +698,8 @@ micro8(const int C, int32_t dtype, const void *w, size_t ldw, const float *x, si
         if (s < npf) /* a line of the next panel (mm_panel8()) */
             __builtin_prefetch(pf + s * 64, 0, 3);
         for (int r = 0; r < MM_TILE_ROWS; r++) {
-            v16f wv = ld16x((const char *)w + (size_t)r * ldw * esz, dtype, k);
+            v16f wv = PK ? ldx((const float *)w + k * MM_TILE_ROWS + r * 16)
+                         : ld16x((const char *)w + (size_t)r * ldw * esz, dtype, k);
             __asm__("" : "+v"(wv));
             for (int c = 0; c < C; c++)
                 acc[r][c] += wv * xv[c];
@@ -718,8 +722,11 @@ micro8(const int C, int32_t dtype, const void *w, size_t ldw, const float *x, si
             uint16_t h[16] = {0};
             float f[16] = {0};
             const char *wr = (const char *)w + (size_t)r * ldw * esz + k * esz;
-            memcpy(dtype == KVR_DT_F32 ? (void *)f : (void *)h, wr, (K - k) * esz);
-            v16f wv = dtype == KVR_DT_F32 ? ld16x(f, dtype, 0) : ld16x(h, dtype, 0);
+            if (PK) /* mm_pack8() zero-padded the tail */
+                memcpy(f, (const float *)w + k * MM_TILE_ROWS + r * 16, 64);
+            else
+                memcpy(dtype == KVR_DT_F32 ? (void *)f : (void *)h, wr, (K - k) * esz);
+            v16f wv = PK || dtype == KVR_DT_F32 ? ld16x(f, KVR_DT_F32, 0) : ld16x(h, dtype, 0);
             for (int c = 0; c < C; c++)
                 acc[r][c] += wv * xv[c];
         }
@@ -740,8 +747,8 @@ micro8(const int C, int32_t dtype, const void *w, size_t ldw, const float *x, si
 
 /* Rows m0..m1 of y against weight rows n..n+7 (wp, stride ldw, dtype). */
 __attribute__((target("arch=x86-64-v4"))) static inline __attribute__((always_inline)) void
-mm_panel8(const struct mm_job *j, int32_t dtype, const void *wp, size_t ldw, int32_t n, int32_t m0,
-          int32_t m1, const char *next, size_t next_bytes, int tid)
+mm_panel8(const struct mm_job *j, const int PK, int32_t dtype, const void *wp, size_t ldw,
+          int32_t n, int32_t m0, int32_t m1, const char *next, size_t next_bytes, int tid)
 {
     const size_t K = (size_t)j->w->cols;
     const size_t lines = (next_bytes + 63) / 64, passes = (size_t)(m1 - m0 + 2) / 3;
@@ -757,11 +764,11 @@ mm_panel8(const struct mm_job *j, int32_t dtype, const void *wp, size_t ldw, int
             np = np < steps ? np : steps;
             const char *pf = next + l * 64;
             if (C == 3)
-                micro8(3, dtype, wp, ldw, xr, K, K, out, pf, np, 0, K, NULL);
+                micro8(3, PK, dtype, wp, ldw, xr, K, K, out, pf, np, 0, K, NULL);
             else if (C == 2)
-                micro8(2, dtype, wp, ldw, xr, K, K, out, pf, np, 0, K, NULL);
+                micro8(2, PK, dtype, wp, ldw, xr, K, K, out, pf, np, 0, K, NULL);
             else
-                micro8(1, dtype, wp, ldw, xr, K, K, out, pf, np, 0, K, NULL);
+                micro8(1, PK, dtype, wp, ldw, xr, K, K, out, pf, np, 0, K, NULL);
             l += np;
             mm_store8(j, out, C, m, n);
         }
@@ -779,11 +786,11 @@ mm_panel8(const struct mm_job *j, int32_t dtype, const void *wp, size_t ldw, int
                 np = np < steps ? np : steps;
                 const char *pf = next + l * 64;
                 if (C == 3)
-                    micro8(3, dtype, wp, ldw, xr, K, K, out, pf, np, k0, k1, save);
+                    micro8(3, PK, dtype, wp, ldw, xr, K, K, out, pf, np, k0, k1, save);
                 else if (C == 2)
-                    micro8(2, dtype, wp, ldw, xr, K, K, out, pf, np, k0, k1, save);
+                    micro8(2, PK, dtype, wp, ldw, xr, K, K, out, pf, np, k0, k1, save);
                 else
-                    micro8(1, dtype, wp, ldw, xr, K, K, out, pf, np, k0, k1, save);
+                    micro8(1, PK, dtype, wp, ldw, xr, K, K, out, pf, np, k0, k1, save);
                 l += np;
                 if (k1 == K)
                     mm_store8(j, out, C, m, n);
@@ -793,6 +800,35 @@ mm_panel8(const struct mm_job *j, int32_t dtype, const void *wp, size_t ldw, int
     for (; l < lines; l++) /* what the passes had no k steps left for */
         __builtin_prefetch(next + l * 64, 0, 3);
 }
+
+/* 8 weight rows (src, dtype, rows K apart) widened to f32 and packed for
+ * micro8(PK): each vector step's 8 row vectors adjacent (dst[k * 8 + r *
+ * 16 + i] = row r's element k + i), the tail zero-padded.  One pointer
+ * then serves the whole panel (no row pointers spilled), and the panel is
+ * one sequential stream.  The values and their order in each lane's sum
+ * are those of the rows: the bits do not change. */
+__attribute__((target("arch=x86-64-v4"))) static inline __attribute__((always_inline)) void
+mm_pack8(float *dst, const char *src, int32_t dtype, size_t K)
+{
+    const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
+    size_t k = 0;
+    for (; k + 16 <= K; k += 16)
+        for (int r = 0; r < MM_TILE_ROWS; r++) {
+            v16f v = ld16x(src + (size_t)r * K * esz, dtype, k);
+            memcpy(dst + k * MM_TILE_ROWS + (size_t)r * 16, &v, 64);
+        }
+    if (k < K)
+        for (int r = 0; r < MM_TILE_ROWS; r++) {
+            float *d = dst + k * MM_TILE_ROWS + (size_t)r * 16;
+            for (size_t i = 0; i < 16; i++)
+                d[i] = k + i < K ? ld1(src + (size_t)r * K * esz, dtype, k + i) : 0.0f;
+        }
+}
+
+/* f32 panels are packed (a copy) only for x blocks of more rows than
+ * this: packed at decode batch 32 too, f32 read 0.93x in the model (5
+ * pairs); prefill-128 gained 1.07x. */
+#define MM_PACK_F32_ROWS 32
 
 /* mm_rows() for M > MM_DECODE_ROWS on x86-64-v4: the same x blocks and
  * widening, the weight rows in 8-row panels while 8 are left, the rest as
@@ -809,19 +845,21 @@ mm_rows8(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1, int tid)
     float *conv = j->c->conv + (size_t)tid * j->c->conv_per_thread;
     for (int32_t m0 = 0; m0 < j->M; m0 += mb) {
         int32_t m1 = j->M - m0 < mb ? j->M : m0 + mb;
+        /* 8-row panels packed (mm_pack8()) when widened, and f32 ones (a
+         * copy) for blocks of more than MM_PACK_F32_ROWS rows */
         bool widen = dtype != KVR_DT_F32 && m1 - m0 > MM_WIDEN_ROWS;
+        bool pack = widen || m1 - m0 > MM_PACK_F32_ROWS;
         int32_t nn = n0;
         const size_t pbytes = MM_TILE_ROWS * K * esz;
         for (; nn + MM_TILE_ROWS <= n1; nn += MM_TILE_ROWS) {
             const char *wr = W + (size_t)nn * K * esz;
             /* the next panel (rows nn + 8 .. nn + 15, contiguous) */
             size_t nb = nn + 2 * MM_TILE_ROWS <= n1 && pbytes <= MM_PREFETCH_PANEL ? pbytes : 0;
-            if (widen) {
-                for (int r = 0; r < MM_TILE_ROWS; r++)
-                    mm_widen(conv + (size_t)r * K, wr + (size_t)r * K * esz, dtype, K);
-                mm_panel8(j, KVR_DT_F32, conv, K, nn, m0, m1, wr + pbytes, nb, tid);
+            if (pack) {
+                mm_pack8(conv, wr, dtype, K);
+                mm_panel8(j, 1, KVR_DT_F32, conv, K, nn, m0, m1, wr + pbytes, nb, tid);
             } else {
-                mm_panel8(j, dtype, wr, K, nn, m0, m1, wr + pbytes, nb, tid);
+                mm_panel8(j, 0, dtype, wr, K, nn, m0, m1, wr + pbytes, nb, tid);
             }
         }
         struct mm_walk wk = mm_walk_init(nn, n1, false);
@@ -1989,7 +2027,9 @@ static kvr_status_t cpu_create(const struct kvr_backend_params *p,
     }
 #endif
     size_t nt = (size_t)p->n_threads;
-    c->conv_per_thread = ((size_t)p->max_cols * 8 + 15) & ~(size_t)15; /* 8 rows: mm_rows8() */
+    /* 8 rows, packed with the tail padded (mm_pack8()) */
+    c->conv_per_thread = ((size_t)p->max_cols + 15) / 16 * 16 * 8;
+    /* 8 rows: mm_rows8() */ /* 8 rows: mm_rows8() */
     c->conv = aligned_alloc(64, nt * c->conv_per_thread * sizeof(float));
 #ifdef MM_ACC_FLOATS
     c->accs = aligned_alloc(64, nt * MM_ACC_FLOATS * sizeof(float));
