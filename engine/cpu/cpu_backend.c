@@ -719,14 +719,16 @@ micro8(const int C, const int PK, int32_t dtype, const void *w, size_t ldw, cons
             xv[c] = ldx(f);
         }
         for (int r = 0; r < MM_TILE_ROWS; r++) {
-            uint16_t h[16] = {0};
-            float f[16] = {0};
-            const char *wr = (const char *)w + (size_t)r * ldw * esz + k * esz;
-            if (PK) /* mm_pack8() zero-padded the tail */
-                memcpy(f, (const float *)w + k * MM_TILE_ROWS + r * 16, 64);
-            else
+            v16f wv;
+            if (PK) { /* mm_pack8() zero-padded the tail */
+                wv = ldx((const float *)w + k * MM_TILE_ROWS + r * 16);
+            } else {
+                uint16_t h[16] = {0};
+                float f[16] = {0};
+                const char *wr = (const char *)w + (size_t)r * ldw * esz + k * esz;
                 memcpy(dtype == KVR_DT_F32 ? (void *)f : (void *)h, wr, (K - k) * esz);
-            v16f wv = PK || dtype == KVR_DT_F32 ? ld16x(f, KVR_DT_F32, 0) : ld16x(h, dtype, 0);
+                wv = dtype == KVR_DT_F32 ? ld16x(f, KVR_DT_F32, 0) : ld16x(h, dtype, 0);
+            }
             for (int c = 0; c < C; c++)
                 acc[r][c] += wv * xv[c];
         }
