@@ -190,6 +190,16 @@ static inline __attribute__((always_inline)) v16f ldx(const float *x)
     return f;
 }
 
+/* 16 floats from p, of which n valid (zeros after) */
+static inline __attribute__((always_inline)) v16f ldpad(const float *p, int32_t n)
+{
+    if (n >= 16)
+        return ldx(p);
+    float f[16] = {0};
+    memcpy(f, p, (size_t)n * 4);
+    return ldx(f);
+}
+
 typedef int32_t v16i __attribute__((vector_size(64)));
 
 /* exp(x) for 16 lanes: 2^n * 2^f with n = round(x log2 e), |f| <= 1/2, and
@@ -1464,12 +1474,30 @@ KVR_CLONES static void norm_task(void *arg, int ith, int nth, int tid)
     for (int32_t m = ith; m < j->M; m += nth) {
         const float *xr = j->x + (size_t)m * (size_t)j->dim;
         float *yr = j->y + (size_t)m * (size_t)j->dim;
-        float ss = 0;
-        for (int32_t i = 0; i < j->dim; i++)
-            ss += xr[i] * xr[i];
+        /* the sum of squares in 16 lanes over i in order, the tail
+         * zero-padded, then hsum()'s tree (one sequential sum was a
+         * dependent add an element: 1.7 % of a 1024-token prefill) */
+        v16f acc = (v16f){0};
+        int32_t k = 0;
+        for (; k + 16 <= j->dim; k += 16) {
+            v16f v = ldx(xr + k);
+            acc += v * v;
+        }
+        if (k < j->dim) {
+            v16f v = ldpad(xr + k, j->dim - k);
+            acc += v * v;
+        }
+        float ss = hsum(acc);
         float s = 1.0f / sqrtf(ss / (float)j->dim + j->eps);
-        for (int32_t i = 0; i < j->dim; i++)
-            yr[i] = xr[i] * s * j->w[i];
+        /* (x s) w element by element, 16 at a time (a scalar loop: GCC
+         * reloaded j->dim and j->w after every store to y) */
+        const float *w = j->w;
+        for (k = 0; k + 16 <= j->dim; k += 16) {
+            v16f v = ldx(xr + k) * s * ldx(w + k);
+            memcpy(yr + k, &v, 64);
+        }
+        for (; k < j->dim; k++)
+            yr[k] = xr[k] * s * w[k];
     }
 }
 
@@ -1584,16 +1612,6 @@ struct attn_job {
     const int32_t *grp; /* [n_groups + 1] first row of each group */
     int32_t n_groups;
 };
-
-/* 16 floats from p, of which n valid (zeros after) */
-static inline __attribute__((always_inline)) v16f ldpad(const float *p, int32_t n)
-{
-    if (n >= 16)
-        return ldx(p);
-    float f[16] = {0};
-    memcpy(f, p, (size_t)n * 4);
-    return ldx(f);
-}
 
 /* Elements i..i+15 of a K or V row p in dtype dt (a weight dtype or an f16
  * pseudo-dtype; enum kvr_kv_dtype has the same numbers), widened to f32, of
