@@ -115,7 +115,8 @@ const struct kvr_compute_ops *kvr_compute_backend_find(const char *name);
 extern const struct kvr_compute_ops kvr_cpu_ops;
 
 /* The bit class of the kernels the CPU backend picks in this process
- * (kvr_engine_kernels()): "cpu-fma16" or "cpu-base". */
+ * (kvr_engine_kernels()): "cpu-fma16.R" or "cpu-base.R" (R: the arithmetic
+ * revision). */
 const char *kvr_cpu_kernels(void);
 
 #endif

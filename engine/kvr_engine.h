@@ -172,12 +172,14 @@ enum kvr_numerics {
  *  the default, "cuda" in a process that opened a GPU, else "cpu") computes
  *  with in this process: nodes whose classes differ compute different
  *  logits and KV in the last bits, so a cluster runs one (the KV layout
- *  descriptor carries it, the router refuses another).  "cpu-fma16": the
+ *  descriptor carries it, the router refuses another).  "cpu-fma16.R": the
  *  x86-64-v4 and v3 kernels (16-lane FMA chains, the same bits);
- *  "cpu-base": the baseline kernels (no FMA: an x86-64 CPU without
+ *  "cpu-base.R": the baseline kernels (no FMA: an x86-64 CPU without
  *  AVX2+FMA, KVR_CPU_MATMUL=base, or a build without the v3/v4 kernels:
- *  unoptimized, clang or not x86-64); "cuda": the GPU backend; NULL for a
- *  backend this build lacks. */
+ *  unoptimized, clang or not x86-64); R: the CPU kernels' arithmetic
+ *  revision (KVR_CPU_ARITH_REV: a build whose kernels compute other bits
+ *  is another class); "cuda": the GPU backend; NULL for a backend this
+ *  build lacks. */
 const char *kvr_engine_kernels(const char *backend);
 
 /** "f32" or "bf16dot"; "?" for an unknown mode. */

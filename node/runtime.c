@@ -466,7 +466,7 @@ kvr_status_t kvr_node_start_worker(kvr_node_t *node, const struct kvr_ctx_opts *
         return KVR_ERR_INVALID;
     }
     node->kernels = kvr_engine_kernels(o.backend);
-    if (node->kernels && !strcmp(node->kernels, "cpu-base"))
+    if (node->kernels && !strncmp(node->kernels, "cpu-base", 8))
         KVR_LOG_WARN(COMP,
                      "the engine runs its baseline kernels (cpu-base: no FMA; an x86-64 CPU "
                      "without AVX2+FMA, KVR_CPU_MATMUL=base, or an unoptimized/clang/non-x86 "

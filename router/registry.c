@@ -215,8 +215,8 @@ static kvr_status_t check_layout(rt_t *r, const struct rt_node *self,
             snprintf(err, err_len,
                      "register: KV layout field kernels is '%s', but live node %s has '%s' (their "
                      "logits differ in the last bits; run every node with the same kernels: "
-                     "x86-64-v3+ CPUs (AVX2+FMA) and an optimized gcc build give cpu-fma16, "
-                     "docs/engine.md)",
+                     "x86-64-v3+ CPUs (AVX2+FMA) and an optimized gcc build give cpu-fma16.R, "
+                     "and one kvrail build one R, docs/engine.md)",
                      kern, o->name, o->kernels);
             return KVR_ERR_MISMATCH;
         }

@@ -2080,13 +2080,21 @@ static kvr_status_t cpu_create(const struct kvr_backend_params *p,
     return KVR_OK;
 }
 
+/* The CPU kernels' arithmetic revision, the class's suffix: bumped by any
+ * change to a bit they compute (a sum's order, a formula), so that nodes of
+ * builds that compute differently are two classes and the router never
+ * puts them in one cluster (a rolling upgrade: the new nodes are refused
+ * until the old ones are gone).  No suffix: up to 2026-12-02; .2: the
+ * RMSNorm sum in 16 lanes. */
+#define KVR_CPU_ARITH_REV ".2"
+
 const char *kvr_cpu_kernels(void)
 {
 #if defined(__OPTIMIZE__) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
     if (cpu_version() != 0)
-        return "cpu-fma16"; /* v4 and v3: the same bits (engine_variants) */
+        return "cpu-fma16" KVR_CPU_ARITH_REV; /* v4 and v3: the same bits (engine_variants) */
 #endif
-    return "cpu-base";
+    return "cpu-base" KVR_CPU_ARITH_REV;
 }
 
 const struct kvr_compute_ops kvr_cpu_ops = {

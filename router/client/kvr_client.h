@@ -270,8 +270,9 @@ struct kvr_node_info {
     uint64_t failures_blamed, cooldowns;
     bool cooling;
     /* as the node registered: its KV pool's dtype ("f32" | "bf16" | "f16")
-     * and its engine kernels' bit class ("cpu-fma16" | "cpu-base"; "" when
-     * not told), what a registration is refused over (docs/nodes.md) */
+     * and its engine kernels' bit class ("cpu-fma16.R" | "cpu-base.R" |
+     * "cuda", R the arithmetic revision; "" when not told), what a
+     * registration is refused over (docs/nodes.md) */
     char kv_dtype[16];
     char kernels[16];
     /* new fields go here, at the end */

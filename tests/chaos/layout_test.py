@@ -10,8 +10,10 @@ kvr-rogue-peer registers as prefill9 with the live nodes' model
 fingerprint and their layout but for one field at a time (layers,
 kv_heads, head_dim), with another KV dtype, with the engine's numerics
 mode bf16dot (the cluster runs f32), and with the other kernels bit class
-(cpu-base against the live nodes' cpu-fma16, or the reverse: the class the
-real nodes registered, from the router's log), and with a kernels field
+(cpu-base.R against the live nodes' cpu-fma16.R, or the reverse: the class
+the real nodes registered, from the router's log), with the same class of
+another arithmetic revision R or none (a node of another kvrail build,
+whose kernels compute other bits), and with a kernels field
 longer than the router keeps.  Asserted: each is refused
 (a non-zero REPLY) with "field F is X, but live node N has Y" (the dtype:
 the cluster file's value and its own; numerics: "field numerics is
@@ -55,8 +57,10 @@ def main():
         check(m, "no registration line of decode0 in the router's log")
         layers, heads, hdim = (int(x) for x in m.groups()[:3])
         dtype, fp, kern = m.group(4), m.group(5), m.group(6)
-        check(kern in ("cpu-fma16", "cpu-base"),
-              "decode0 registered kernels '%s', not cpu-fma16 or cpu-base" % kern)
+        m = re.fullmatch(r"(cpu-fma16|cpu-base)(\.\d+)", kern)
+        check(m, "decode0 registered kernels '%s', not cpu-fma16.R or cpu-base.R (R the "
+              "arithmetic revision)" % kern)
+        fam, rev = m.groups()
         cases = [("layers", (layers + 1, heads, hdim), layers + 1, layers),
                  ("kv_heads", (layers, heads * 2, hdim), heads * 2, heads),
                  ("head_dim", (layers, heads, hdim + 8), hdim + 8, hdim)]
@@ -82,12 +86,16 @@ def main():
               "a node with numerics bf16dot was not refused naming the field: %s" % got)
         # the engine kernels' bit class (cpu-base rounds otherwise than
         # cpu-fma16): refused naming the field, both classes and a live node
-        other = "cpu-base" if kern == "cpu-fma16" else "cpu-fma16"
-        got = register(args, c, layers, heads, hdim, dtype, fp, kernels=other)
-        print("prefill9 with kernels %s (live nodes: %s): %s" % (other, kern, got))
-        check(re.search(r"field kernels is '%s', but live node (prefill0|decode0) has '%s'" %
-                        (other, kern), got) and not got.startswith("REPLY 0 "),
-              "a node with kernels %s was not refused naming both classes: %s" % (other, got))
+        # and the same family of another arithmetic revision (a node of an
+        # older or newer kvrail build: its kernels compute other bits)
+        other_fam = ("cpu-base" if fam == "cpu-fma16" else "cpu-fma16") + rev
+        for other in (other_fam, fam, fam + ".1", fam + ".%d" % (int(rev[1:]) + 1)):
+            got = register(args, c, layers, heads, hdim, dtype, fp, kernels=other)
+            print("prefill9 with kernels %s (live nodes: %s): %s" % (other, kern, got))
+            check(re.search(r"field kernels is '%s', but live node (prefill0|decode0) has '%s'" %
+                            (re.escape(other), re.escape(kern)), got) and
+                  not got.startswith("REPLY 0 "),
+                  "a node with kernels %s was not refused naming both classes: %s" % (other, got))
         # a kernels field longer than the router's table holds: refused, not cut
         got = register(args, c, layers, heads, hdim, dtype, fp, kernels=kern + "-" * 16)
         print("prefill9 with a 16+ byte kernels field: %s" % got)
@@ -100,7 +108,7 @@ def main():
         got = register(args, c, layers, heads, hdim, dtype, fp)
         print("prefill9 with the live nodes' layout (control): %s" % got)
         check(got.startswith("REPLY 0"), "the matching layout was refused: %s" % got)
-        if kern == "cpu-fma16":
+        if fam == "cpu-fma16":
             # a real prefill node on the baseline kernels (KVR_CPU_MATMUL=base,
             # what a CPU without AVX2+FMA runs) says so at start-up and is
             # refused by the router, naming both classes, and never serves
@@ -113,7 +121,8 @@ def main():
                 with open(c.logs["prefill8"]) as f:
                     log8 = f.read()
                 return re.search(r"REGISTER with an error: register: KV layout field kernels "
-                                 r"is 'cpu-base', but live node \S+ has 'cpu-fma16'", log8) and log8
+                                 r"is 'cpu-base%s', but live node \S+ has '%s'" %
+                                 (re.escape(rev), re.escape(kern)), log8) and log8
             log8 = wait_for("prefill8 (KVR_CPU_MATMUL=base) to be refused naming the kernels",
                             refused, timeout=60)
             check("baseline kernels (cpu-base" in log8,
@@ -136,8 +145,8 @@ def main():
             check((t1 - t0).total_seconds() >= 1.9,
                   "prefill8 registered again %.2f s after a refusal that said 2 s" %
                   (t1 - t0).total_seconds())
-            print("prefill8 (KVR_CPU_MATMUL=base): refused, kernels cpu-base vs cpu-fma16; "
-                  "retries backed off: %s" % ", ".join(t[1] + " s" for t in tries))
+            print("prefill8 (KVR_CPU_MATMUL=base): refused, kernels cpu-base%s vs %s; "
+                  "retries backed off: %s" % (rev, kern, ", ".join(t[1] + " s" for t in tries)))
         st = c.status() or {}
         alive = {n["name"] for n in st.get("nodes", []) if n.get("alive")}
         check({"prefill0", "decode0"} <= alive, "real nodes not alive after the refusals: %s" %

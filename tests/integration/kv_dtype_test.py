@@ -101,7 +101,8 @@ def one_cluster(a, model, work, dtype, outs):
     # each live node's row names the KV dtype and kernels class it registered with
     reg = [(n["name"], n["kv_dtype"], n["kernels"]) for n in s["nodes"] if n["alive"]]
     if (len(reg) != 2 or any(d != dtype for _, d, _ in reg) or
-            len({k for _, _, k in reg}) != 1 or reg[0][2] not in ("cpu-fma16", "cpu-base")):
+            len({k for _, _, k in reg}) != 1 or
+            not re.fullmatch(r"cpu-(fma16|base)\.\d+", reg[0][2])):
         raise Fail("kv_dtype %s: the status's nodes say (name, kv_dtype, kernels) %s; want both "
                    "%s and one kernels class" % (dtype, reg, dtype))
     if rs["kv_bytes_moved"] != b_long:
