@@ -1478,12 +1478,8 @@ KVR_CLONES static void norm_task(void *arg, int ith, int nth, int tid)
          * zero-padded, then hsum()'s tree (one sequential sum was a
          * dependent add an element: 1.7 % of a 1024-token prefill) */
         v16f acc = (v16f){0};
-        int32_t k = 0;
-        for (; k + 16 <= j->dim; k += 16) {
-            v16f v = ldx(xr + k);
-            acc += v * v;
-        }
-        if (k < j->dim) {
+        int32_t k;
+        for (k = 0; k < j->dim; k += 16) {
             v16f v = ldpad(xr + k, j->dim - k);
             acc += v * v;
         }
@@ -2058,7 +2054,6 @@ static kvr_status_t cpu_create(const struct kvr_backend_params *p,
     size_t nt = (size_t)p->n_threads;
     /* 8 rows, packed with the tail padded (mm_pack8()) */
     c->conv_per_thread = ((size_t)p->max_cols + 15) / 16 * 16 * 8;
-    /* 8 rows: mm_rows8() */ /* 8 rows: mm_rows8() */
     c->conv = aligned_alloc(64, nt * c->conv_per_thread * sizeof(float));
 #ifdef MM_ACC_FLOATS
     c->accs = aligned_alloc(64, nt * MM_ACC_FLOATS * sizeof(float));
