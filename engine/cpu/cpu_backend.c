@@ -52,9 +52,9 @@ struct cpu_backend {
     float *conv; /* [n_threads][conv_per_thread] a widened weight panel (<= 8 rows) */
     float *accs; /* [n_threads][MM_ACC_FLOATS] mm_panel8()'s accumulators between K chunks */
     size_t conv_per_thread;
-    float *scores;       /* [n_threads][ATTN_RQ][max_seq_len] attention scores */
+    float *scores;       /* [n_threads][ATTN_RW][max_seq_len] attention scores */
     int32_t *grp;        /* [max_rows + 1] attention row groups */
-    float *qpad;         /* [n_threads][ATTN_RQ][head_dim rounded up to 16] */
+    float *qpad;         /* [n_threads][ATTN_RW][head_dim rounded up to 16] */
     kvr_tp_fn mm_task;   /* the matmul kernel version for this CPU */
     kvr_tp_fn attn_task; /* the attention version, the same pick */
     int32_t numerics;    /* enum kvr_numerics */
@@ -227,24 +227,31 @@ static inline __attribute__((always_inline)) v16f vexp(v16f x)
     return (v16f)((v16i)r & ~mlo); /* x < -87: 0 */
 }
 
-/* s[0..n) = softmax(s): the max (exact in any order) lane by lane; exp
- * lane by lane (vexp()); their sum in 16 lanes over t in order, the tail
- * zero-padded to one more vector, then hsum()'s tree: an order fixed by n
- * alone, so a row's probabilities depend only on its own scores (a scalar
- * sum in key order was a dependent add per key: with the scalar max, about
- * a third of a 1024-token prefill's attention); then each times 1 / sum. */
+/* s[0..n) = softmax(s): the max lane by lane (exact in any order: four
+ * running maxima, where one was a compare-and-select chain a vector; only
+ * the sign of a zero maximum can differ, and exp(s - (+0)) = exp(s - (-0))
+ * for every s, 1 at s = +-0); exp lane by lane (vexp()); their sum in 16 lanes over t in order, the
+ * tail zero-padded to one more vector, then hsum()'s tree: an order fixed by n alone, so a row's
+ * probabilities depend only on its own scores (a scalar sum in key order was a dependent add per
+ * key: with the scalar max, about a third of a 1024-token prefill's attention); then each times 1 /
+ * sum. */
 static inline __attribute__((always_inline)) void softmax_row(float *s, size_t n)
 {
-    v16f vm = (v16f){0} - INFINITY;
+    v16f vm[4] = {(v16f){0} - INFINITY, (v16f){0} - INFINITY, (v16f){0} - INFINITY,
+                  (v16f){0} - INFINITY};
     size_t t = 0;
     for (; t + 16 <= n; t += 16) {
         v16f x = ldx(s + t);
-        v16i gt = x > vm;
-        vm = (v16f)(((v16i)x & gt) | ((v16i)vm & ~gt));
+        v16i gt = x > vm[t / 16 % 4];
+        vm[t / 16 % 4] = (v16f)(((v16i)x & gt) | ((v16i)vm[t / 16 % 4] & ~gt));
+    }
+    for (int i = 1; i < 4; i++) {
+        v16i gt = vm[i] > vm[0];
+        vm[0] = (v16f)(((v16i)vm[i] & gt) | ((v16i)vm[0] & ~gt));
     }
     float mx = -INFINITY;
     for (int i = 0; i < 16; i++)
-        mx = vm[i] > mx ? vm[i] : mx;
+        mx = vm[0][i] > mx ? vm[0][i] : mx;
     for (; t < n; t++)
         mx = s[t] > mx ? s[t] : mx;
     v16f acc = (v16f){0};
@@ -1578,16 +1585,20 @@ static void cpu_kv_store(struct kvr_compute_backend *be, const struct kvr_attn_a
     }
 }
 
-/* Attention.  Rows go in groups of up to ATTN_RQ consecutive positions of
+/* Attention.  Rows go in groups of up to ATTN_RW consecutive positions of
  * one sequence (a prefill chunk; a decode step's rows are groups of one).
- * A task is one unit: a group and one head, or for a group of fewer rows
- * the group and up to ATTN_RQ / rows query heads of one KV head (a decode
- * row: all the heads of its KV head, up to 4), which read the KV head's
- * keys and values once between them (at batch 32, one query head at a
- * time read them three times and attention was a third of the step).
+ * A task is a group and one head, or for a group of fewer than ATTN_RQ
+ * rows the group and up to ATTN_RQ / rows query heads of one KV head (a
+ * decode row: all the heads of its KV head, up to 4), which read the KV
+ * head's keys and values once between them (at batch 32, one query head
+ * at a time read them three times and attention was a third of the step).
+ * A task of more than ATTN_RQ rows is one wide unit (attn_wide(): the
+ * x86-64-v4 version, head_dim 64 or 128) or units of up to ATTN_RQ rows
+ * (attn_unit()).
  * Each (row, head) is computed exactly as alone: its score with key t is
  * q.k (16 lanes over head_dim in order, the tail zero-padded, then
- * hsum()'s tree, done for 16 keys at once by hsum16()) times scale; then
+ * hsum()'s tree, done for 16 keys at once by hsum16(), or in a wide unit
+ * as vertical adds with the rows in lanes) times scale; then
  * softmax_row() (the sum in 16 lanes over the row's keys, an order fixed
  * by its key count), and O = sum over keys in key order of (p_t / sum)
  * v_t, each lane one FMA chain from 0.  A unit only shares each key's
@@ -1596,6 +1607,7 @@ static void cpu_kv_store(struct kvr_compute_backend *be, const struct kvr_attn_a
  * output is the same whatever the chunking, the batch or the cached
  * prefix. */
 #define ATTN_RQ 4
+#define ATTN_RW 16
 
 /* How far ahead a decode unit prefetches its keys (attn_unit). */
 #define ATTN_PF_AHEAD 32
@@ -1632,6 +1644,103 @@ static inline int32_t attn_hpu(int32_t gr, int32_t group)
     return hpu < group ? hpu : group;
 }
 
+/* A unit's items, row-major over rows r0.. and heads h0..: each one's key
+ * range [lo, hi], scores row sc and output row o (its query row is q at
+ * o's offset). */
+static inline __attribute__((always_inline)) void attn_items(const struct attn_job *j, int tid,
+                                                             int32_t r0, int32_t nrow, int32_t h0,
+                                                             int32_t nh, int32_t *lo, int32_t *hi,
+                                                             float **sc, float **o)
+{
+    const struct kvr_attn_args *a = j->a;
+    const int32_t H = a->n_heads, hd = a->layout->head_dim;
+    const size_t msl = (size_t)j->c->p.max_seq_len;
+    for (int32_t r = 0; r < nrow * nh; r++) {
+        int32_t row = r0 + r / nh, h = h0 + r % nh, p = a->pos[row];
+        lo[r] = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+        hi[r] = p;
+        sc[r] = j->c->scores + ((size_t)tid * ATTN_RW + (size_t)r) * msl;
+        o[r] = j->out + ((size_t)row * (size_t)H + (size_t)h) * (size_t)hd;
+    }
+}
+
+/* O = P V for the g items (attn_items(); sc holds p_t / sum), 4 vectors
+ * of head_dim at a time held in registers; bt the rows' block table.  NI: g as a constant where the
+ * items share each value's loads (HDV and 2..ATTN_RQ items), else 0. */
+static inline __attribute__((always_inline)) void
+attn_pv(const struct attn_job *j, const int H8, const int32_t dt, const int32_t HDV, const int NI,
+        int32_t g, const int32_t *lo, const int32_t *hi, float *const *sc, float *const *o,
+        const int32_t *bt, int32_t kvh)
+{
+    const struct kvr_attn_args *a = j->a;
+    const struct kvr_kv_layout *l = a->layout;
+    const int32_t hd = l->head_dim, bs = l->block_size;
+    const int32_t hdv = HDV ? HDV : (hd + 15) / 16;
+    /* the rows' positions rise with the item (heads of a row share its
+     * range) */
+    const int32_t t_lo = lo[0], t_hi = hi[g - 1];
+    for (int32_t c0 = 0; c0 < hdv; c0 += 4) {
+        int32_t nv = hdv - c0 < 4 ? hdv - c0 : 4;
+        v16f acc[ATTN_RQ][4];
+        for (int32_t r = 0; r < ATTN_RQ; r++)
+            for (int c = 0; c < 4; c++)
+                acc[r][c] = (v16f){0};
+        /* keys every item attends to, [f_lo, f_hi], in registers for the
+         * NI items (below); the others item by item.  Each acc[r][c] takes
+         * the keys in order either way: the same bits. */
+        int32_t f_lo = lo[g - 1], f_hi = hi[0];
+        if (!(NI && f_lo <= f_hi))
+            f_lo = t_hi + 1, f_hi = t_hi;
+        /* (vb, vs): key t's block and slot, stepped on with t */
+        int32_t vb = t_lo / bs, vs = t_lo % bs;
+        for (int32_t t = t_lo; t <= t_hi; t++) {
+            if (NI && t == f_lo) {
+                v16f fa[ATTN_RQ][4];
+                const int NV = HDV - c0 < 4 ? HDV - c0 : 4;
+                for (int32_t r = 0; r < NI; r++)
+                    for (int c = 0; c < NV; c++)
+                        fa[r][c] = acc[r][c];
+                for (; t <= f_hi; t++) {
+                    const void *vv = kvr_kv_ptr(l, a->layer_base, bt[vb], 1, kvh, vs);
+                    if (++vs == bs)
+                        vs = 0, vb++;
+                    v16f vc[4];
+                    for (int c = 0; c < NV; c++)
+                        vc[c] = ld16x(vv, dt, (size_t)(c0 + c) * 16);
+                    for (int32_t r = 0; r < NI; r++) {
+                        v16f pv = splat(H8, sc[r][t - lo[r]]);
+                        for (int c = 0; c < NV; c++)
+                            fa[r][c] += pv * vc[c];
+                    }
+                }
+                for (int32_t r = 0; r < NI; r++)
+                    for (int c = 0; c < NV; c++)
+                        acc[r][c] = fa[r][c];
+                if (t > t_hi)
+                    break;
+            }
+            const void *vv = kvr_kv_ptr(l, a->layer_base, bt[vb], 1, kvh, vs);
+            if (++vs == bs)
+                vs = 0, vb++;
+            v16f vc[4];
+            for (int32_t c = 0; c < nv; c++)
+                vc[c] = ldkv(vv, dt, (c0 + c) * 16, hd - (c0 + c) * 16);
+            for (int32_t r = 0; r < g; r++) {
+                if (t < lo[r] || t > hi[r])
+                    continue;
+                v16f pv = splat(H8, sc[r][t - lo[r]]);
+                for (int32_t c = 0; c < nv; c++)
+                    acc[r][c] += pv * vc[c];
+            }
+        }
+        for (int32_t r = 0; r < g; r++)
+            for (int32_t c = 0; c < nv; c++) {
+                int32_t i = (c0 + c) * 16, n = hd - i < 16 ? hd - i : 16;
+                memcpy(o[r] + i, &acc[r][c], (size_t)n * 4);
+            }
+    }
+}
+
 /* One unit: the ni = rows x heads items (row-major) of rows r0.. and heads
  * h0.. (all of KV head kvh, all of one sequence at consecutive positions).
  * NI: ni as a constant where the items share each key's loads (HDV and
@@ -1643,26 +1752,19 @@ attn_unit(const struct attn_job *j, int tid, const int H8, const int32_t dt, con
 {
     const struct kvr_attn_args *a = j->a;
     const struct kvr_kv_layout *l = a->layout;
-    const int32_t H = a->n_heads, hd = l->head_dim, bs = l->block_size;
+    const int32_t hd = l->head_dim, bs = l->block_size;
     const int32_t hdv = HDV ? HDV : (hd + 15) / 16;
-    const size_t msl = (size_t)j->c->p.max_seq_len;
-    float *qpad = j->c->qpad + (size_t)tid * ATTN_RQ * (size_t)hdv * 16;
+    float *qpad = j->c->qpad + (size_t)tid * ATTN_RW * (size_t)hdv * 16;
     const int32_t g = nrow * nh;
     const int32_t *bt = a->block_table[r0];
     int32_t lo[ATTN_RQ] = {0}, hi[ATTN_RQ] = {0};
     float *sc[ATTN_RQ];
     float *o[ATTN_RQ];
+    attn_items(j, tid, r0, nrow, h0, nh, lo, hi, sc, o);
     for (int32_t r = 0; r < g; r++) {
-        int32_t row = r0 + r / nh, h = h0 + r % nh;
-        int32_t p = a->pos[row];
-        lo[r] = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
-        hi[r] = p;
-        sc[r] = j->c->scores + ((size_t)tid * ATTN_RQ + (size_t)r) * msl;
-        const float *qr = j->q + ((size_t)row * (size_t)H + (size_t)h) * (size_t)hd;
         float *qp = qpad + (size_t)r * (size_t)hdv * 16;
         memset(qp, 0, (size_t)hdv * 64);
-        memcpy(qp, qr, (size_t)hd * 4);
-        o[r] = j->out + ((size_t)row * (size_t)H + (size_t)h) * (size_t)hd;
+        memcpy(qp, j->q + (o[r] - j->out), (size_t)hd * 4);
     }
     /* the rows' positions rise with r (heads of a row share its range) */
     const int32_t t_lo = lo[0], t_hi = hi[g - 1];
@@ -1769,66 +1871,170 @@ attn_unit(const struct attn_job *j, int tid, const int H8, const int32_t dt, con
     /* softmax per item; sc becomes p_t / sum */
     for (int32_t r = 0; r < g; r++)
         softmax_row(sc[r], (size_t)(hi[r] - lo[r] + 1));
-    /* O = P V, 4 vectors of head_dim at a time held in registers */
-    for (int32_t c0 = 0; c0 < hdv; c0 += 4) {
-        int32_t nv = hdv - c0 < 4 ? hdv - c0 : 4;
-        v16f acc[ATTN_RQ][4];
-        for (int32_t r = 0; r < ATTN_RQ; r++)
-            for (int c = 0; c < 4; c++)
-                acc[r][c] = (v16f){0};
-        /* keys every item attends to, [f_lo, f_hi], in registers for the
-         * NI items (below); the others item by item.  Each acc[r][c] takes
-         * the keys in order either way: the same bits. */
-        int32_t f_lo = lo[g - 1], f_hi = hi[0];
-        if (!(NI && f_lo <= f_hi))
-            f_lo = t_hi + 1, f_hi = t_hi;
-        /* (vb, vs): key t's block and slot, stepped on with t */
-        int32_t vb = t_lo / bs, vs = t_lo % bs;
-        for (int32_t t = t_lo; t <= t_hi; t++) {
-            if (NI && t == f_lo) {
-                v16f fa[ATTN_RQ][4];
-                const int NV = HDV - c0 < 4 ? HDV - c0 : 4;
-                for (int32_t r = 0; r < NI; r++)
-                    for (int c = 0; c < NV; c++)
-                        fa[r][c] = acc[r][c];
-                for (; t <= f_hi; t++) {
-                    const void *vv = kvr_kv_ptr(l, a->layer_base, bt[vb], 1, kvh, vs);
-                    if (++vs == bs)
-                        vs = 0, vb++;
-                    v16f vc[4];
-                    for (int c = 0; c < NV; c++)
-                        vc[c] = ld16x(vv, dt, (size_t)(c0 + c) * 16);
-                    for (int32_t r = 0; r < NI; r++) {
-                        v16f pv = splat(H8, sc[r][t - lo[r]]);
-                        for (int c = 0; c < NV; c++)
-                            fa[r][c] += pv * vc[c];
-                    }
-                }
-                for (int32_t r = 0; r < NI; r++)
-                    for (int c = 0; c < NV; c++)
-                        acc[r][c] = fa[r][c];
-                if (t > t_hi)
-                    break;
+    attn_pv(j, H8, dt, HDV, NI, g, lo, hi, sc, o, bt, kvh);
+}
+
+/* 16 copies of *p, a broadcast GCC folds into an FMA's memory operand
+ * (unlike splat()'s 0 + s, which attn_pv() needs in a register) */
+static inline __attribute__((always_inline)) v16f bcast(const float *p)
+{
+    return __builtin_shuffle((v16f){*p}, (v16i){0});
+}
+
+/* m[i][k] <- m[k][i], 16 x 16: four rounds, round b swapping bit b of the
+ * row with bit b of the lane. */
+static inline __attribute__((always_inline)) void tr16(v16f *m)
+{
+    static const v16i lo[4] = {
+        {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30},
+        {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+        {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+        {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+    };
+    static const v16i hi[4] = {
+        {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31},
+        {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
+        {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
+        {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
+    };
+    for (int b = 0; b < 4; b++)
+        for (int i = 0; i < 16; i++)
+            if (!(i & 1 << b)) {
+                v16f x = m[i], y = m[i + (1 << b)];
+                m[i] = __builtin_shuffle(x, y, lo[b]);
+                m[i + (1 << b)] = __builtin_shuffle(x, y, hi[b]);
             }
-            const void *vv = kvr_kv_ptr(l, a->layer_base, bt[vb], 1, kvh, vs);
-            if (++vs == bs)
-                vs = 0, vb++;
-            v16f vc[4];
-            for (int32_t c = 0; c < nv; c++)
-                vc[c] = ldkv(vv, dt, (c0 + c) * 16, hd - (c0 + c) * 16);
-            for (int32_t r = 0; r < g; r++) {
-                if (t < lo[r] || t > hi[r])
-                    continue;
-                v16f pv = splat(H8, sc[r][t - lo[r]]);
-                for (int32_t c = 0; c < nv; c++)
-                    acc[r][c] += pv * vc[c];
+}
+
+/* Keys at a time in attn_wide()'s score loop */
+#define ATTN_KB 4
+
+/* P[k] = lane `lane` of the 16-lane q.k sum of every row with key k, the
+ * rows in lanes: the chain over c of q[16c + lane] k[16c + lane] from 0,
+ * as attn_unit()'s lane `lane` computes it.  qt: the queries, element d
+ * of every row at qt + 16 d; kr: ATTN_KB key rows in f32. */
+static inline __attribute__((always_inline)) void wlane(const int32_t HDV, const float *qt,
+                                                        const float *const *kr, int lane, v16f *P)
+{
+    for (int k = 0; k < ATTN_KB; k++)
+        P[k] = (v16f){0};
+    for (int32_t c = 0; c < HDV; c++) {
+        v16f qv = ldx(qt + (size_t)(c * 16 + lane) * 16);
+        for (int k = 0; k < ATTN_KB; k++)
+            P[k] += qv * bcast(kr[k] + c * 16 + lane);
+    }
+}
+
+/* hsum()'s tree over the lanes, vertically: level 1 adds lanes l and
+ * l + 8, level 2 l and l + 4 (of l < 4 here: quad(l) = (l + l+8) +
+ * (l+4 + l+12)), level 3 (0 + 2) + (1 + 3). */
+static inline __attribute__((always_inline)) void wquad(const int32_t HDV, const float *qt,
+                                                        const float *const *kr, int l, v16f *Q)
+{
+    v16f a[ATTN_KB], b[ATTN_KB], c[ATTN_KB], d[ATTN_KB];
+    wlane(HDV, qt, kr, l, a);
+    wlane(HDV, qt, kr, l + 8, b);
+    wlane(HDV, qt, kr, l + 4, c);
+    wlane(HDV, qt, kr, l + 12, d);
+    for (int k = 0; k < ATTN_KB; k++)
+        Q[k] = (a[k] + b[k]) + (c[k] + d[k]);
+}
+
+/* A wide unit (the x86-64-v4 version, head_dim 64 or 128): rows r0..r0+n-1
+ * (5 <= n <= ATTN_RW, one sequence at consecutive positions) of head h.
+ * The scores come with the rows in lanes: for ATTN_KB keys at a time,
+ * each row's 16 lane sums (wlane()) meet in hsum()'s tree as vertical
+ * adds (wquad()), so no horizontal sum, where attn_unit() spends a
+ * shuffle network (hsum16()) on every 16 scores of every row; the same
+ * FMAs and adds on the same values in the same order: the same bits.  A
+ * 16 x 16 transpose (tr16()) then puts each row's 16 scores in a row of
+ * sc, and softmax and P V are attn_unit()'s, 4 rows at a time. */
+static inline __attribute__((always_inline)) void attn_wide(const struct attn_job *j, int tid,
+                                                            const int32_t dt, const int32_t HDV,
+                                                            int32_t r0, int32_t n, int32_t h,
+                                                            int32_t kvh)
+{
+    const struct kvr_attn_args *a = j->a;
+    const struct kvr_kv_layout *l = a->layout;
+    const int32_t hd = l->head_dim, bs = l->block_size;
+    const int32_t *bt = a->block_table[r0];
+    int32_t lo[ATTN_RW], hi[ATTN_RW];
+    float *sc[ATTN_RW], *o[ATTN_RW];
+    attn_items(j, tid, r0, n, h, 1, lo, hi, sc, o);
+    /* the queries transposed: element d of row i at qt[16 d + i], zeros
+     * past n */
+    float *qt = j->c->qpad + (size_t)tid * ATTN_RW * (size_t)HDV * 16;
+    for (int32_t d = 0; d < hd; d++)
+        for (int32_t i = 0; i < 16; i++)
+            qt[d * 16 + i] = i < n ? j->q[o[i] - j->out + d] : 0.0f;
+    const int32_t t_lo = lo[0], t_hi = hi[n - 1];
+    /* (kb, ks): the next key's block and slot */
+    int32_t kb = t_lo / bs, ks = t_lo % bs;
+    for (int32_t t0 = t_lo; t0 <= t_hi; t0 += 16) {
+        int32_t nk = t_hi - t0 + 1 < 16 ? t_hi - t0 + 1 : 16;
+        v16f S[16];
+        /* the block's key rows in f32: in place, or widened here (a whole
+         * block ahead of its loads) */
+        const float *kr16[16];
+        float kf[16][8 * 16]; /* HDV <= 8 */
+        for (int32_t k = 0; k < nk; k++) {
+            const void *p = kvr_kv_ptr(l, a->layer_base, bt[kb], 0, kvh, ks);
+            if (++ks == bs)
+                ks = 0, kb++;
+            if (dt == KVR_DT_F32) {
+                kr16[k] = p;
+            } else {
+                for (int32_t c = 0; c < HDV; c++) {
+                    v16f v = ld16x(p, dt, (size_t)c * 16);
+                    memcpy(kf[k] + c * 16, &v, 64);
+                }
+                kr16[k] = kf[k];
             }
         }
-        for (int32_t r = 0; r < g; r++)
-            for (int32_t c = 0; c < nv; c++) {
-                int32_t i = (c0 + c) * 16, n = hd - i < 16 ? hd - i : 16;
-                memcpy(o[r] + i, &acc[r][c], (size_t)n * 4);
+        for (int32_t k = nk; k < 16; k++)
+            kr16[k] = kr16[0];
+        for (int32_t k0 = 0; k0 < 16; k0 += ATTN_KB) {
+            if (k0 >= nk) {
+                for (int k = 0; k < ATTN_KB; k++)
+                    S[k0 + k] = (v16f){0};
+                continue;
             }
+            const float *const *kr = kr16 + k0;
+            v16f q0[ATTN_KB], q1[ATTN_KB], q2[ATTN_KB], q3[ATTN_KB];
+            wquad(HDV, qt, kr, 0, q0);
+            wquad(HDV, qt, kr, 2, q2);
+            wquad(HDV, qt, kr, 1, q1);
+            wquad(HDV, qt, kr, 3, q3);
+            for (int k = 0; k < ATTN_KB; k++)
+                S[k0 + k] = ((q0[k] + q2[k]) + (q1[k] + q3[k])) * a->scale;
+        }
+        tr16(S);
+        for (int32_t i = 0; i < n; i++) {
+            if (t0 + nk - 1 < lo[i] || t0 > hi[i])
+                continue;
+            if (nk == 16 && t0 >= lo[i] && t0 + 15 <= hi[i]) {
+                memcpy(&sc[i][t0 - lo[i]], &S[i], 64);
+                continue;
+            }
+            float sf[16];
+            memcpy(sf, &S[i], 64);
+            for (int32_t k = 0; k < nk; k++)
+                if (t0 + k >= lo[i] && t0 + k <= hi[i])
+                    sc[i][t0 + k - lo[i]] = sf[k];
+        }
+    }
+    for (int32_t i = 0; i < n; i++)
+        softmax_row(sc[i], (size_t)(hi[i] - lo[i] + 1));
+    for (int32_t i = 0; i < n; i += ATTN_RQ) {
+        int32_t m = n - i < ATTN_RQ ? n - i : ATTN_RQ;
+        if (m == 4)
+            attn_pv(j, 0, dt, HDV, 4, m, lo + i, hi + i, sc + i, o + i, bt, kvh);
+        else if (m == 3)
+            attn_pv(j, 0, dt, HDV, 3, m, lo + i, hi + i, sc + i, o + i, bt, kvh);
+        else if (m == 2)
+            attn_pv(j, 0, dt, HDV, 2, m, lo + i, hi + i, sc + i, o + i, bt, kvh);
+        else
+            attn_pv(j, 0, dt, HDV, 0, m, lo + i, hi + i, sc + i, o + i, bt, kvh);
     }
 }
 
@@ -1840,7 +2046,8 @@ attn_unit(const struct attn_job *j, int tid, const int H8, const int32_t dt, con
  * and the tasks of the others are empty. */
 static inline __attribute__((always_inline)) void attn_rows(const struct attn_job *j, int ith,
                                                             int nth, int tid, const int H8,
-                                                            const int32_t dt, const int32_t HDV)
+                                                            const int W, const int32_t dt,
+                                                            const int32_t HDV)
 {
     const struct kvr_attn_args *a = j->a;
     const int32_t group = a->n_heads / a->layout->n_kv_heads;
@@ -1851,21 +2058,32 @@ static inline __attribute__((always_inline)) void attn_rows(const struct attn_jo
         int32_t hpu = attn_hpu(nrow, group);
         if (hk % hpu)
             continue; /* taken with the unit's first head */
-        int32_t nh = group - hk < hpu ? group - hk : hpu, ni = nrow * nh, kvh = h / group;
-        /* the shapes as constants: a prefill group of 4 rows, a decode
-         * row's 2..4 heads */
-        if (HDV && nrow == 4)
-            attn_unit(j, tid, H8, dt, HDV, 4, r0, 4, h, 1, kvh);
-        else if (HDV && nrow == 1 && nh == 4)
-            attn_unit(j, tid, H8, dt, HDV, 4, r0, 1, h, 4, kvh);
-        else if (HDV && nrow == 1 && nh == 3)
-            attn_unit(j, tid, H8, dt, HDV, 3, r0, 1, h, 3, kvh);
-        else if (HDV && nrow == 1 && nh == 2)
-            attn_unit(j, tid, H8, dt, HDV, 2, r0, 1, h, 2, kvh);
-        else if (HDV && ni >= 2 && ni <= 4)
-            attn_unit(j, tid, H8, dt, HDV, ni == 4 ? 4 : ni == 3 ? 3 : 2, r0, nrow, h, nh, kvh);
-        else
-            attn_unit(j, tid, H8, dt, HDV, 0, r0, nrow, h, nh, kvh);
+        int32_t nh = group - hk < hpu ? group - hk : hpu, kvh = h / group;
+        if (W && HDV && nrow > ATTN_RQ) {
+            attn_wide(j, tid, dt, HDV, r0, nrow, h, kvh);
+            continue;
+        }
+        /* units of up to ATTN_RQ rows; the shapes as constants: a prefill
+         * unit of 4 rows, a decode row's 2..4 heads */
+        for (int32_t s = 0; s < nrow; s += ATTN_RQ) {
+            int32_t m = nrow - s < ATTN_RQ ? nrow - s : ATTN_RQ, ni = m * nh;
+            if (HDV && m == 4)
+                attn_unit(j, tid, H8, dt, HDV, 4, r0 + s, 4, h, 1, kvh);
+            else if (HDV && m == 1 && nh == 4)
+                attn_unit(j, tid, H8, dt, HDV, 4, r0 + s, 1, h, 4, kvh);
+            else if (HDV && m == 1 && nh == 3)
+                attn_unit(j, tid, H8, dt, HDV, 3, r0 + s, 1, h, 3, kvh);
+            else if (HDV && m == 1 && nh == 2)
+                attn_unit(j, tid, H8, dt, HDV, 2, r0 + s, 1, h, 2, kvh);
+            else if (HDV && ni >= 2 && ni <= 4)
+                attn_unit(j, tid, H8, dt, HDV,
+                          ni == 4   ? 4
+                          : ni == 3 ? 3
+                                    : 2,
+                          r0 + s, m, h, nh, kvh);
+            else
+                attn_unit(j, tid, H8, dt, HDV, 0, r0 + s, m, h, nh, kvh);
+        }
     }
 }
 
@@ -1877,15 +2095,15 @@ static inline __attribute__((always_inline)) void attn_body(void *arg, int ith, 
 {
     const struct attn_job *j = arg;
     const int32_t hd = j->a->layout->head_dim, hdv = hd == 64 ? 4 : hd == 128 ? 8 : 0;
-    const int h8 = f16 == DT_F16_V3;
+    const int h8 = f16 == DT_F16_V3, w = f16 == DT_F16_V4;
 #define ATTN_HD(dt)                                                                                \
     do {                                                                                           \
         if (hdv == 4)                                                                              \
-            attn_rows(j, ith, nth, tid, h8, dt, 4);                                                \
+            attn_rows(j, ith, nth, tid, h8, w, dt, 4);                                             \
         else if (hdv == 8)                                                                         \
-            attn_rows(j, ith, nth, tid, h8, dt, 8);                                                \
+            attn_rows(j, ith, nth, tid, h8, w, dt, 8);                                             \
         else                                                                                       \
-            attn_rows(j, ith, nth, tid, h8, dt, 0);                                                \
+            attn_rows(j, ith, nth, tid, h8, w, dt, 0);                                             \
     } while (0)
     switch (j->a->layout->dtype) {
     case KVR_KV_F32:
@@ -1924,12 +2142,12 @@ static void cpu_attention(struct kvr_compute_backend *be, const struct kvr_attn_
                           const float *q, float *out)
 {
     struct cpu_backend *c = cpu(be);
-    /* groups: runs of up to ATTN_RQ rows of one sequence at consecutive
+    /* groups: runs of up to ATTN_RW rows of one sequence at consecutive
      * positions */
     int32_t n_groups = 0;
     for (int32_t r = 0; r < a->n_rows;) {
         int32_t e = r + 1;
-        while (e < a->n_rows && e - r < ATTN_RQ && a->block_table[e] == a->block_table[r] &&
+        while (e < a->n_rows && e - r < ATTN_RW && a->block_table[e] == a->block_table[r] &&
                a->pos[e] == a->pos[e - 1] + 1)
             e++;
         c->grp[n_groups++] = r;
@@ -2062,9 +2280,9 @@ static kvr_status_t cpu_create(const struct kvr_backend_params *p,
         return KVR_ERR_NO_MEMORY;
     }
 #endif
-    c->scores = aligned_alloc(64, nt * ATTN_RQ * (size_t)p->max_seq_len * sizeof(float));
+    c->scores = aligned_alloc(64, nt * ATTN_RW * (size_t)p->max_seq_len * sizeof(float));
     c->grp = calloc((size_t)p->max_rows + 1, sizeof(int32_t));
-    c->qpad = aligned_alloc(64, nt * ATTN_RQ * (((size_t)p->max_head_dim + 15) & ~(size_t)15) * 4);
+    c->qpad = aligned_alloc(64, nt * ATTN_RW * (((size_t)p->max_head_dim + 15) & ~(size_t)15) * 4);
     kvr_status_t st = KVR_ERR_NO_MEMORY;
     if (!c->conv || !c->scores || !c->grp || !c->qpad ||
         (st = kvr_tp_create(p->n_threads, &c->tp)) != KVR_OK) {
