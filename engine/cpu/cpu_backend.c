@@ -227,31 +227,40 @@ static inline __attribute__((always_inline)) v16f vexp(v16f x)
     return (v16f)((v16i)r & ~mlo); /* x < -87: 0 */
 }
 
-/* s[0..n) = softmax(s): the max lane by lane (exact in any order: four
- * running maxima, where one was a compare-and-select chain a vector; only
- * the sign of a zero maximum can differ, and exp(s - (+0)) = exp(s - (-0))
- * for every s, 1 at s = +-0); exp lane by lane (vexp()); their sum in 16 lanes over t in order, the
- * tail zero-padded to one more vector, then hsum()'s tree: an order fixed by n alone, so a row's
- * probabilities depend only on its own scores (a scalar sum in key order was a dependent add per
- * key: with the scalar max, about a third of a 1024-token prefill's attention); then each times 1 /
- * sum. */
-static inline __attribute__((always_inline)) void softmax_row(float *s, size_t n)
+/* lane by lane, x where x > m, else m */
+static inline __attribute__((always_inline)) v16f vmax_sel(v16f m, v16f x)
 {
-    v16f vm[4] = {(v16f){0} - INFINITY, (v16f){0} - INFINITY, (v16f){0} - INFINITY,
-                  (v16f){0} - INFINITY};
+    v16i gt = x > m;
+    return (v16f)(((v16i)x & gt) | ((v16i)m & ~gt));
+}
+
+/* softmax(s[0..n)) as s[t] = e_t and the returned 1 / sum (p_t = e_t
+ * times it, which the P V sum rounds once as it goes, where a third pass
+ * over the row stored them).  The max lane by lane (exact in any order:
+ * four running maxima, where one was a compare-and-select chain a vector;
+ * only the sign of a zero maximum can differ, and exp(s - (+0)) =
+ * exp(s - (-0)) for every s, 1 at s = +-0); e_t = exp(s_t - max) lane by
+ * lane (vexp()); their sum in 16 lanes over t in order, the tail
+ * zero-padded to one more vector, then hsum()'s tree: an order fixed by n
+ * alone, so a row's probabilities depend only on its own scores (a scalar
+ * sum in key order was a dependent add per key: with the scalar max, about
+ * a third of a 1024-token prefill's attention). */
+static inline __attribute__((always_inline)) float softmax_row(float *s, size_t n)
+{
+    v16f m0 = (v16f){0} - INFINITY, m1 = m0, m2 = m0, m3 = m0;
     size_t t = 0;
-    for (; t + 16 <= n; t += 16) {
-        v16f x = ldx(s + t);
-        v16i gt = x > vm[t / 16 % 4];
-        vm[t / 16 % 4] = (v16f)(((v16i)x & gt) | ((v16i)vm[t / 16 % 4] & ~gt));
+    for (; t + 64 <= n; t += 64) {
+        m0 = vmax_sel(m0, ldx(s + t));
+        m1 = vmax_sel(m1, ldx(s + t + 16));
+        m2 = vmax_sel(m2, ldx(s + t + 32));
+        m3 = vmax_sel(m3, ldx(s + t + 48));
     }
-    for (int i = 1; i < 4; i++) {
-        v16i gt = vm[i] > vm[0];
-        vm[0] = (v16f)(((v16i)vm[i] & gt) | ((v16i)vm[0] & ~gt));
-    }
+    for (; t + 16 <= n; t += 16)
+        m0 = vmax_sel(m0, ldx(s + t));
+    m0 = vmax_sel(vmax_sel(m0, m1), vmax_sel(m2, m3));
     float mx = -INFINITY;
     for (int i = 0; i < 16; i++)
-        mx = vm[0][i] > mx ? vm[0][i] : mx;
+        mx = m0[i] > mx ? m0[i] : mx;
     for (; t < n; t++)
         mx = s[t] > mx ? s[t] : mx;
     v16f acc = (v16f){0};
@@ -269,13 +278,7 @@ static inline __attribute__((always_inline)) void softmax_row(float *s, size_t n
         memcpy(s + t, &x, (n - t) * 4);
         acc += x;
     }
-    float inv = 1.0f / hsum(acc);
-    for (t = 0; t + 16 <= n; t += 16) {
-        v16f x = ldx(s + t) * inv;
-        memcpy(s + t, &x, 64);
-    }
-    for (; t < n; t++)
-        s[t] *= inv;
+    return 1.0f / hsum(acc);
 }
 
 /* hsum() of each of a[0..15], as lanes 0..15, with the same adds in the same
@@ -303,14 +306,17 @@ static inline __attribute__((always_inline)) v16f hsum16(const v16f *a)
     return __builtin_shuffle(r[0], r[1], l4a) + __builtin_shuffle(r[0], r[1], l4b);
 }
 
-/* s in every lane; H8 (the x86-64-v3 versions): joined from two 8-lane
- * splats, where GCC builds a 16-lane splat under AVX2 lane by lane through
- * the stack. */
-static inline __attribute__((always_inline)) v16f splat(const int H8, float s)
+/* s m in every lane, broadcast from a register (a broadcast GCC can fold
+ * into FMAs as a memory operand loads s again for each); H8 (the
+ * x86-64-v3 versions): joined from two 8-lane broadcasts, where GCC
+ * builds a 16-lane one under AVX2 lane by lane through the stack. */
+static inline __attribute__((always_inline)) v16f splat_mul(const int H8, float s, float m)
 {
+    typedef int32_t v8i __attribute__((vector_size(32)));
+    const float x = s * m;
     if (!H8)
-        return (v16f){0} + s;
-    v8f h = (v8f){0} + s;
+        return __builtin_shuffle((v16f){x}, (v16i){0});
+    v8f h = __builtin_shuffle((v8f){x}, (v8i){0});
     v16f f;
     memcpy(&f, &h, 32);
     memcpy((char *)&f + 32, &h, 32);
@@ -1664,13 +1670,14 @@ static inline __attribute__((always_inline)) void attn_items(const struct attn_j
     }
 }
 
-/* O = P V for the g items (attn_items(); sc holds p_t / sum), 4 vectors
+/* O = P V for the g items (attn_items(); sc holds e_t, inv 1 / sum: p_t
+ * is e_t inv, the product softmax_row() rounded once as it did), 4 vectors
  * of head_dim at a time held in registers; bt the rows' block table.  NI: g as a constant where the
  * items share each value's loads (HDV and 2..ATTN_RQ items), else 0. */
 static inline __attribute__((always_inline)) void
 attn_pv(const struct attn_job *j, const int H8, const int32_t dt, const int32_t HDV, const int NI,
-        int32_t g, const int32_t *lo, const int32_t *hi, float *const *sc, float *const *o,
-        const int32_t *bt, int32_t kvh)
+        int32_t g, const int32_t *lo, const int32_t *hi, float *const *sc, const float *inv,
+        float *const *o, const int32_t *bt, int32_t kvh)
 {
     const struct kvr_attn_args *a = j->a;
     const struct kvr_kv_layout *l = a->layout;
@@ -1708,7 +1715,7 @@ attn_pv(const struct attn_job *j, const int H8, const int32_t dt, const int32_t 
                     for (int c = 0; c < NV; c++)
                         vc[c] = ld16x(vv, dt, (size_t)(c0 + c) * 16);
                     for (int32_t r = 0; r < NI; r++) {
-                        v16f pv = splat(H8, sc[r][t - lo[r]]);
+                        v16f pv = splat_mul(H8, sc[r][t - lo[r]], inv[r]);
                         for (int c = 0; c < NV; c++)
                             fa[r][c] += pv * vc[c];
                     }
@@ -1728,7 +1735,7 @@ attn_pv(const struct attn_job *j, const int H8, const int32_t dt, const int32_t 
             for (int32_t r = 0; r < g; r++) {
                 if (t < lo[r] || t > hi[r])
                     continue;
-                v16f pv = splat(H8, sc[r][t - lo[r]]);
+                v16f pv = splat_mul(H8, sc[r][t - lo[r]], inv[r]);
                 for (int32_t c = 0; c < nv; c++)
                     acc[r][c] += pv * vc[c];
             }
@@ -1868,14 +1875,15 @@ attn_unit(const struct attn_job *j, int tid, const int H8, const int32_t dt, con
                     sc[r][t0 + k - lo[r]] = sf[k];
         }
     }
-    /* softmax per item; sc becomes p_t / sum */
+    /* softmax per item: sc becomes e_t, inv 1 / sum */
+    float inv[ATTN_RQ];
     for (int32_t r = 0; r < g; r++)
-        softmax_row(sc[r], (size_t)(hi[r] - lo[r] + 1));
-    attn_pv(j, H8, dt, HDV, NI, g, lo, hi, sc, o, bt, kvh);
+        inv[r] = softmax_row(sc[r], (size_t)(hi[r] - lo[r] + 1));
+    attn_pv(j, H8, dt, HDV, NI, g, lo, hi, sc, inv, o, bt, kvh);
 }
 
 /* 16 copies of *p, a broadcast GCC folds into an FMA's memory operand
- * (unlike splat()'s 0 + s, which attn_pv() needs in a register) */
+ * (unlike splat_mul()'s, which attn_pv() needs in a register) */
 static inline __attribute__((always_inline)) v16f bcast(const float *p)
 {
     return __builtin_shuffle((v16f){*p}, (v16i){0});
@@ -2023,18 +2031,19 @@ static inline __attribute__((always_inline)) void attn_wide(const struct attn_jo
                     sc[i][t0 + k - lo[i]] = sf[k];
         }
     }
+    float inv[ATTN_RW];
     for (int32_t i = 0; i < n; i++)
-        softmax_row(sc[i], (size_t)(hi[i] - lo[i] + 1));
+        inv[i] = softmax_row(sc[i], (size_t)(hi[i] - lo[i] + 1));
     for (int32_t i = 0; i < n; i += ATTN_RQ) {
         int32_t m = n - i < ATTN_RQ ? n - i : ATTN_RQ;
         if (m == 4)
-            attn_pv(j, 0, dt, HDV, 4, m, lo + i, hi + i, sc + i, o + i, bt, kvh);
+            attn_pv(j, 0, dt, HDV, 4, m, lo + i, hi + i, sc + i, inv + i, o + i, bt, kvh);
         else if (m == 3)
-            attn_pv(j, 0, dt, HDV, 3, m, lo + i, hi + i, sc + i, o + i, bt, kvh);
+            attn_pv(j, 0, dt, HDV, 3, m, lo + i, hi + i, sc + i, inv + i, o + i, bt, kvh);
         else if (m == 2)
-            attn_pv(j, 0, dt, HDV, 2, m, lo + i, hi + i, sc + i, o + i, bt, kvh);
+            attn_pv(j, 0, dt, HDV, 2, m, lo + i, hi + i, sc + i, inv + i, o + i, bt, kvh);
         else
-            attn_pv(j, 0, dt, HDV, 0, m, lo + i, hi + i, sc + i, o + i, bt, kvh);
+            attn_pv(j, 0, dt, HDV, 0, m, lo + i, hi + i, sc + i, inv + i, o + i, bt, kvh);
     }
 }
 
