@@ -1672,8 +1672,9 @@ static inline __attribute__((always_inline)) void attn_items(const struct attn_j
 
 /* O = P V for the g items (attn_items(); sc holds e_t, inv 1 / sum: p_t
  * is e_t inv, the product softmax_row() rounded once as it did), 4 vectors
- * of head_dim at a time held in registers; bt the rows' block table.  NI: g as a constant where the
- * items share each value's loads (HDV and 2..ATTN_RQ items), else 0. */
+ * of head_dim at a time held in registers; bt the rows' block table.
+ * NI: g as a constant where the items share each value's loads (HDV and
+ * 2..ATTN_RQ items), else 0. */
 static inline __attribute__((always_inline)) void
 attn_pv(const struct attn_job *j, const int H8, const int32_t dt, const int32_t HDV, const int NI,
         int32_t g, const int32_t *lo, const int32_t *hi, float *const *sc, const float *inv,
