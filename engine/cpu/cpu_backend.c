@@ -1650,6 +1650,23 @@ static inline int32_t attn_hpu(int32_t gr, int32_t group)
     return hpu < group ? hpu : group;
 }
 
+/* Stores the scores v of keys t0 .. t0 + nk - 1 into an item's score row,
+ * whose element 0 is key lo, keeping only keys lo .. hi: one vector store
+ * when all 16 are the item's. */
+static inline __attribute__((always_inline)) void sc_put(float *row, v16f v, int32_t t0, int32_t nk,
+                                                         int32_t lo, int32_t hi)
+{
+    if (nk == 16 && t0 >= lo && t0 + 15 <= hi) {
+        memcpy(row + (t0 - lo), &v, 64);
+        return;
+    }
+    float sf[16];
+    memcpy(sf, &v, 64);
+    for (int32_t k = 0; k < nk; k++)
+        if (t0 + k >= lo && t0 + k <= hi)
+            row[t0 + k - lo] = sf[k];
+}
+
 /* A unit's items, row-major over rows r0.. and heads h0..: each one's key
  * range [lo, hi], scores row sc and output row o (its query row is q at
  * o's offset). */
@@ -1864,16 +1881,7 @@ attn_unit(const struct attn_job *j, int tid, const int H8, const int32_t dt, con
                         acc[k] += qc * ldkv(kp[k], dt, c * 16, hd - c * 16);
                 }
             }
-            v16f sv = (H8 ? hsum16_h(acc) : hsum16(acc)) * a->scale;
-            if (nk == 16 && t0 >= lo[r] && t0 + 15 <= hi[r]) {
-                memcpy(&sc[r][t0 - lo[r]], &sv, 64);
-                continue;
-            }
-            float sf[16];
-            memcpy(sf, &sv, 64);
-            for (int32_t k = 0; k < nk; k++)
-                if (t0 + k >= lo[r] && t0 + k <= hi[r])
-                    sc[r][t0 + k - lo[r]] = sf[k];
+            sc_put(sc[r], (H8 ? hsum16_h(acc) : hsum16(acc)) * a->scale, t0, nk, lo[r], hi[r]);
         }
     }
     /* softmax per item: sc becomes e_t, inv 1 / sum */
@@ -2021,15 +2029,7 @@ static inline __attribute__((always_inline)) void attn_wide(const struct attn_jo
         for (int32_t i = 0; i < n; i++) {
             if (t0 + nk - 1 < lo[i] || t0 > hi[i])
                 continue;
-            if (nk == 16 && t0 >= lo[i] && t0 + 15 <= hi[i]) {
-                memcpy(&sc[i][t0 - lo[i]], &S[i], 64);
-                continue;
-            }
-            float sf[16];
-            memcpy(sf, &S[i], 64);
-            for (int32_t k = 0; k < nk; k++)
-                if (t0 + k >= lo[i] && t0 + k <= hi[i])
-                    sc[i][t0 + k - lo[i]] = sf[k];
+            sc_put(sc[i], S[i], t0, nk, lo[i], hi[i]);
         }
     }
     float inv[ATTN_RW];
