@@ -33,74 +33,11 @@
 #include "kvr_engine.h"
 #include "kvr_test.h"
 
-#define BS    8
-#define NP    40 /* prompt tokens */
-#define NB    8  /* blocks a sequence: up to 64 positions */
-#define NSEQ  3  /* sequences decoded together */
-#define STEPS 4
-
-struct run {
-    float *prefill; /* [NP][V] every position's logits of sequence 0 */
-    float *decode;  /* [STEPS][NSEQ][V] */
-    struct kvr_kv_pool pool;
-};
-
-static void tokens(int32_t *t, int n, unsigned seed, int32_t V)
-{
-    for (int i = 0; i < n; i++) {
-        seed = seed * 1103515245u + 12345u;
-        t[i] = (int32_t)((seed >> 8) % (unsigned)V);
-    }
-}
-
-/* one run of the version KVR_CPU_MATMUL names (unset: the CPU's best) */
-static void run(kvr_model_t *m, int32_t kv_dtype, struct run *out)
-{
-    char err[512];
-    const int32_t V = kvr_model_vocab(m), L = kvr_model_n_layers(m);
-    kvr_ctx_t *ctx;
-    struct kvr_ctx_opts o = {.n_threads = 2, .max_tokens = 64, .max_batch = NSEQ};
-    KVR_CHECK_STATUS(kvr_ctx_create(m, &o, &ctx, err, sizeof(err)), KVR_OK);
-    test_pool_init_dt(m, BS, L, &out->pool, NSEQ * NB, kv_dtype);
-    out->prefill = malloc((size_t)NP * (size_t)V * 4);
-    out->decode = malloc((size_t)STEPS * NSEQ * (size_t)V * 4);
-    float *last = malloc((size_t)V * 4);
-    KVR_CHECK(out->prefill && out->decode && last);
-    int32_t bt[NSEQ][NB], len[NSEQ];
-    for (int s = 0; s < NSEQ; s++) {
-        for (int b = 0; b < NB; b++)
-            bt[s][b] = s * NB + b;
-        int32_t t[NP];
-        len[s] = NP - 7 * s; /* 40, 33, 26 */
-        tokens(t, len[s], 100u + (unsigned)s, V);
-        struct kvr_prefill_req r = {.tokens = t,
-                                    .n_tokens = len[s],
-                                    .block_table = bt[s],
-                                    .n_blocks = NB,
-                                    .all_logits = s == 0 ? out->prefill : NULL};
-        KVR_CHECK_STATUS(kvr_engine_prefill(ctx, &out->pool, &r, last), KVR_OK);
-    }
-    for (int st = 0; st < STEPS; st++) {
-        struct kvr_decode_seq q[NSEQ];
-        for (int s = 0; s < NSEQ; s++)
-            q[s] = (struct kvr_decode_seq){.token = (st * 31 + s * 7) % V,
-                                           .pos = len[s] + st,
-                                           .block_table = bt[s],
-                                           .n_blocks = NB};
-        KVR_CHECK_STATUS(kvr_engine_decode(ctx, &out->pool, q, NSEQ,
-                                           out->decode + (size_t)st * NSEQ * (size_t)V),
-                         KVR_OK);
-    }
-    free(last);
-    kvr_ctx_destroy(ctx);
-}
-
-static void run_free(struct run *r, int32_t L)
-{
-    free(r->prefill);
-    free(r->decode);
-    test_pool_free(&r->pool, L);
-}
+#define BS    TEST_SEQS_BS
+#define NB    TEST_SEQS_NB
+#define NP    TEST_SEQS_NP
+#define NSEQ  TEST_SEQS_N
+#define STEPS TEST_SEQS_STEPS
 
 static void compare(const char *dir, const char *what)
 {
@@ -110,11 +47,11 @@ static void compare(const char *dir, const char *what)
     const int32_t V = kvr_model_vocab(m), L = kvr_model_n_layers(m);
     static const char *kvn[] = {"f32", "f16", "bf16"};
     for (int32_t dt = KVR_KV_F32; dt <= KVR_KV_BF16; dt++) {
-        struct run a, b;
+        struct test_seqs a, b;
         unsetenv("KVR_CPU_MATMUL");
-        run(m, dt, &a);
+        test_seqs_run(m, dt, KVR_NUMERICS_F32, &a);
         setenv("KVR_CPU_MATMUL", "v3", 1);
-        run(m, dt, &b);
+        test_seqs_run(m, dt, KVR_NUMERICS_F32, &b);
         unsetenv("KVR_CPU_MATMUL");
         KVR_EXPECT(memcmp(a.prefill, b.prefill, (size_t)NP * (size_t)V * 4) == 0,
                    "%s, KV %s: prefill logits differ between the v4 and v3 kernels", what, kvn[dt]);
@@ -129,8 +66,8 @@ static void compare(const char *dir, const char *what)
         /* the decode logits are not all alike (the comparison means something) */
         KVR_EXPECT(memcmp(a.decode, a.decode + V, (size_t)V * 4) != 0,
                    "%s: two sequences' decode logits are equal", what);
-        run_free(&a, L);
-        run_free(&b, L);
+        test_seqs_free(&a, L);
+        test_seqs_free(&b, L);
     }
     kvr_model_destroy(m);
 }
@@ -166,7 +103,7 @@ static void prefill_lengths(const char *dir, const char *what)
     int same = 0;
     for (int32_t n = 1; n <= MAXM; n++) {
         int32_t t[MAXM];
-        tokens(t, n, 200u + (unsigned)n, V);
+        test_tokens(t, n, 200u + (unsigned)n, V);
         for (int v = 0; v < 2; v++) {
             struct kvr_prefill_req r = {
                 .tokens = t, .n_tokens = n, .block_table = bt, .n_blocks = NB, .all_logits = lg[v]};
