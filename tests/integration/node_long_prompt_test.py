@@ -81,6 +81,11 @@ def main():
         check(not diff_output(o, ref), "the long prompt: %s" % diff_output(o, ref))
         check(during >= 1, "no status sample was taken while the prefill node computed "
               "(%d samples)" % samples)
+        # the nodes' stats files are rewritten periodically and the prefill
+        # node closes its request after the client has its tokens: wait (by
+        # state) for files written after the request, with the prefill node
+        # idle, before reading its counters
+        c.wait_idle()
         ps = c.stats(pname)
         check(ps.get("prefills_ok") == 1 and ps.get("prefills_failed") == 0,
               "prefill node: %s" % ps)
