@@ -200,6 +200,18 @@ static inline __attribute__((always_inline)) v16f ldpad(const float *p, int32_t 
     return ldx(f);
 }
 
+/* n (< 16) elements of weight row w (dtype) from element k, zero-padded to
+ * 16, widened to f32: a dot product's tail step. */
+static inline __attribute__((always_inline)) v16f ldwpad(const void *w, int32_t dtype, size_t k,
+                                                         size_t n)
+{
+    const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
+    uint16_t h[16] = {0};
+    float f[16] = {0};
+    memcpy(dtype == KVR_DT_F32 ? (void *)f : (void *)h, (const char *)w + k * esz, n * esz);
+    return dtype == KVR_DT_F32 ? ld16x(f, KVR_DT_F32, 0) : ld16x(h, dtype, 0);
+}
+
 typedef int32_t v16i __attribute__((vector_size(64)));
 
 /* exp(x) for 16 lanes: 2^n * 2^f with n = round(x log2 e), |f| <= 1/2, and
@@ -536,21 +548,21 @@ static inline __attribute__((always_inline)) void mm_panel(const struct mm_job *
 #define MM_DECODE_ROWS 16
 
 /* A thread's walk over its weight rows n0..n1 in panels: adjacent rows
- * (q = 0; the tail one row a panel), or 4 quarters of q rows (the rows
- * past 4q one a panel). */
+ * (S = 0; the tail one row a panel), or S streams (4 quarters or 2 halves)
+ * of q rows each (the rows past S q one a panel). */
 struct mm_walk {
-    int32_t n, n1, q, i;
+    int32_t n, n1, q, i, s;
 };
 
 static inline __attribute__((always_inline)) struct mm_walk mm_walk_init(int32_t n0, int32_t n1,
-                                                                         bool quarters)
+                                                                         int S)
 {
-    int32_t q = quarters ? (n1 - n0) / 4 : 0;
-    return (struct mm_walk){n0, n1, q, 0};
+    int32_t q = S ? (n1 - n0) / S : 0;
+    return (struct mm_walk){n0, n1, q, 0, S};
 }
 
 /* The next panel: its first row *n, the stride *rs between its rows and
- * its height (4 or 1); 0 when the walk is done. */
+ * its height (S or 1); 0 when the walk is done. */
 static inline __attribute__((always_inline)) int mm_walk_next(struct mm_walk *w, int32_t *n,
                                                               int32_t *rs)
 {
@@ -558,12 +570,12 @@ static inline __attribute__((always_inline)) int mm_walk_next(struct mm_walk *w,
         *n = w->n + w->i++;
         *rs = w->q;
         if (w->i == w->q)
-            w->n += 4 * w->q, w->q = 0;
-        return 4;
+            w->n += w->s * w->q, w->q = 0;
+        return w->s;
     }
     if (w->n >= w->n1)
         return 0;
-    int R = w->n1 - w->n >= 4 ? 4 : 1;
+    int R = w->s != 2 && w->n1 - w->n >= 4 ? 4 : 1;
     *n = w->n;
     *rs = 1;
     w->n += R;
@@ -596,7 +608,7 @@ static inline __attribute__((always_inline)) void mm_rows(const struct mm_job *j
     for (int32_t m0 = 0; m0 < j->M; m0 += mb) {
         int32_t m1 = j->M - m0 < mb ? j->M : m0 + mb;
         bool widen = dtype != KVR_DT_F32 && m1 - m0 > MM_WIDEN_ROWS;
-        struct mm_walk wk = mm_walk_init(n0, n1, j->M <= MM_DECODE_ROWS);
+        struct mm_walk wk = mm_walk_init(n0, n1, j->M <= MM_DECODE_ROWS ? 4 : 0);
         int32_t n, rs;
         int R;
         while ((R = mm_walk_next(&wk, &n, &rs)) != 0) {
@@ -896,7 +908,7 @@ mm_rows8(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1, int tid)
                 mm_panel8(j, 0, dtype, wr, K, nn, m0, m1, wr + pbytes, nb, tid);
             }
         }
-        struct mm_walk wk = mm_walk_init(nn, n1, false);
+        struct mm_walk wk = mm_walk_init(nn, n1, 0);
         int32_t n, rs;
         int R;
         while ((R = mm_walk_next(&wk, &n, &rs)) != 0) {
@@ -909,6 +921,122 @@ mm_rows8(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1, int tid)
                 mm_panel(j, dtype, wr, K, R, n, rs, m0, m1);
             }
         }
+    }
+}
+
+/* A decode step of MM_ONEPASS_MIN..MM_ONEPASS_ROWS rows on x86-64-v4: one
+ * pass over each weight row for all the x rows, 2 weight rows (the halves
+ * of the thread's rows, mm_walk) x C x rows a tile, and a software
+ * prefetch MM_PF_BYTES ahead in both streams.  The quarters' 4 x 4 tile
+ * took two passes over each panel at batch 8, the second from L1 with no
+ * load in flight: the step was the DRAM time plus the arithmetic (f32 lm
+ * head, M = 8, N = 32000, K = 768 on one thread: 55-68 GFLOP/s, 14-17
+ * GB/s; 4 x 4 with the prefetch 63-77).  One pass alone did no better
+ * (3 x 8: 50-60): the hardware prefetcher does not run far enough ahead of
+ * a stream that the arithmetic slows.  One pass with the prefetch keeps
+ * the loads in flight under the arithmetic: 110-130 GFLOP/s, 27-33 GB/s
+ * (2 x 8 and 3 x 8 alike; 2 KB ahead 105, 6 KB 92-119, 8 KB 92).  Below 3
+ * rows the quarters already read at the DRAM rate; from 12 rows a one-pass
+ * tile spills (2 x 16) or gains little (2 x 12, 87-97 against 83-85).
+ * Each output is still micro()'s dot product (16 lanes over K in order,
+ * the same zero-padded tail, hsum()): the bits do not change. */
+#define MM_ONEPASS_MIN  3
+#define MM_ONEPASS_ROWS 8
+#define MM_PF_BYTES     4096
+
+__attribute__((target("arch=x86-64-v4"))) static inline __attribute__((always_inline)) void
+micro2(const int C, int32_t dtype, const void *w, size_t ldw, const float *x, size_t ldx_, size_t K,
+       float *out)
+{
+    v16f acc[2][MM_ONEPASS_ROWS];
+    for (int r = 0; r < 2; r++)
+        for (int c = 0; c < C; c++)
+            acc[r][c] = (v16f){0};
+    const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
+    const char *w0 = w, *w1 = (const char *)w + ldw * esz;
+    size_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        v16f a = ld16x(w0, dtype, k), b = ld16x(w1, dtype, k);
+        __asm__("" : "+v"(a), "+v"(b));
+        if (esz == 4 || (k & 16) == 0) { /* one prefetch a line */
+            __builtin_prefetch(w0 + k * esz + MM_PF_BYTES, 0, 3);
+            __builtin_prefetch(w1 + k * esz + MM_PF_BYTES, 0, 3);
+        }
+        for (int c = 0; c < C; c++) {
+            v16f xv = ldx(x + (size_t)c * ldx_ + k);
+            __asm__("" : "+v"(xv));
+            acc[0][c] += a * xv;
+            acc[1][c] += b * xv;
+        }
+    }
+    if (k < K) { /* the tail, zero-padded to one more vector step, as micro() */
+        v16f a = ldwpad(w0, dtype, k, K - k), b = ldwpad(w1, dtype, k, K - k);
+        for (int c = 0; c < C; c++) {
+            v16f xv = ldpad(x + (size_t)c * ldx_ + k, (int32_t)(K - k));
+            acc[0][c] += a * xv;
+            acc[1][c] += b * xv;
+        }
+    }
+    for (int c = 0; c < C; c++)
+        for (int r = 0; r < 2; r++)
+            out[c * 4 + r] = hsum(acc[r][c]);
+}
+
+/* Weight rows n0..n1 of y for M (MM_ONEPASS_MIN..MM_ONEPASS_ROWS) rows:
+ * 2-row panels of the halves walk with micro2(), the odd row as mm_rows(). */
+__attribute__((target("arch=x86-64-v4"))) static inline __attribute__((always_inline)) void
+mm_rows2(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1)
+{
+    const size_t K = (size_t)j->w->cols;
+    const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
+    const char *W = j->w->data;
+    float tmp[4 * MM_ONEPASS_ROWS];
+    struct mm_walk wk = mm_walk_init(n0, n1, 2);
+    int32_t n, rs;
+    int R;
+    while ((R = mm_walk_next(&wk, &n, &rs)) != 0) {
+        const char *wr = W + (size_t)n * K * esz;
+        if (R == 1) {
+            mm_panel(j, dtype, wr, K, 1, n, 1, 0, j->M);
+            continue;
+        }
+        const size_t ldw = K * (size_t)rs;
+        switch (j->M) {
+#define M2(c)                                                                                      \
+    case c:                                                                                        \
+        micro2(c, dtype, wr, ldw, j->x, K, K, tmp);                                                \
+        break
+            M2(3);
+            M2(4);
+            M2(5);
+            M2(6);
+            M2(7);
+        default:
+            micro2(8, dtype, wr, ldw, j->x, K, K, tmp);
+            break;
+#undef M2
+        }
+        mm_store(j, tmp, 2, j->M, 0, n, rs);
+    }
+}
+
+__attribute__((target("arch=x86-64-v4"), noinline)) static void
+mm_task_v4_onepass(const struct mm_job *j, int ith)
+{
+    int32_t N = j->w->rows;
+    int32_t n0 = ith * j->per, n1 = n0 + j->per < N ? n0 + j->per : N;
+    if (n0 >= n1)
+        return;
+    switch (j->w->dtype) {
+    case KVR_DT_F32:
+        mm_rows2(j, KVR_DT_F32, n0, n1);
+        break;
+    case KVR_DT_BF16:
+        mm_rows2(j, KVR_DT_BF16, n0, n1);
+        break;
+    default:
+        mm_rows2(j, DT_F16_V4, n0, n1);
+        break;
     }
 }
 
@@ -941,6 +1069,8 @@ __attribute__((target("arch=x86-64-v4"))) static void mm_task_v4(void *arg, int 
     const struct mm_job *j = arg;
     if (j->M > MM_DECODE_ROWS)
         mm_task_v4_tiles(j, ith, tid);
+    else if (j->M >= MM_ONEPASS_MIN && j->M <= MM_ONEPASS_ROWS)
+        mm_task_v4_onepass(j, ith);
     else
         mm_task_body(arg, ith, tid, DT_F16_V4);
 }
@@ -1168,7 +1298,7 @@ V3_INLINE void mm_rows_v3(const struct mm_job *j, int32_t dtype, int32_t n0, int
     for (int32_t m0 = 0; m0 < j->M; m0 += mb) {
         int32_t m1 = j->M - m0 < mb ? j->M : m0 + mb;
         bool widen = dtype != KVR_DT_F32 && m1 - m0 > MM_WIDEN_ROWS;
-        struct mm_walk wk = mm_walk_init(n0, n1, j->M <= MM_DECODE_ROWS);
+        struct mm_walk wk = mm_walk_init(n0, n1, j->M <= MM_DECODE_ROWS ? 4 : 0);
         int32_t n, rs;
         int R;
         while ((R = mm_walk_next(&wk, &n, &rs)) != 0) {
@@ -1407,7 +1537,7 @@ DP_TARGET static void mm_task_dp(void *arg, int ith, int nth, int tid)
         if (j->M > MM_DECODE_ROWS) /* prefill: 8-row panels, then the walk */
             for (; nn + 8 <= n1; nn += 8)
                 mm_panel_dp8(j, W + (size_t)nn * K, nn, m0, m1);
-        struct mm_walk wk = mm_walk_init(nn, n1, j->M <= MM_DECODE_ROWS);
+        struct mm_walk wk = mm_walk_init(nn, n1, j->M <= MM_DECODE_ROWS ? 4 : 0);
         int32_t n, rs;
         int R;
         while ((R = mm_walk_next(&wk, &n, &rs)) != 0) {
