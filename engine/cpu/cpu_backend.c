@@ -544,7 +544,9 @@ static inline __attribute__((always_inline)) void mm_panel(const struct mm_job *
  * software prefetch on top of the quarters made it slower).  Prefill keeps
  * adjacent panels (its arithmetic per weight hides the misses).  Which rows
  * share a panel changes no bit: each output is its own micro() dot product
- * (rows 4q.. of the range go one a panel, R = 1, the same bits as R = 4). */
+ * (rows 4q.. of the range go one a panel, R = 1, the same bits as R = 4).
+ * On x86-64-v4 steps of at most MM_ONEPASS_ROWS rows go in halves with a
+ * software prefetch instead (mm_rows2()). */
 #define MM_DECODE_ROWS 16
 
 /* A thread's walk over its weight rows n0..n1 in panels: adjacent rows
@@ -924,23 +926,25 @@ mm_rows8(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1, int tid)
     }
 }
 
-/* A decode step of MM_ONEPASS_MIN..MM_ONEPASS_ROWS rows on x86-64-v4: one
- * pass over each weight row for all the x rows, 2 weight rows (the halves
- * of the thread's rows, mm_walk) x C x rows a tile, and a software
- * prefetch MM_PF_BYTES ahead in both streams.  The quarters' 4 x 4 tile
- * took two passes over each panel at batch 8, the second from L1 with no
- * load in flight: the step was the DRAM time plus the arithmetic (f32 lm
- * head, M = 8, N = 32000, K = 768 on one thread: 55-68 GFLOP/s, 14-17
- * GB/s; 4 x 4 with the prefetch 63-77).  One pass alone did no better
- * (3 x 8: 50-60): the hardware prefetcher does not run far enough ahead of
- * a stream that the arithmetic slows.  One pass with the prefetch keeps
- * the loads in flight under the arithmetic: 110-130 GFLOP/s, 27-33 GB/s
- * (2 x 8 and 3 x 8 alike; 2 KB ahead 105, 6 KB 92-119, 8 KB 92).  Below 3
- * rows the quarters already read at the DRAM rate; from 12 rows a one-pass
- * tile spills (2 x 16) or gains little (2 x 12, 87-97 against 83-85).
- * Each output is still micro()'s dot product (16 lanes over K in order,
- * the same zero-padded tail, hsum()): the bits do not change. */
-#define MM_ONEPASS_MIN  3
+/* A decode step of at most MM_ONEPASS_ROWS rows on x86-64-v4: one pass
+ * over each weight row for all the x rows, 2 weight rows (the halves of the
+ * thread's rows, mm_walk) x C x rows a tile, and a software prefetch
+ * MM_PF_BYTES ahead in both streams.  The quarters' 4 x 4 tile took two
+ * passes over each panel at batch 8, the second from L1 with no load in
+ * flight: the step was the DRAM time plus the arithmetic (f32 lm head,
+ * M = 8, N = 32000, K = 768 on one thread: 55-68 GFLOP/s, 14-17 GB/s; 4 x 4
+ * with the prefetch 63-77).  One pass alone did no better (3 x 8: 50-60):
+ * the hardware prefetcher does not run far enough ahead of a stream that
+ * the arithmetic slows.  One pass with the prefetch keeps the loads in
+ * flight under the arithmetic: 110-130 GFLOP/s, 27-33 GB/s (2 x 8 and
+ * 3 x 8 alike).  In the model (decode, one thread, against the quarters):
+ * f32 batch 8 1.22x, bf16 1.36x, f16 1.33x, f32 batch 4 1.41x; batch 1
+ * f32 1.14x, f16 1.41x, bf16 1.14x.  Prefetch distance at batch 1 / 8:
+ * 2 KB 82 / 322 tok/s, 4 KB 83 / 358, 6 KB 78 / 355, 8 KB 77 / 329.  From
+ * 12 rows a one-pass tile spills (2 x 16) or gains nothing (2 x 12 in the
+ * model: 368 against 371 tok/s), so 9..16 rows keep the quarters.  Each
+ * output is still micro()'s dot product (16 lanes over K in order, the
+ * same zero-padded tail, hsum()): the bits do not change. */
 #define MM_ONEPASS_ROWS 8
 #define MM_PF_BYTES     4096
 
@@ -982,7 +986,7 @@ micro2(const int C, int32_t dtype, const void *w, size_t ldw, const float *x, si
             out[c * 4 + r] = hsum(acc[r][c]);
 }
 
-/* Weight rows n0..n1 of y for M (MM_ONEPASS_MIN..MM_ONEPASS_ROWS) rows:
+/* Weight rows n0..n1 of y for M (1..MM_ONEPASS_ROWS) rows:
  * 2-row panels of the halves walk with micro2(), the odd row as mm_rows(). */
 __attribute__((target("arch=x86-64-v4"))) static inline __attribute__((always_inline)) void
 mm_rows2(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1)
@@ -1006,6 +1010,8 @@ mm_rows2(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1)
     case c:                                                                                        \
         micro2(c, dtype, wr, ldw, j->x, K, K, tmp);                                                \
         break
+            M2(1);
+            M2(2);
             M2(3);
             M2(4);
             M2(5);
@@ -1069,7 +1075,7 @@ __attribute__((target("arch=x86-64-v4"))) static void mm_task_v4(void *arg, int 
     const struct mm_job *j = arg;
     if (j->M > MM_DECODE_ROWS)
         mm_task_v4_tiles(j, ith, tid);
-    else if (j->M >= MM_ONEPASS_MIN && j->M <= MM_ONEPASS_ROWS)
+    else if (j->M <= MM_ONEPASS_ROWS)
         mm_task_v4_onepass(j, ith);
     else
         mm_task_body(arg, ith, tid, DT_F16_V4);
