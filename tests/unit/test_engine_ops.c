@@ -81,8 +81,11 @@ static float round_bf16(float f)
 }
 
 /* dp: a backend in numerics bf16dot, bf16 weights only, against the scalar
- * reference on the activations rounded to bf16 */
-static void test_matmul(struct kvr_compute_backend *be, int dp)
+ * reference on the activations rounded to bf16.  v3: the same backend on
+ * the x86-64-v3 kernels (KVR_CPU_MATMUL=v3), whose bits every M must give
+ * (they walk the weight rows their own way: 4 quarters at decode, where
+ * v4 takes one-pass halves up to 8 rows); NULL to skip. */
+static void test_matmul(struct kvr_compute_backend *be, struct kvr_compute_backend *v3, int dp)
 {
     /* decode batches (1..36: prefetched panels, dotted in registers up to
      * 8 rows, widened once above) and prefill row counts */
@@ -146,6 +149,13 @@ static void test_matmul(struct kvr_compute_backend *be, int dp)
                     be->ops->matmul(be, ref, x + (size_t)m * (size_t)K, 1, &w, NULL,
                                     KVR_MM_INVARIANT);
                     KVR_CHECK(memcmp(ref, y + (size_t)m * (size_t)N, (size_t)N * 4) == 0);
+                }
+                if (v3) {
+                    v3->ops->matmul(v3, ref, x, M, &w, NULL, KVR_MM_INVARIANT);
+                    if (memcmp(ref, y, (size_t)M * (size_t)N * 4) != 0)
+                        fprintf(stderr, "matmul dtype %d M %d N %d K %d: v3 bits differ\n", dt, M,
+                                N, K);
+                    KVR_CHECK(memcmp(ref, y, (size_t)M * (size_t)N * 4) == 0);
                 }
                 free(x);
                 free(y);
@@ -500,7 +510,12 @@ int main(void)
                                        .gemv_max_rows = KVR_GEMV_ROWS};
         struct kvr_compute_backend *be;
         KVR_CHECK_STATUS(kvr_cpu_ops.create(&p, &be), KVR_OK);
-        test_matmul(be, 0);
+        struct kvr_compute_backend *v3;
+        setenv("KVR_CPU_MATMUL", "v3", 1);
+        KVR_CHECK_STATUS(kvr_cpu_ops.create(&p, &v3), KVR_OK);
+        unsetenv("KVR_CPU_MATMUL");
+        test_matmul(be, v3, 0);
+        v3->ops->destroy(v3);
         test_small_ops(be);
         test_f16_widen(be);
         test_attention(be);
@@ -513,7 +528,7 @@ int main(void)
             printf("skip (part): numerics bf16dot: no AVX512-BF16 kernels here\n");
         } else {
             KVR_CHECK_STATUS(st, KVR_OK);
-            test_matmul(be, 1);
+            test_matmul(be, NULL, 1);
             be->ops->destroy(be);
             printf("cpu backend matmul in numerics bf16dot, %d thread(s): ok\n", threads[t]);
         }
