@@ -394,18 +394,10 @@ static inline __attribute__((always_inline)) void micro(const int R, const int C
     }
     if (k < K) { /* the tail, zero-padded to one more vector step */
         v16f wv[4], xv[4];
-        for (int r = 0; r < R; r++) {
-            uint16_t h[16] = {0};
-            float f[16] = {0};
-            const char *wr = (const char *)w + (size_t)r * ldw * esz + k * esz;
-            memcpy(dtype == KVR_DT_F32 ? (void *)f : (void *)h, wr, (K - k) * esz);
-            wv[r] = dtype == KVR_DT_F32 ? ld16x(f, dtype, 0) : ld16x(h, dtype, 0);
-        }
-        for (int c = 0; c < C; c++) {
-            float f[16] = {0};
-            memcpy(f, x + (size_t)c * ldx_ + k, (K - k) * 4);
-            xv[c] = ldx(f);
-        }
+        for (int r = 0; r < R; r++)
+            wv[r] = ldwpad((const char *)w + (size_t)r * ldw * esz, dtype, k, K - k);
+        for (int c = 0; c < C; c++)
+            xv[c] = ldpad(x + (size_t)c * ldx_ + k, (int32_t)(K - k));
         for (int r = 0; r < R; r++)
             for (int c = 0; c < C; c++)
                 acc[r][c] += wv[r] * xv[c];
@@ -758,22 +750,12 @@ micro8(const int C, const int PK, int32_t dtype, const void *w, size_t ldw, cons
     }
     if (k < K) { /* the tail, zero-padded to one more vector step, as micro() */
         v16f xv[3];
-        for (int c = 0; c < C; c++) {
-            float f[16] = {0};
-            memcpy(f, x + (size_t)c * ldx_ + k, (K - k) * 4);
-            xv[c] = ldx(f);
-        }
+        for (int c = 0; c < C; c++)
+            xv[c] = ldpad(x + (size_t)c * ldx_ + k, (int32_t)(K - k));
         for (int r = 0; r < MM_TILE_ROWS; r++) {
-            v16f wv;
-            if (PK) { /* mm_pack8() zero-padded the tail */
-                wv = ldx((const float *)w + k * MM_TILE_ROWS + r * 16);
-            } else {
-                uint16_t h[16] = {0};
-                float f[16] = {0};
-                const char *wr = (const char *)w + (size_t)r * ldw * esz + k * esz;
-                memcpy(dtype == KVR_DT_F32 ? (void *)f : (void *)h, wr, (K - k) * esz);
-                wv = dtype == KVR_DT_F32 ? ld16x(f, KVR_DT_F32, 0) : ld16x(h, dtype, 0);
-            }
+            /* a packed panel: mm_pack8() zero-padded the tail */
+            v16f wv = PK ? ldx((const float *)w + k * MM_TILE_ROWS + r * 16)
+                         : ldwpad((const char *)w + (size_t)r * ldw * esz, dtype, k, K - k);
             for (int c = 0; c < C; c++)
                 acc[r][c] += wv * xv[c];
         }
@@ -944,7 +926,8 @@ mm_rows8(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1, int tid)
  * 12 rows a one-pass tile spills (2 x 16) or gains nothing (2 x 12 in the
  * model: 368 against 371 tok/s), so 9..16 rows keep the quarters.  Each
  * output is still micro()'s dot product (16 lanes over K in order, the
- * same zero-padded tail, hsum()): the bits do not change. */
+ * same zero-padded tail, hsum()): the bits do not change.  A prefetch past
+ * the end of the weights is harmless: a prefetch never faults. */
 #define MM_ONEPASS_ROWS 8
 #define MM_PF_BYTES     4096
 
@@ -986,8 +969,8 @@ micro2(const int C, int32_t dtype, const void *w, size_t ldw, const float *x, si
             out[c * 4 + r] = hsum(acc[r][c]);
 }
 
-/* Weight rows n0..n1 of y for M (1..MM_ONEPASS_ROWS) rows:
- * 2-row panels of the halves walk with micro2(), the odd row as mm_rows(). */
+/* Weight rows n0..n1 of y for M (1..MM_ONEPASS_ROWS) rows: the 2-row
+ * panels of the halves walk by micro2(), an odd last row by mm_panel(). */
 __attribute__((target("arch=x86-64-v4"))) static inline __attribute__((always_inline)) void
 mm_rows2(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1)
 {
