@@ -693,8 +693,14 @@ static void fence_restarted(struct decode *d, const char *name, uint64_t inc)
     }
 }
 
+static bool sync_horizon(struct decode *d);
+
 static void on_reserve(struct decode *d, const Kvrail__Reserve *m)
 {
+    /* the blocks the pool's pre-fault thread made resident since the last
+     * turn: a Reserve in the same burst of frames would otherwise be
+     * refused blocks that are there */
+    (void)sync_horizon(d);
     token_allow(d, m);
     if (!m->local_prefill)
         fence_restarted(d, m->prefill_node, m->prefill_incarnation);

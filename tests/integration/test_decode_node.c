@@ -186,6 +186,18 @@ int main(int argc, char **argv)
     rr.heartbeat_interval_ms = 100;
     send_msg(KVRAIL__METHOD__REGISTER, &rr.base);
 
+    /* the pool is pre-faulted on a thread after registering: wait, by the
+     * node's heartbeats, until a Reserve could get every block, so that the
+     * requests below meet the whole pool */
+    for (int i = 0;; i++) {
+        Kvrail__Heartbeat *hb0 = heartbeat();
+        bool all = hb0->total_blocks == 64 && hb0->free_blocks == hb0->total_blocks;
+        protobuf_c_message_free_unpacked(&hb0->base, NULL);
+        if (all)
+            break;
+        KVR_CHECK(i < 50); /* 5 s of heartbeats */
+    }
+
     /* garbage: one part; a wrong version; an unknown method */
     zmq_send(g_sock, g_route, g_route_len, ZMQ_SNDMORE);
     zmq_send(g_sock, "garbage", 7, 0);
