@@ -589,57 +589,74 @@ static inline __attribute__((always_inline)) void mm_widen(float *dst, const voi
         dst[i] = ld1(src, dtype, i);
 }
 
-static inline __attribute__((always_inline)) void mm_rows(const struct mm_job *j, int32_t dtype,
-                                                          int32_t n0, int32_t n1, int tid)
-{
-    const size_t K = (size_t)j->w->cols;
-    const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
-    const char *W = j->w->data;
-    int32_t mb = (int32_t)(MM_XBLOCK / (K * 4)) & ~3;
-    if (mb < 4)
-        mb = 4;
-    float *conv = j->c->conv + (size_t)tid * j->c->conv_per_thread;
-    for (int32_t m0 = 0; m0 < j->M; m0 += mb) {
-        int32_t m1 = j->M - m0 < mb ? j->M : m0 + mb;
-        bool widen = dtype != KVR_DT_F32 && m1 - m0 > MM_WIDEN_ROWS;
-        struct mm_walk wk = mm_walk_init(n0, n1, j->M <= MM_DECODE_ROWS ? 4 : 0);
-        int32_t n, rs;
-        int R;
-        while ((R = mm_walk_next(&wk, &n, &rs)) != 0) {
-            const char *wr = W + (size_t)n * K * esz;
-            if (widen) {
-                for (int r = 0; r < R; r++)
-                    mm_widen(conv + (size_t)r * K, wr + (size_t)r * (size_t)rs * K * esz, dtype, K);
-                mm_panel(j, KVR_DT_F32, conv, K, R, n, rs, m0, m1);
-            } else {
-                mm_panel(j, dtype, wr, K * (size_t)rs, R, n, rs, m0, m1);
-            }
-        }
+/* Weight rows n0..n1 of y, all M rows of x, in x blocks of mb rows that
+ * stay in L2 while the rows' panels pass over them. The version's widening
+ * (WIDEN(dst, src, dtype, K): a weight row to f32, exact) and panel kernel
+ * (PANEL, mm_panel()'s arguments) make it mm_rows() or mm_rows_v3(); the walk
+ * is one, so both versions visit the same panels in the same order. */
+#define MM_ROWS_FN(ATTR, NAME, WIDEN, PANEL)                                                       \
+    ATTR void NAME(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1, int tid)         \
+    {                                                                                              \
+        const size_t K = (size_t)j->w->cols;                                                       \
+        const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;                                            \
+        const char *W = j->w->data;                                                                \
+        int32_t mb = (int32_t)(MM_XBLOCK / (K * 4)) & ~3;                                          \
+        if (mb < 4)                                                                                \
+            mb = 4;                                                                                \
+        float *conv = j->c->conv + (size_t)tid * j->c->conv_per_thread;                            \
+        for (int32_t m0 = 0; m0 < j->M; m0 += mb) {                                                \
+            int32_t m1 = j->M - m0 < mb ? j->M : m0 + mb;                                          \
+            bool widen = dtype != KVR_DT_F32 && m1 - m0 > MM_WIDEN_ROWS;                           \
+            struct mm_walk wk = mm_walk_init(n0, n1, j->M <= MM_DECODE_ROWS ? 4 : 0);              \
+            int32_t n, rs;                                                                         \
+            int R;                                                                                 \
+            while ((R = mm_walk_next(&wk, &n, &rs)) != 0) {                                        \
+                const char *wr = W + (size_t)n * K * esz;                                          \
+                if (widen) {                                                                       \
+                    for (int r = 0; r < R; r++)                                                    \
+                        WIDEN(conv + (size_t)r * K, wr + (size_t)r * (size_t)rs * K * esz, dtype,  \
+                              K);                                                                  \
+                    PANEL(j, KVR_DT_F32, conv, K, R, n, rs, m0, m1);                               \
+                } else {                                                                           \
+                    PANEL(j, dtype, wr, K *(size_t)rs, R, n, rs, m0, m1);                          \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
     }
-}
+
+MM_ROWS_FN(static inline __attribute__((always_inline)), mm_rows, mm_widen, mm_panel)
 
 /* mm_task in three versions, picked once by the CPU (cpu_create), the same
  * choice target_clones makes for the other kernels: x86-64-v4 and v3 load
  * f16 with vcvtph2ps; every version computes the same bits. */
+/* Task ith's share of the weight rows (j->per a task) in every version:
+ * ROWS(j, dtype, n0, n1, tid) is the version's row walk, called with the
+ * weights' dtype as a constant (F16, the version's f16 constant, for f16)
+ * so that each walk is compiled for one dtype. */
+#define MM_TASK_ROWS(j, ith, tid, ROWS, F16)                                                       \
+    do {                                                                                           \
+        int32_t n_ = (j)->w->rows, n0_ = (ith) * (j)->per;                                         \
+        int32_t n1_ = n0_ + (j)->per < n_ ? n0_ + (j)->per : n_;                                   \
+        if (n0_ >= n1_)                                                                            \
+            break;                                                                                 \
+        switch ((j)->w->dtype) {                                                                   \
+        case KVR_DT_F32:                                                                           \
+            ROWS(j, KVR_DT_F32, n0_, n1_, tid);                                                    \
+            break;                                                                                 \
+        case KVR_DT_BF16:                                                                          \
+            ROWS(j, KVR_DT_BF16, n0_, n1_, tid);                                                   \
+            break;                                                                                 \
+        default:                                                                                   \
+            ROWS(j, F16, n0_, n1_, tid);                                                           \
+            break;                                                                                 \
+        }                                                                                          \
+    } while (0)
+
 static inline __attribute__((always_inline)) void mm_task_body(void *arg, int ith, int tid,
                                                                int32_t f16)
 {
     const struct mm_job *j = arg;
-    int32_t N = j->w->rows;
-    int32_t n0 = ith * j->per, n1 = n0 + j->per < N ? n0 + j->per : N;
-    if (n0 >= n1)
-        return;
-    switch (j->w->dtype) {
-    case KVR_DT_F32:
-        mm_rows(j, KVR_DT_F32, n0, n1, tid);
-        break;
-    case KVR_DT_BF16:
-        mm_rows(j, KVR_DT_BF16, n0, n1, tid);
-        break;
-    default:
-        mm_rows(j, f16, n0, n1, tid);
-        break;
-    }
+    MM_TASK_ROWS(j, ith, tid, mm_rows, f16);
 }
 
 /* y[m..m+C-1][n..n+7] of an 8 x C tile's dots in out (out[c * 8 + r]),
@@ -972,8 +989,9 @@ micro2(const int C, int32_t dtype, const void *w, size_t ldw, const float *x, si
 /* Weight rows n0..n1 of y for M (1..MM_ONEPASS_ROWS) rows: the 2-row
  * panels of the halves walk by micro2(), an odd last row by mm_panel(). */
 __attribute__((target("arch=x86-64-v4"))) static inline __attribute__((always_inline)) void
-mm_rows2(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1)
+mm_rows2(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1, int tid)
 {
+    (void)tid; /* the signature of the other walks, for MM_TASK_ROWS */
     const size_t K = (size_t)j->w->cols;
     const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
     const char *W = j->w->data;
@@ -1012,21 +1030,7 @@ mm_rows2(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1)
 __attribute__((target("arch=x86-64-v4"), noinline)) static void
 mm_task_v4_onepass(const struct mm_job *j, int ith)
 {
-    int32_t N = j->w->rows;
-    int32_t n0 = ith * j->per, n1 = n0 + j->per < N ? n0 + j->per : N;
-    if (n0 >= n1)
-        return;
-    switch (j->w->dtype) {
-    case KVR_DT_F32:
-        mm_rows2(j, KVR_DT_F32, n0, n1);
-        break;
-    case KVR_DT_BF16:
-        mm_rows2(j, KVR_DT_BF16, n0, n1);
-        break;
-    default:
-        mm_rows2(j, DT_F16_V4, n0, n1);
-        break;
-    }
+    MM_TASK_ROWS(j, ith, 0, mm_rows2, DT_F16_V4);
 }
 
 /* mm_task_v4's rows for M > MM_DECODE_ROWS; not inlined, so that the
@@ -1035,21 +1039,7 @@ mm_task_v4_onepass(const struct mm_job *j, int ith)
 __attribute__((target("arch=x86-64-v4"), noinline)) static void
 mm_task_v4_tiles(const struct mm_job *j, int ith, int tid)
 {
-    int32_t N = j->w->rows;
-    int32_t n0 = ith * j->per, n1 = n0 + j->per < N ? n0 + j->per : N;
-    if (n0 >= n1)
-        return;
-    switch (j->w->dtype) {
-    case KVR_DT_F32:
-        mm_rows8(j, KVR_DT_F32, n0, n1, tid);
-        break;
-    case KVR_DT_BF16:
-        mm_rows8(j, KVR_DT_BF16, n0, n1, tid);
-        break;
-    default:
-        mm_rows8(j, DT_F16_V4, n0, n1, tid);
-        break;
-    }
+    MM_TASK_ROWS(j, ith, tid, mm_rows8, DT_F16_V4);
 }
 
 __attribute__((target("arch=x86-64-v4"))) static void mm_task_v4(void *arg, int ith, int nth,
@@ -1274,62 +1264,25 @@ V3_INLINE void mm_panel_v3(const struct mm_job *j, int32_t dtype, const void *wp
     }
 }
 
-/* mm_rows() on v3 tiles: the same x blocks, panel walk and widening. */
-V3_INLINE void mm_rows_v3(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1, int tid)
+/* mm_widen() on ymm registers. */
+V3_INLINE void mm_widen_v3(float *dst, const void *src, int32_t dtype, size_t K)
 {
-    const size_t K = (size_t)j->w->cols;
-    const size_t esz = dtype == KVR_DT_F32 ? 4 : 2;
-    const char *W = j->w->data;
-    int32_t mb = (int32_t)(MM_XBLOCK / (K * 4)) & ~3;
-    if (mb < 4)
-        mb = 4;
-    float *conv = j->c->conv + (size_t)tid * j->c->conv_per_thread;
-    for (int32_t m0 = 0; m0 < j->M; m0 += mb) {
-        int32_t m1 = j->M - m0 < mb ? j->M : m0 + mb;
-        bool widen = dtype != KVR_DT_F32 && m1 - m0 > MM_WIDEN_ROWS;
-        struct mm_walk wk = mm_walk_init(n0, n1, j->M <= MM_DECODE_ROWS ? 4 : 0);
-        int32_t n, rs;
-        int R;
-        while ((R = mm_walk_next(&wk, &n, &rs)) != 0) {
-            const char *wr = W + (size_t)n * K * esz;
-            if (widen) {
-                for (int r = 0; r < R; r++) {
-                    const char *src = wr + (size_t)r * (size_t)rs * K * esz;
-                    float *dst = conv + (size_t)r * K;
-                    size_t i = 0;
-                    for (; i + 8 <= K; i += 8)
-                        _mm256_storeu_ps(dst + i, v3_ld8(src, dtype, i));
-                    for (; i < K; i++)
-                        dst[i] = ld1(src, dtype, i);
-                }
-                mm_panel_v3(j, KVR_DT_F32, conv, K, R, n, rs, m0, m1);
-            } else {
-                mm_panel_v3(j, dtype, wr, K * (size_t)rs, R, n, rs, m0, m1);
-            }
-        }
-    }
+    size_t i = 0;
+    for (; i + 8 <= K; i += 8)
+        _mm256_storeu_ps(dst + i, v3_ld8(src, dtype, i));
+    for (; i < K; i++)
+        dst[i] = ld1(src, dtype, i);
 }
+
+/* mm_rows() on v3 tiles: the same x blocks, panel walk and widening. */
+MM_ROWS_FN(V3_INLINE, mm_rows_v3, mm_widen_v3, mm_panel_v3)
 
 __attribute__((target("arch=x86-64-v3"))) static void mm_task_v3(void *arg, int ith, int nth,
                                                                  int tid)
 {
     (void)nth;
     const struct mm_job *j = arg;
-    int32_t N = j->w->rows;
-    int32_t n0 = ith * j->per, n1 = n0 + j->per < N ? n0 + j->per : N;
-    if (n0 >= n1)
-        return;
-    switch (j->w->dtype) {
-    case KVR_DT_F32:
-        mm_rows_v3(j, KVR_DT_F32, n0, n1, tid);
-        break;
-    case KVR_DT_BF16:
-        mm_rows_v3(j, KVR_DT_BF16, n0, n1, tid);
-        break;
-    default:
-        mm_rows_v3(j, KVR_DT_F16, n0, n1, tid);
-        break;
-    }
+    MM_TASK_ROWS(j, ith, tid, mm_rows_v3, KVR_DT_F16);
 }
 #endif
 
