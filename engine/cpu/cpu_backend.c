@@ -946,7 +946,38 @@ mm_rows8(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1, int tid)
  * same zero-padded tail, hsum()): the bits do not change.  A prefetch past
  * the end of the weights is harmless: a prefetch never faults. */
 #define MM_ONEPASS_ROWS 8
-#define MM_PF_BYTES     4096
+/* TILE(C) with C = M (1..MM_ONEPASS_ROWS) as a constant, so that each
+ * one-pass tile is compiled for its row count. */
+#define MM_ONEPASS_CASES(M, TILE)                                                                  \
+    do {                                                                                           \
+        switch (M) {                                                                               \
+        case 1:                                                                                    \
+            TILE(1);                                                                               \
+            break;                                                                                 \
+        case 2:                                                                                    \
+            TILE(2);                                                                               \
+            break;                                                                                 \
+        case 3:                                                                                    \
+            TILE(3);                                                                               \
+            break;                                                                                 \
+        case 4:                                                                                    \
+            TILE(4);                                                                               \
+            break;                                                                                 \
+        case 5:                                                                                    \
+            TILE(5);                                                                               \
+            break;                                                                                 \
+        case 6:                                                                                    \
+            TILE(6);                                                                               \
+            break;                                                                                 \
+        case 7:                                                                                    \
+            TILE(7);                                                                               \
+            break;                                                                                 \
+        default:                                                                                   \
+            TILE(8);                                                                               \
+            break;                                                                                 \
+        }                                                                                          \
+    } while (0)
+#define MM_PF_BYTES 4096
 
 __attribute__((target("arch=x86-64-v4"))) static inline __attribute__((always_inline)) void
 micro2(const int C, int32_t dtype, const void *w, size_t ldw, const float *x, size_t ldx_, size_t K,
@@ -1006,23 +1037,9 @@ mm_rows2(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1, int tid)
             continue;
         }
         const size_t ldw = K * (size_t)rs;
-        switch (j->M) {
-#define M2(c)                                                                                      \
-    case c:                                                                                        \
-        micro2(c, dtype, wr, ldw, j->x, K, K, tmp);                                                \
-        break
-            M2(1);
-            M2(2);
-            M2(3);
-            M2(4);
-            M2(5);
-            M2(6);
-            M2(7);
-        default:
-            micro2(8, dtype, wr, ldw, j->x, K, K, tmp);
-            break;
-#undef M2
-        }
+#define TILE2(C_) micro2(C_, dtype, wr, ldw, j->x, K, K, tmp)
+        MM_ONEPASS_CASES(j->M, TILE2);
+#undef TILE2
         mm_store(j, tmp, 2, j->M, 0, n, rs);
     }
 }
@@ -1457,9 +1474,76 @@ DP_TARGET static inline __attribute__((always_inline)) void mm_panel_dp(const st
     }
 }
 
+/* micro2() for bf16dot: weight rows w and w + ldw (bf16) x C (1..
+ * MM_ONEPASS_ROWS) rounded x rows in one pass, each weight stream
+ * prefetched MM_PF_BYTES ahead (a step reads one line of each row), out
+ * [c * 4 + r].  Each output is micro_dp()'s: one accumulator of vdpbf16ps
+ * steps over K in order, the same masked tail, hsum(); the same bits. */
+DP_TARGET static inline __attribute__((always_inline)) void
+micro_dp2(const int C, const uint16_t *w, size_t ldw, const uint16_t *x, size_t ldx_, size_t K,
+          float *out)
+{
+    __m512 acc[2][MM_ONEPASS_ROWS];
+    for (int r = 0; r < 2; r++)
+        for (int c = 0; c < C; c++)
+            acc[r][c] = _mm512_setzero_ps();
+    const uint16_t *w0 = w, *w1 = w + ldw;
+    size_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        __m512bh a = (__m512bh)_mm512_loadu_si512(w0 + k);
+        __m512bh b = (__m512bh)_mm512_loadu_si512(w1 + k);
+        __builtin_prefetch((const char *)(w0 + k) + MM_PF_BYTES, 0, 3);
+        __builtin_prefetch((const char *)(w1 + k) + MM_PF_BYTES, 0, 3);
+        for (int c = 0; c < C; c++) {
+            __m512bh xv = (__m512bh)_mm512_loadu_si512(x + (size_t)c * ldx_ + k);
+            acc[0][c] = _mm512_dpbf16_ps(acc[0][c], a, xv);
+            acc[1][c] = _mm512_dpbf16_ps(acc[1][c], b, xv);
+        }
+    }
+    if (k < K) { /* weights under a mask (never past the row), x zero-padded */
+        __mmask32 mk = (__mmask32)((1ull << (K - k)) - 1);
+        __m512bh a = (__m512bh)_mm512_maskz_loadu_epi16(mk, w0 + k);
+        __m512bh b = (__m512bh)_mm512_maskz_loadu_epi16(mk, w1 + k);
+        for (int c = 0; c < C; c++) {
+            __m512bh xv = (__m512bh)_mm512_loadu_si512(x + (size_t)c * ldx_ + k);
+            acc[0][c] = _mm512_dpbf16_ps(acc[0][c], a, xv);
+            acc[1][c] = _mm512_dpbf16_ps(acc[1][c], b, xv);
+        }
+    }
+    for (int c = 0; c < C; c++)
+        for (int r = 0; r < 2; r++)
+            out[c * 4 + r] = hsum((v16f)acc[r][c]);
+}
+
+/* mm_rows2() for bf16dot: weight rows n0..n1 for M (1..MM_ONEPASS_ROWS)
+ * rows, 2-row panels of the halves walk in one pass (micro_dp2()), an
+ * odd last row by mm_panel_dp(). */
+DP_TARGET static inline __attribute__((always_inline)) void mm_rows_dp2(const struct mm_job *j,
+                                                                        int32_t n0, int32_t n1)
+{
+    const size_t K = (size_t)j->w->cols, ld = j->c->xbf_ld;
+    const uint16_t *W = j->w->data;
+    float tmp[4 * MM_ONEPASS_ROWS];
+    struct mm_walk wk = mm_walk_init(n0, n1, 2);
+    int32_t n, rs;
+    int R;
+    while ((R = mm_walk_next(&wk, &n, &rs)) != 0) {
+        const uint16_t *wr = W + (size_t)n * K;
+        if (R == 1) {
+            mm_panel_dp(j, wr, 1, n, 1, 0, j->M);
+            continue;
+        }
+        const size_t ldw = K * (size_t)rs;
+#define TILE2(C_) micro_dp2(C_, wr, ldw, j->c->xbf, ld, K, tmp)
+        MM_ONEPASS_CASES(j->M, TILE2);
+#undef TILE2
+        mm_store(j, tmp, 2, j->M, 0, n, rs);
+    }
+}
+
 /* mm_rows() for bf16dot: the same x blocks (of bf16 rows) and decode
- * walk; prefill takes the rows in 8-row panels (micro_dp8) while 8 are
- * left, then as mm_rows() does; the weights are read as they are, never
+ * walk (steps of up to MM_ONEPASS_ROWS rows: mm_rows_dp2()); prefill takes the rows in 8-row panels
+ * (micro_dp8) while 8 are left, then as mm_rows() does; the weights are read as they are, never
  * widened.  (The same 8 x 3 tile for the f32 kernel, micro() on widened or
  * f32 rows, was slower: 0.81-0.89x at f32/bf16 prefill-128 and f16
  * prefill-1024.) */
@@ -1470,6 +1554,11 @@ DP_TARGET static void mm_task_dp(void *arg, int ith, int nth, int tid)
     const int32_t n0 = ith * j->per, n1 = n0 + j->per < N ? n0 + j->per : N;
     const size_t K = (size_t)j->w->cols;
     const uint16_t *W = j->w->data;
+    if (j->M <= MM_ONEPASS_ROWS) {
+        if (n0 < n1)
+            mm_rows_dp2(j, n0, n1);
+        return;
+    }
     int32_t mb = (int32_t)(MM_XBLOCK / (j->c->xbf_ld * 2)) & ~3;
     if (mb < 4)
         mb = 4;
