@@ -537,8 +537,9 @@ static inline __attribute__((always_inline)) void mm_panel(const struct mm_job *
  * adjacent panels (its arithmetic per weight hides the misses).  Which rows
  * share a panel changes no bit: each output is its own micro() dot product
  * (rows 4q.. of the range go one a panel, R = 1, the same bits as R = 4).
- * On x86-64-v4 steps of at most MM_ONEPASS_ROWS rows go in halves with a
- * software prefetch instead (mm_rows2()). */
+ * On x86-64-v4 steps of up to MM_ONEPASS_MAX rows go in halves with a
+ * software prefetch instead (mm_rows2()), and larger ones in the prefill
+ * tiles (mm_rows8()); so the quarters serve x86-64-v3 and the baseline. */
 #define MM_DECODE_ROWS 16
 
 /* A thread's walk over its weight rows n0..n1 in panels: adjacent rows
@@ -684,8 +685,8 @@ mm_store8(const struct mm_job *j, const float *out, int C, int32_t m, int32_t n)
 }
 
 #if defined(__OPTIMIZE__) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-/* The x86-64-v4 matmul for M > MM_DECODE_ROWS (prefill, and decode steps
- * of more than 16 rows): 8 adjacent weight rows x 3 x rows a tile, 24
+/* The x86-64-v4 matmul for M > MM_ONEPASS_MAX (prefill, and decode steps
+ * of more than 10 rows): 8 adjacent weight rows x 3 x rows a tile, 24
  * accumulators of AVX-512's 32 registers.  Against micro()'s 4 x 4, each
  * x vector (the x block does not fit L1: 32 rows of K = 768 are 96 KB, so
  * x streams from L2) serves 8 weight rows instead of 4, and a k step loads
@@ -877,7 +878,7 @@ mm_pack8(float *dst, const char *src, int32_t dtype, size_t K)
  * pairs); prefill-128 gained 1.07x. */
 #define MM_PACK_F32_ROWS 32
 
-/* mm_rows() for M > MM_DECODE_ROWS on x86-64-v4: the same x blocks and
+/* mm_rows() for M > MM_ONEPASS_MAX on x86-64-v4: the same x blocks and
  * widening, the weight rows in 8-row panels while 8 are left, the rest as
  * mm_rows() takes them (adjacent 4-row panels, then one row a panel). */
 __attribute__((target("arch=x86-64-v4"))) static inline __attribute__((always_inline)) void
@@ -941,11 +942,22 @@ mm_rows8(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1, int tid)
  * f32 1.14x, f16 1.41x, bf16 1.14x.  Prefetch distance at batch 1 / 8:
  * 2 KB 82 / 322 tok/s, 4 KB 83 / 358, 6 KB 78 / 355, 8 KB 77 / 329.  From
  * 12 rows a one-pass tile spills (2 x 16) or gains nothing (2 x 12 in the
- * model: 368 against 371 tok/s), so 9..16 rows keep the quarters.  Each
- * output is still micro()'s dot product (16 lanes over K in order, the
+ * model: 368 against 371 tok/s).  So a step of 9..MM_ONEPASS_MAX rows
+ * takes each pair of weight rows in two one-pass tiles of at most
+ * MM_ONEPASS_ROWS x rows (10 rows: 5 + 5), the second reading the pair
+ * from L1; above that the prefill tiles (mm_rows8()) are faster.  Against
+ * the quarters, which widen 16-bit weights above MM_WIDEN_ROWS: bf16 batch
+ * 9 1.70x, f32 batch 10 1.22x.  One-pass chunks / tiles, tok/CPU-s, best
+ * of 3: f32 batch 9 451 / 412, 10 459 / 410, 12 427 / 436, 16 431 / 523;
+ * bf16 batch 9 563 / 560, 10 592 / 558, 12 572 / 631, 16 534 / 662.
+ * bf16dot (mm_task_dp()) keeps one-pass chunks to MM_ONEPASS_MAX_DP, then
+ * its 8-row panels: batch 10 796 / 607, 12 789 / 706, 16 725 / 777.
+ * Each output is still micro()'s dot product (16 lanes over K in order, the
  * same zero-padded tail, hsum()): the bits do not change.  A prefetch past
  * the end of the weights is harmless: a prefetch never faults. */
-#define MM_ONEPASS_ROWS 8
+#define MM_ONEPASS_ROWS   8
+#define MM_ONEPASS_MAX    10
+#define MM_ONEPASS_MAX_DP 12
 /* TILE(C) with C = M (1..MM_ONEPASS_ROWS) as a constant, so that each
  * one-pass tile is compiled for its row count. */
 #define MM_ONEPASS_CASES(M, TILE)                                                                  \
@@ -1017,8 +1029,9 @@ micro2(const int C, int32_t dtype, const void *w, size_t ldw, const float *x, si
             out[c * 4 + r] = hsum(acc[r][c]);
 }
 
-/* Weight rows n0..n1 of y for M (1..MM_ONEPASS_ROWS) rows: the 2-row
- * panels of the halves walk by micro2(), an odd last row by mm_panel(). */
+/* Weight rows n0..n1 of y for M (1..MM_ONEPASS_MAX) rows: the 2-row
+ * panels of the halves walk by micro2(), for the x rows in even chunks of
+ * at most MM_ONEPASS_ROWS; an odd last row by mm_panel(). */
 __attribute__((target("arch=x86-64-v4"))) static inline __attribute__((always_inline)) void
 mm_rows2(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1, int tid)
 {
@@ -1037,10 +1050,16 @@ mm_rows2(const struct mm_job *j, int32_t dtype, int32_t n0, int32_t n1, int tid)
             continue;
         }
         const size_t ldw = K * (size_t)rs;
-#define TILE2(C_) micro2(C_, dtype, wr, ldw, j->x, K, K, tmp)
-        MM_ONEPASS_CASES(j->M, TILE2);
+        const int32_t nc = (j->M + MM_ONEPASS_ROWS - 1) / MM_ONEPASS_ROWS;
+        const int32_t cw = (j->M + nc - 1) / nc;
+        for (int32_t m0 = 0; m0 < j->M; m0 += cw) {
+            int32_t C = j->M - m0 < cw ? j->M - m0 : cw;
+            const float *xr = j->x + (size_t)m0 * K;
+#define TILE2(C_) micro2(C_, dtype, wr, ldw, xr, K, K, tmp)
+            MM_ONEPASS_CASES(C, TILE2);
 #undef TILE2
-        mm_store(j, tmp, 2, j->M, 0, n, rs);
+            mm_store(j, tmp, 2, C, m0, n, rs);
+        }
     }
 }
 
@@ -1050,9 +1069,9 @@ mm_task_v4_onepass(const struct mm_job *j, int ith)
     MM_TASK_ROWS(j, ith, 0, mm_rows2, DT_F16_V4);
 }
 
-/* mm_task_v4's rows for M > MM_DECODE_ROWS; not inlined, so that the
- * decode walk's code in mm_task_v4 stays as it was (inlined, f32 decode
- * batch 8 read 0.93-0.97x). */
+/* mm_task_v4's rows for M > MM_ONEPASS_MAX; not inlined, nor is the
+ * one-pass path: each keeps its own registers (the tiles inlined beside
+ * the decode walk read 0.93-0.97x at f32 decode batch 8). */
 __attribute__((target("arch=x86-64-v4"), noinline)) static void
 mm_task_v4_tiles(const struct mm_job *j, int ith, int tid)
 {
@@ -1063,12 +1082,10 @@ __attribute__((target("arch=x86-64-v4"))) static void mm_task_v4(void *arg, int 
                                                                  int tid)
 {
     const struct mm_job *j = arg;
-    if (j->M > MM_DECODE_ROWS)
+    if (j->M > MM_ONEPASS_MAX)
         mm_task_v4_tiles(j, ith, tid);
-    else if (j->M <= MM_ONEPASS_ROWS)
-        mm_task_v4_onepass(j, ith);
     else
-        mm_task_body(arg, ith, tid, DT_F16_V4);
+        mm_task_v4_onepass(j, ith);
 }
 #endif
 
@@ -1515,9 +1532,10 @@ micro_dp2(const int C, const uint16_t *w, size_t ldw, const uint16_t *x, size_t 
             out[c * 4 + r] = hsum((v16f)acc[r][c]);
 }
 
-/* mm_rows2() for bf16dot: weight rows n0..n1 for M (1..MM_ONEPASS_ROWS)
- * rows, 2-row panels of the halves walk in one pass (micro_dp2()), an
- * odd last row by mm_panel_dp(). */
+/* mm_rows2() for bf16dot: weight rows n0..n1 for M (1..MM_ONEPASS_MAX)
+ * rows, 2-row panels of the halves walk in one pass (micro_dp2()) for x
+ * rows in even chunks of at most MM_ONEPASS_ROWS, an odd last row by
+ * mm_panel_dp(). */
 DP_TARGET static inline __attribute__((always_inline)) void mm_rows_dp2(const struct mm_job *j,
                                                                         int32_t n0, int32_t n1)
 {
@@ -1534,15 +1552,21 @@ DP_TARGET static inline __attribute__((always_inline)) void mm_rows_dp2(const st
             continue;
         }
         const size_t ldw = K * (size_t)rs;
-#define TILE2(C_) micro_dp2(C_, wr, ldw, j->c->xbf, ld, K, tmp)
-        MM_ONEPASS_CASES(j->M, TILE2);
+        const int32_t nc = (j->M + MM_ONEPASS_ROWS - 1) / MM_ONEPASS_ROWS;
+        const int32_t cw = (j->M + nc - 1) / nc;
+        for (int32_t m0 = 0; m0 < j->M; m0 += cw) {
+            int32_t C = j->M - m0 < cw ? j->M - m0 : cw;
+            const uint16_t *xr = j->c->xbf + (size_t)m0 * ld;
+#define TILE2(C_) micro_dp2(C_, wr, ldw, xr, ld, K, tmp)
+            MM_ONEPASS_CASES(C, TILE2);
 #undef TILE2
-        mm_store(j, tmp, 2, j->M, 0, n, rs);
+            mm_store(j, tmp, 2, C, m0, n, rs);
+        }
     }
 }
 
 /* mm_rows() for bf16dot: the same x blocks (of bf16 rows) and decode
- * walk (steps of up to MM_ONEPASS_ROWS rows: mm_rows_dp2()); prefill takes the rows in 8-row panels
+ * walk (steps of up to MM_ONEPASS_MAX rows: mm_rows_dp2()); prefill takes the rows in 8-row panels
  * (micro_dp8) while 8 are left, then as mm_rows() does; the weights are read as they are, never
  * widened.  (The same 8 x 3 tile for the f32 kernel, micro() on widened or
  * f32 rows, was slower: 0.81-0.89x at f32/bf16 prefill-128 and f16
@@ -1554,7 +1578,7 @@ DP_TARGET static void mm_task_dp(void *arg, int ith, int nth, int tid)
     const int32_t n0 = ith * j->per, n1 = n0 + j->per < N ? n0 + j->per : N;
     const size_t K = (size_t)j->w->cols;
     const uint16_t *W = j->w->data;
-    if (j->M <= MM_ONEPASS_ROWS) {
+    if (j->M <= MM_ONEPASS_MAX_DP) {
         if (n0 < n1)
             mm_rows_dp2(j, n0, n1);
         return;
@@ -1565,7 +1589,7 @@ DP_TARGET static void mm_task_dp(void *arg, int ith, int nth, int tid)
     for (int32_t m0 = 0; m0 < j->M; m0 += mb) {
         int32_t m1 = j->M - m0 < mb ? j->M : m0 + mb;
         int32_t nn = n0;
-        if (j->M > MM_DECODE_ROWS) /* prefill: 8-row panels, then the walk */
+        if (j->M > MM_ONEPASS_MAX_DP) /* 8-row panels, then the walk */
             for (; nn + 8 <= n1; nn += 8)
                 mm_panel_dp8(j, W + (size_t)nn * K, nn, m0, m1);
         struct mm_walk wk = mm_walk_init(nn, n1, j->M <= MM_DECODE_ROWS ? 4 : 0);

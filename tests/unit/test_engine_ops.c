@@ -84,12 +84,14 @@ static float round_bf16(float f)
  * reference on the activations rounded to bf16.  v3: the same backend on
  * the x86-64-v3 kernels (KVR_CPU_MATMUL=v3), whose bits every M must give
  * (they walk the weight rows their own way: 4 quarters at decode, where
- * v4 takes one-pass halves up to 8 rows); NULL to skip. */
+ * v4 takes one-pass halves up to 16 rows, 12 in f32, in chunks of up to 8
+ * x rows); NULL to skip. */
 static void test_matmul(struct kvr_compute_backend *be, struct kvr_compute_backend *v3, int dp)
 {
-    /* decode batches (1..36: prefetched panels, dotted in registers up to
-     * 8 rows, widened once above) and prefill row counts */
-    const int Ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 31, 32, 33, 36, 70};
+    /* decode batches (1..36: one-pass tiles up to 16 rows, in chunks of
+     * up to 8 from 9, f32 to 12, so 12 / 13 cross its edge; widened once
+     * above) and prefill row counts */
+    const int Ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 31, 32, 33, 36, 70};
     /* K 2100: past MM_KSPLIT, the tile kernel's K chunks (and a tail) */
     const int NK[][2] = {{37, 19}, {64, 64}, {130, 48}, {9, 200}, {200, 96}, {24, 2100}};
     for (int dt = 0; dt < 3; dt++) {
